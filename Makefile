@@ -1,0 +1,38 @@
+# One command each on a fresh machine: the targets set up what they need themselves.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NODE_STAMP := node_modules/.installed
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+
+.PHONY: test demo bench lint synth clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $@
+
+$(NODE_STAMP): package.json
+	npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: $(STAMP) $(NODE_STAMP)
+	$(BIN)/python -m pytest
+
+demo: $(STAMP) $(NODE_STAMP)
+	$(BIN)/python -m demo
+
+bench: $(STAMP) $(NODE_STAMP)
+	$(BIN)/python bench/run_all.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check messenger stacks lambdas spark_jobs tests bench app.py
+
+synth: $(STAMP) $(NODE_STAMP)
+	npx cdk synth --quiet
+
+clean:
+	rm -rf $(VENV) node_modules cdk.out .pytest_cache

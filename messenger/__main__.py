@@ -1,0 +1,5 @@
+import sys
+
+from messenger.cli import main
+
+sys.exit(main())

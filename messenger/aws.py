@@ -1,0 +1,174 @@
+"""boto3 clients made lazily, with botocore's retry configuration, and a retry budget on top.
+
+No endpoint or region is hard-coded: boto3 reads `AWS_ENDPOINT_URL` (and the per-service
+`AWS_ENDPOINT_URL_<SERVICE>`) itself, so the same code talks to the embedded moto server,
+LocalStack or real AWS.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
+
+from messenger.errors import PublishFailed
+
+T = TypeVar("T")
+
+#: Error codes that mean "try again later" on SQS, SNS, S3 and KMS.
+TRANSIENT_ERROR_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "SlowDown",
+        "RequestLimitExceeded",
+        "ServiceUnavailable",
+        "InternalError",
+        "InternalFailure",
+        "KMSThrottlingException",
+        "KMS.ThrottlingException",
+    }
+)
+_TRANSIENT_EXCEPTIONS = (
+    EndpointConnectionError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    ReadTimeoutError,
+)
+
+#: botocore retries each call this often (standard mode: exponential backoff with jitter)
+#: before the retry budget below takes over.
+BOTOCORE_MAX_ATTEMPTS = 4
+
+
+def client_config() -> Config:
+    # read_timeout above the 20 s long poll of ReceiveMessage.
+    return Config(
+        retries={"mode": "standard", "max_attempts": BOTOCORE_MAX_ATTEMPTS},
+        connect_timeout=5,
+        read_timeout=35,
+        max_pool_connections=50,
+    )
+
+
+class ClientFactory:
+    """Makes one boto3 client per service on first use; thread-safe.
+
+    Hooks registered with `register` (botocore event name, handler) apply to every client
+    made before or after, which is how benchmarks count requests and tests inject faults.
+    """
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+        self._lock = threading.Lock()
+        self._clients: dict[str, Any] = {}
+        self._hooks: list[tuple[str, Callable[..., Any]]] = []
+
+    def client(self, service: str) -> Any:
+        with self._lock:
+            existing = self._clients.get(service)
+            if existing is not None:
+                return existing
+            session = boto3.session.Session(region_name=self.region)
+            made = session.client(service, config=client_config())
+            for event, handler in self._hooks:
+                made.meta.events.register(event, handler)
+            self._clients[service] = made
+            return made
+
+    def register(self, event: str, handler: Callable[..., Any]) -> None:
+        with self._lock:
+            self._hooks.append((event, handler))
+            for made in self._clients.values():
+                made.meta.events.register(event, handler)
+
+    def unregister(self, event: str, handler: Callable[..., Any]) -> None:
+        with self._lock:
+            self._hooks = [(e, h) for e, h in self._hooks if (e, h) != (event, handler)]
+            for made in self._clients.values():
+                made.meta.events.unregister(event, handler)
+
+
+class RequestCounter:
+    """Counts HTTP requests (retries included) per 'service.Operation' through botocore's events."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def __call__(self, request: Any = None, event_name: str = "", **_: Any) -> None:
+        # event_name is 'before-send.<service>.<Operation>'
+        key = ".".join(event_name.split(".")[1:3])
+        with self._lock:
+            self.counts[key] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def attach(self, factory: ClientFactory) -> RequestCounter:
+        factory.register("before-send", self)
+        return self
+
+    def detach(self, factory: ClientFactory) -> None:
+        factory.unregister("before-send", self)
+
+
+def error_code(error: BaseException) -> str:
+    if isinstance(error, ClientError):
+        return str(error.response.get("Error", {}).get("Code", ""))
+    return ""
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether an error is worth retrying: throttling, 5xx or a broken connection."""
+    if isinstance(error, _TRANSIENT_EXCEPTIONS):
+        return True
+    if isinstance(error, ClientError):
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return error_code(error) in TRANSIENT_ERROR_CODES or int(status or 0) >= 500
+    return False
+
+
+def call_with_budget(
+    call: Callable[[], T],
+    budget_seconds: float,
+    what: str,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run `call`, retrying transient errors with capped exponential backoff and full jitter
+    until `budget_seconds` have passed; then raise PublishFailed naming `what`.
+    Non-transient errors propagate at once."""
+    deadline = time.monotonic() + budget_seconds
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            attempt += 1
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PublishFailed(
+                    f"{what} failed after {attempt} attempts within the {budget_seconds:g} s "
+                    f"retry budget: {error}"
+                ) from error
+            sleep(min(remaining, random.uniform(0, min(2.0, 0.05 * 2**attempt))))

@@ -1,0 +1,352 @@
+"""`ChannelSpec`: the one model of a channel, used by the runtime provisioner and the CDK constructs.
+
+A channel name is either `<queue>` (single consumer: one SQS queue) or `<exchange>.<queue>`
+(multi consumer: SNS topic `<exchange>` fanned out to the SQS queue `<queue>`). A producer of an
+exchange names only `<exchange>`. Every queue has a dead-letter queue `<queue>-dlq`.
+Physical names carry an optional namespace prefix (`<namespace>-<name>`) and `.fifo` when ordered.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from messenger.errors import InvalidChannelSpec
+
+# SQS quotas (https://docs.aws.amazon.com/AWSSimpleQueueService/latest/SQSDeveloperGuide/quotas-queues.html)
+#: A queue name has at most 80 characters, `.fifo` included.
+SQS_MAX_NAME_LENGTH = 80
+#: DelaySeconds ranges from 0 to 15 minutes.
+SQS_MAX_DELAY_SECONDS = 900
+#: VisibilityTimeout ranges from 0 to 12 hours.
+SQS_MAX_VISIBILITY_TIMEOUT = 43_200
+#: MessageRetentionPeriod ranges from 60 seconds to 14 days.
+SQS_MIN_RETENTION_SECONDS = 60
+SQS_MAX_RETENTION_SECONDS = 1_209_600
+#: maxReceiveCount of a redrive policy ranges from 1 to 1,000.
+SQS_MAX_RECEIVE_COUNT = 1_000
+#: An SQS message (body and attributes) is at most 1 MiB since 2025.
+SQS_MAX_MESSAGE_BYTES = 1_048_576
+#: A batch call carries at most 10 entries.
+MAX_BATCH_ENTRIES = 10
+# SNS quotas
+#: A topic name has at most 256 characters, `.fifo` included.
+SNS_MAX_NAME_LENGTH = 256
+#: An SNS message (body and attributes) is at most 256 KiB.
+SNS_MAX_MESSAGE_BYTES = 262_144
+#: An SNS filter policy may hold at most 150 values in all.
+SNS_MAX_FILTER_VALUES = 150
+
+FIFO_SUFFIX = ".fifo"
+DLQ_SUFFIX = "-dlq"
+ROUTING_KEY_ATTRIBUTE = "routing_key"
+DEFAULT_RETENTION_SECONDS = SQS_MAX_RETENTION_SECONDS
+DEFAULT_VISIBILITY_TIMEOUT = 60
+DEFAULT_MAX_RECEIVES = 3
+
+# Tags that mark a resource as owned by the platform; the ops Lambdas select resources by them.
+TAG_MANAGED = "messenger:managed"
+TAG_CHANNEL = "messenger:channel"
+TAG_NAMESPACE = "messenger:namespace"
+TAG_OWNER = "messenger:owner"
+TAG_TEAM = "messenger:team"
+TAG_ALARM_THRESHOLD = "messenger:alarm-threshold"
+TAG_CRITICAL = "messenger:critical"
+TAG_ROLE = "messenger:role"  # "queue", "dlq" or "topic"
+
+_NAME_PART = re.compile(r"^[A-Za-z0-9_-]+$")
+FilterType = Literal["exact", "prefix", "exclude"]
+FILTER_TYPES: tuple[str, ...] = ("exact", "prefix", "exclude")
+
+
+def _check_part(what: str, value: str) -> None:
+    if not value:
+        raise InvalidChannelSpec(f"{what} must not be empty")
+    if value.endswith(FIFO_SUFFIX):
+        raise InvalidChannelSpec(
+            f"{what} {value!r} must not end with '.fifo': set ordered=True instead"
+        )
+    if not _NAME_PART.match(value):
+        raise InvalidChannelSpec(
+            f"{what} {value!r} may contain only letters, digits, '-' and '_'"
+        )
+
+
+def physical_name(name: str, namespace: str = "", ordered: bool = False) -> str:
+    """The AWS resource name of a queue or topic: namespace prefix and `.fifo` when ordered."""
+    base = f"{namespace}-{name}" if namespace else name
+    return base + (FIFO_SUFFIX if ordered else "")
+
+
+def validate_namespace(namespace: str) -> str:
+    """Check a namespace prefix (may be empty); returns it unchanged."""
+    if namespace:
+        _check_part("namespace", namespace)
+    return namespace
+
+
+@dataclass(frozen=True)
+class MessageFilter:
+    """Which routing keys a consumer's subscription receives.
+
+    filter_type: 'exact' (any of the values), 'prefix' (starts with any of the values) or
+    'exclude' (anything but the values). values: 1 to 150 non-empty strings.
+    """
+
+    filter_type: str
+    values: tuple[str, ...]
+
+    def __init__(self, filter_type: str, values: Any) -> None:
+        if filter_type not in FILTER_TYPES:
+            raise InvalidChannelSpec(
+                f"message_filter.filter_type {filter_type!r} is not one of {', '.join(FILTER_TYPES)}"
+            )
+        if isinstance(values, str) or not isinstance(values, (list, tuple)):
+            raise InvalidChannelSpec("message_filter.values must be a list of strings")
+        if not values:
+            raise InvalidChannelSpec("message_filter.values must not be empty")
+        if len(values) > SNS_MAX_FILTER_VALUES:
+            raise InvalidChannelSpec(
+                f"message_filter.values has {len(values)} values; SNS allows at most "
+                f"{SNS_MAX_FILTER_VALUES}"
+            )
+        for value in values:
+            if not isinstance(value, str) or not value:
+                raise InvalidChannelSpec(
+                    f"message_filter.values must be non-empty strings, got {value!r}"
+                )
+        object.__setattr__(self, "filter_type", filter_type)
+        object.__setattr__(self, "values", tuple(values))
+
+    def policy(self) -> dict[str, list[Any]]:
+        """The SNS filter policy (message-attributes scope) on the routing key."""
+        if self.filter_type == "exact":
+            return {ROUTING_KEY_ATTRIBUTE: list(self.values)}
+        if self.filter_type == "prefix":
+            return {ROUTING_KEY_ATTRIBUTE: [{"prefix": v} for v in self.values]}
+        return {ROUTING_KEY_ATTRIBUTE: [{"anything-but": list(self.values)}]}
+
+    def matches(self, routing_key: str | None) -> bool:
+        """Whether SNS would deliver a message with this routing key (no key never matches)."""
+        if routing_key is None:
+            return False
+        if self.filter_type == "exact":
+            return routing_key in self.values
+        if self.filter_type == "prefix":
+            return any(routing_key.startswith(v) for v in self.values)
+        return routing_key not in self.values
+
+
+@dataclass(frozen=True)
+class ChannelTags:
+    """Ownership and alerting tags of a channel.
+
+    owner/team: who to ask about it. alarm_threshold: queue depth above which the queue alarm
+    reports it (None: the platform default). critical: listed first and flagged in alerts.
+    """
+
+    owner: str = ""
+    team: str = ""
+    alarm_threshold: int | None = None
+    critical: bool = False
+
+    def __post_init__(self) -> None:
+        if self.alarm_threshold is not None and (
+            not isinstance(self.alarm_threshold, int) or self.alarm_threshold < 0
+        ):
+            raise InvalidChannelSpec(
+                f"tags.alarm_threshold must be a whole number >= 0, got {self.alarm_threshold!r}"
+            )
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """One channel: its queue, dead-letter queue and, for `exchange.queue`, its topic and subscription.
+
+    name: `queue` or `exchange.queue` (letters, digits, '-', '_'; no '.fifo').
+    ordered: FIFO topic/queue/DLQ with content-based deduplication (default False).
+    delay: seconds every message waits before it is visible, 0-900 (default 0).
+    message_filter: routing-key filter of the subscription (exchanges only; default none).
+    max_receives: receives before SQS moves a message to the DLQ, 1-1000 (default 3).
+    retention_seconds: 60 s to 14 days (default 14 days), for queue and DLQ.
+    visibility_timeout: seconds, 0-43200 (default 60).
+    tags: ownership and alerting tags.
+    namespace: physical name prefix (e.g. a stage), '' for none.
+    """
+
+    name: str
+    ordered: bool = False
+    delay: int = 0
+    message_filter: MessageFilter | None = None
+    max_receives: int = DEFAULT_MAX_RECEIVES
+    retention_seconds: int = DEFAULT_RETENTION_SECONDS
+    visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
+    tags: ChannelTags = field(default_factory=ChannelTags)
+    namespace: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise InvalidChannelSpec(f"name must be a string, got {self.name!r}")
+        parts = self.name.split(".")
+        if len(parts) > 2:
+            raise InvalidChannelSpec(
+                f"name {self.name!r} must be 'queue' or 'exchange.queue' (at most one '.')"
+            )
+        for what, part in zip(("exchange", "queue") if len(parts) == 2 else ("queue",), parts):
+            _check_part(f"channel {what} name", part)
+        validate_namespace(self.namespace)
+        for attr, limit in (
+            (self.queue_name, SQS_MAX_NAME_LENGTH),
+            (self.dlq_name, SQS_MAX_NAME_LENGTH),
+        ):
+            if len(attr) > limit:
+                raise InvalidChannelSpec(
+                    f"queue name {attr!r} is {len(attr)} characters; SQS allows at most {limit}"
+                )
+        if self.topic_name is not None and len(self.topic_name) > SNS_MAX_NAME_LENGTH:
+            raise InvalidChannelSpec(
+                f"topic name {self.topic_name!r} is longer than {SNS_MAX_NAME_LENGTH} characters"
+            )
+        _check_range("delay", self.delay, 0, SQS_MAX_DELAY_SECONDS)
+        _check_range("max_receives", self.max_receives, 1, SQS_MAX_RECEIVE_COUNT)
+        _check_range(
+            "retention_seconds",
+            self.retention_seconds,
+            SQS_MIN_RETENTION_SECONDS,
+            SQS_MAX_RETENTION_SECONDS,
+        )
+        _check_range("visibility_timeout", self.visibility_timeout, 0, SQS_MAX_VISIBILITY_TIMEOUT)
+        if self.message_filter is not None:
+            if not isinstance(self.message_filter, MessageFilter):
+                raise InvalidChannelSpec("message_filter must be a MessageFilter")
+            if self.exchange is None:
+                raise InvalidChannelSpec(
+                    f"message_filter needs a multi-consumer channel 'exchange.queue'; "
+                    f"{self.name!r} is a single queue"
+                )
+        if not isinstance(self.tags, ChannelTags):
+            raise InvalidChannelSpec("tags must be a ChannelTags")
+
+    # -- naming ---------------------------------------------------------------------------
+    @property
+    def exchange(self) -> str | None:
+        """The exchange (SNS topic) part of the name, or None for a single-consumer channel."""
+        return self.name.split(".")[0] if "." in self.name else None
+
+    @property
+    def queue(self) -> str:
+        """The logical queue part of the name."""
+        return self.name.split(".")[-1]
+
+    @property
+    def queue_name(self) -> str:
+        return physical_name(self.queue, self.namespace, self.ordered)
+
+    @property
+    def dlq_name(self) -> str:
+        return physical_name(self.queue + DLQ_SUFFIX, self.namespace, self.ordered)
+
+    @property
+    def topic_name(self) -> str | None:
+        if self.exchange is None:
+            return None
+        return physical_name(self.exchange, self.namespace, self.ordered)
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message the channel carries: SNS's limit for exchanges, SQS's otherwise."""
+        return SNS_MAX_MESSAGE_BYTES if self.exchange else SQS_MAX_MESSAGE_BYTES
+
+    # -- resource attributes (shared by provisioner and CDK) ------------------------------
+    def queue_attributes(self) -> dict[str, str]:
+        """SQS attributes of the source queue, without RedrivePolicy and KmsMasterKeyId."""
+        attributes = {
+            "DelaySeconds": str(self.delay),
+            "MessageRetentionPeriod": str(self.retention_seconds),
+            "VisibilityTimeout": str(self.visibility_timeout),
+            "ReceiveMessageWaitTimeSeconds": "20",
+        }
+        if self.ordered:
+            attributes.update(FifoQueue="true", ContentBasedDeduplication="true")
+        return attributes
+
+    def dlq_attributes(self) -> dict[str, str]:
+        """SQS attributes of the dead-letter queue (same FIFO-ness and retention as the queue)."""
+        attributes = {"MessageRetentionPeriod": str(self.retention_seconds)}
+        if self.ordered:
+            attributes.update(FifoQueue="true", ContentBasedDeduplication="true")
+        return attributes
+
+    def redrive_policy(self, dlq_arn: str) -> dict[str, Any]:
+        return {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": self.max_receives}
+
+    def topic_attributes(self) -> dict[str, str]:
+        """SNS attributes of the exchange topic, without KmsMasterKeyId."""
+        if self.ordered:
+            return {"FifoTopic": "true", "ContentBasedDeduplication": "true"}
+        return {}
+
+    def filter_policy(self) -> dict[str, list[Any]] | None:
+        """The subscription's filter policy (message-attributes scope), or None for all messages."""
+        return self.message_filter.policy() if self.message_filter else None
+
+    def filter_policy_json(self) -> str | None:
+        policy = self.filter_policy()
+        return json.dumps(policy, sort_keys=True) if policy is not None else None
+
+    def resource_tags(self, role: str) -> dict[str, str]:
+        """Tags of one of the channel's resources; role is 'queue', 'dlq' or 'topic'."""
+        tags = {
+            TAG_MANAGED: "true",
+            TAG_CHANNEL: self.name,
+            TAG_ROLE: role,
+            TAG_CRITICAL: "true" if self.tags.critical else "false",
+        }
+        if self.namespace:
+            tags[TAG_NAMESPACE] = self.namespace
+        if self.tags.owner:
+            tags[TAG_OWNER] = self.tags.owner
+        if self.tags.team:
+            tags[TAG_TEAM] = self.tags.team
+        if self.tags.alarm_threshold is not None:
+            tags[TAG_ALARM_THRESHOLD] = str(self.tags.alarm_threshold)
+        return tags
+
+    def with_namespace(self, namespace: str) -> ChannelSpec:
+        """The same channel in another namespace."""
+        return replace(self, namespace=namespace)
+
+
+def topic_name_for(exchange: str, namespace: str = "", ordered: bool = False) -> str:
+    """The validated physical topic name of an exchange (what a MultiProducer publishes to)."""
+    _check_part("exchange name", exchange)
+    validate_namespace(namespace)
+    return physical_name(exchange, namespace, ordered)
+
+
+def queue_name_for(queue: str, namespace: str = "", ordered: bool = False) -> str:
+    """The validated physical queue name of a single-consumer channel."""
+    _check_part("channel queue name", queue)
+    validate_namespace(namespace)
+    return physical_name(queue, namespace, ordered)
+
+
+def _check_range(what: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidChannelSpec(f"{what} must be a whole number from {low} to {high}, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidChannelSpec(f"{what} must be from {low} to {high}, got {value}")
+
+
+def parse_tags(tags: Mapping[str, str]) -> ChannelTags:
+    """Read ownership tags back from a resource's tags (used by the ops Lambdas)."""
+    threshold = tags.get(TAG_ALARM_THRESHOLD)
+    return ChannelTags(
+        owner=tags.get(TAG_OWNER, ""),
+        team=tags.get(TAG_TEAM, ""),
+        alarm_threshold=int(threshold) if threshold and threshold.isdigit() else None,
+        critical=tags.get(TAG_CRITICAL, "false").lower() == "true",
+    )

@@ -1,0 +1,66 @@
+"""The `messenger` command (also `python -m messenger`).
+
+Each subcommand lives in the module that implements it; this file only wires them up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from messenger.errors import MessengerError
+
+
+def _local(args: argparse.Namespace) -> int:
+    from messenger.local import serve_forever
+
+    return serve_forever(args.host, args.port)
+
+
+def _requeue(args: argparse.Namespace) -> int:
+    from messenger.requeue import run_cli
+
+    return run_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="messenger", description="messenger platform tools")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    local = commands.add_parser("local", help="run the embedded AWS endpoint (moto) on loopback")
+    local.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    local.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    local.set_defaults(run=_local)
+
+    requeue = commands.add_parser("requeue", help="move messages from a DLQ back to a channel")
+    requeue.add_argument("source_queue", help="physical name of the queue to drain (usually a DLQ)")
+    requeue.add_argument("destination_channel", help="queue or exchange to push to")
+    requeue.add_argument(
+        "--type", dest="destination_type", choices=("single", "multi"), default="single",
+        help="destination is a single-consumer queue or a multi-consumer exchange (default single)",
+    )
+    requeue.add_argument("--ordered", action="store_true", help="destination is ordered (FIFO)")
+    requeue.add_argument("--max-messages", type=int, default=None, help="stop after this many")
+    requeue.add_argument("--dry-run", action="store_true", help="report what would move")
+    requeue.set_defaults(run=_requeue)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        return int(args.run(args))
+    except MessengerError as error:
+        print(f"messenger: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The messenger error hierarchy: every failure a caller can act on has its own class."""
+
+from __future__ import annotations
+
+
+class MessengerError(Exception):
+    """Base class of every error raised by messenger."""
+
+
+class InvalidChannelSpec(MessengerError, ValueError):
+    """A channel description (name, filter, delay, ...) is not valid."""
+
+
+class InvalidSettings(MessengerError, ValueError):
+    """A setting read from the environment or passed in code is not valid."""
+
+
+class ChannelNotFound(MessengerError):
+    """A queue, topic or subscription a channel needs does not exist (verify mode)."""
+
+
+class InvalidMessage(MessengerError, ValueError):
+    """A message body cannot be encoded (e.g. not JSON-serializable)."""
+
+
+class MessageDecodeError(MessengerError):
+    """A received message cannot be decoded into a `Message`."""
+
+
+class PayloadTooLarge(MessengerError, ValueError):
+    """A message is larger than the largest payload the channel can carry, even offloaded."""
+
+
+class PayloadMissing(MessengerError):
+    """An offloaded payload pointed to by a message is not in the bucket any more."""
+
+
+class PublishFailed(MessengerError):
+    """A push could not be completed within the retry budget."""
+
+
+class ProvisioningError(MessengerError):
+    """Infrastructure for a channel could not be created or checked."""

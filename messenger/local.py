@@ -1,0 +1,144 @@
+"""The embedded local AWS endpoint: a moto server on loopback.
+
+    with LocalEndpoint() as endpoint:      # in-process, free port
+        os.environ.update(endpoint.env())
+
+`messenger local` runs one in the foreground; `start_local_process()` runs one as a child
+process (what the test suite and `make demo` use, so the server has a CPU of its own).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from messenger.errors import MessengerError
+
+LOOPBACK = "127.0.0.1"
+READY_PATTERN = re.compile(r"AWS_ENDPOINT_URL=(http://[\d.]+:\d+)")
+#: Dummy credentials: moto accepts any, boto3 insists on some.
+LOCAL_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    # moto ignores policy conditions: a TLS-only bucket policy would deny every request.
+    "MESSENGER_BUCKET_TLS_POLICY": "false",
+}
+
+
+def local_env(url: str) -> dict[str, str]:
+    """Environment variables that point boto3 (and every messenger client) at `url`."""
+    return {"AWS_ENDPOINT_URL": url, **LOCAL_CREDENTIALS}
+
+
+class LocalEndpoint:
+    """A moto server in a thread of this process, on `host:port` (port 0 = a free one)."""
+
+    def __init__(self, host: str = LOOPBACK, port: int = 0) -> None:
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log per request
+
+        self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+        self.url = ""
+
+    def start(self) -> LocalEndpoint:
+        self._server.start()
+        host, port = self._server.get_host_and_port()
+        self.url = f"http://{host}:{port}"
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def env(self) -> dict[str, str]:
+        return local_env(self.url)
+
+    def __enter__(self) -> LocalEndpoint:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def reset(url: str) -> None:
+    """Forget every resource on a moto server (its /moto-api/reset call)."""
+    request = urllib.request.Request(f"{url}/moto-api/reset", method="POST", data=b"")
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+
+
+@dataclass
+class LocalProcess:
+    """A moto server running as a child process (`python -m messenger local`)."""
+
+    process: subprocess.Popen[str]
+    url: str
+
+    def env(self) -> dict[str, str]:
+        return local_env(self.url)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_local_process(port: int = 0, timeout: float = 30.0) -> LocalProcess:
+    """Start `python -m messenger local` and wait until it prints its endpoint URL."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "messenger", "local", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    found: list[str] = []
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            match = READY_PATTERN.search(line)
+            if match and not found:
+                found.append(match.group(1))
+        # keep draining so the child never blocks on a full pipe
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not found:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise MessengerError("the local endpoint did not start (python -m messenger local)")
+        time.sleep(0.05)
+    return LocalProcess(process=process, url=found[0])
+
+
+def serve_forever(host: str, port: int) -> int:
+    """Run an endpoint until SIGINT/SIGTERM; print the variables to export. Returns exit code."""
+    endpoint = LocalEndpoint(host, port).start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print("messenger local endpoint running. In another shell:", flush=True)
+    for name, value in endpoint.env().items():
+        print(f"  export {name}={value}", flush=True)
+    print("Ctrl-C stops it.", flush=True)
+    stop.wait()
+    endpoint.stop()
+    print("stopped.", flush=True)
+    return 0

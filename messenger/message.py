@@ -1,0 +1,141 @@
+"""The message envelope: what a producer sends and a consumer's handler gets.
+
+Wire format (identical on SQS and SNS with raw delivery): the message body is the JSON of the
+user's body; everything else travels in message attributes, so filter policies can see the
+routing key and the body stays readable by any client:
+
+| attribute      | type   | content                                   |
+|----------------|--------|-------------------------------------------|
+| routing_key    | String | routing key (absent when none)            |
+| meta_headers   | String | JSON object of string headers             |
+| message_id     | String | id given by the producer (uuid4 hex)      |
+| produced_at    | Number | epoch seconds when the producer encoded it |
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from messenger.channel import ROUTING_KEY_ATTRIBUTE
+from messenger.errors import InvalidMessage, MessageDecodeError
+
+META_HEADERS_ATTRIBUTE = "meta_headers"
+MESSAGE_ID_ATTRIBUTE = "message_id"
+PRODUCED_AT_ATTRIBUTE = "produced_at"
+#: A routing key is at most this long (SNS filter values are compared as strings).
+MAX_ROUTING_KEY_LENGTH = 256
+
+AttributeMap = dict[str, dict[str, str]]
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class EncodedMessage:
+    """A message ready for SendMessage/Publish: body text and message attributes."""
+
+    body: str
+    attributes: AttributeMap
+
+    @property
+    def size(self) -> int:
+        """Size as SQS and SNS count it: body plus attribute names, types and values, in bytes."""
+        total = len(self.body.encode("utf-8"))
+        for name, value in self.attributes.items():
+            total += len(name.encode()) + len(value["DataType"].encode())
+            total += len(value.get("StringValue", "").encode("utf-8"))
+        return total
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message. body: any JSON-serializable value. routing_key: optional string (1-256 chars).
+
+    meta_headers: string-to-string headers (e.g. locale). message_id and produced_at are set
+    by the producer when not given.
+    """
+
+    body: Any
+    routing_key: str | None = None
+    meta_headers: Mapping[str, str] = field(default_factory=dict)
+    message_id: str = field(default_factory=_new_id)
+    produced_at: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        if self.routing_key is not None and (
+            not isinstance(self.routing_key, str)
+            or not 1 <= len(self.routing_key) <= MAX_ROUTING_KEY_LENGTH
+        ):
+            raise InvalidMessage(
+                f"routing_key must be a string of 1 to {MAX_ROUTING_KEY_LENGTH} characters "
+                f"or None, got {self.routing_key!r}"
+            )
+        if not isinstance(self.meta_headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.meta_headers.items()
+        ):
+            raise InvalidMessage(
+                f"meta_headers must map strings to strings, got {self.meta_headers!r}"
+            )
+
+    def encode(self) -> EncodedMessage:
+        """Body JSON plus attributes; raises InvalidMessage when the body is not JSON-serializable."""
+        try:
+            body = json.dumps(self.body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise InvalidMessage(
+                f"body must be JSON-serializable (dict, list, str, int, float, bool, None): {error}"
+            ) from None
+        attributes: AttributeMap = {
+            MESSAGE_ID_ATTRIBUTE: {"DataType": "String", "StringValue": self.message_id},
+            PRODUCED_AT_ATTRIBUTE: {"DataType": "Number", "StringValue": f"{self.produced_at:.6f}"},
+        }
+        if self.meta_headers:
+            attributes[META_HEADERS_ATTRIBUTE] = {
+                "DataType": "String",
+                "StringValue": json.dumps(dict(self.meta_headers), sort_keys=True),
+            }
+        if self.routing_key is not None:
+            attributes[ROUTING_KEY_ATTRIBUTE] = {"DataType": "String", "StringValue": self.routing_key}
+        return EncodedMessage(body=body, attributes=attributes)
+
+    @classmethod
+    def decode(
+        cls, body: str, attributes: Mapping[str, Mapping[str, Any]] | None, fallback_id: str = ""
+    ) -> Message:
+        """Rebuild a message from a received body and attributes (SQS ReceiveMessage format).
+
+        Messages from other producers (no messenger attributes) decode with `fallback_id`
+        (the SQS MessageId) and no headers. Raises MessageDecodeError on a non-JSON body or
+        malformed attributes.
+        """
+        try:
+            value = json.loads(body)
+        except (TypeError, ValueError) as error:
+            raise MessageDecodeError(f"message body is not JSON: {error}") from None
+        attrs = attributes or {}
+
+        def text(name: str) -> str | None:
+            entry = attrs.get(name)
+            return None if entry is None else str(entry.get("StringValue", ""))
+
+        try:
+            meta_raw = text(META_HEADERS_ATTRIBUTE)
+            meta = json.loads(meta_raw) if meta_raw else {}
+            produced_raw = text(PRODUCED_AT_ATTRIBUTE)
+            produced_at = float(produced_raw) if produced_raw else 0.0
+            return cls(
+                body=value,
+                routing_key=text(ROUTING_KEY_ATTRIBUTE),
+                meta_headers=meta,
+                message_id=text(MESSAGE_ID_ATTRIBUTE) or fallback_id or _new_id(),
+                produced_at=produced_at,
+            )
+        except (ValueError, TypeError, InvalidMessage) as error:
+            raise MessageDecodeError(f"message attributes are malformed: {error}") from None

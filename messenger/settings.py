@@ -1,0 +1,144 @@
+"""Typed runtime settings, read once from the environment.
+
+| variable                      | field                    | default                          |
+|-------------------------------|--------------------------|----------------------------------|
+| MESSENGER_NAMESPACE           | namespace                | '' (no prefix)                   |
+| MESSENGER_PROVISIONING        | provisioning             | 'auto' ('auto' or 'verify')      |
+| MESSENGER_OFFLOAD_BUCKET      | offload_bucket           | '<namespace->messenger-offload-<account>' resolved at use |
+| MESSENGER_OFFLOAD_THRESHOLD   | offload_threshold        | 262144 bytes                     |
+| MESSENGER_KMS_KEY             | kms_key                  | 'alias/<namespace->messenger'    |
+| MESSENGER_RETRY_BUDGET        | retry_budget_seconds     | 20                               |
+| MESSENGER_ALARM_THRESHOLD     | default_alarm_threshold  | 100                              |
+| MESSENGER_BUCKET_TLS_POLICY   | bucket_tls_policy        | true (the local endpoint: false) |
+| AWS_REGION / AWS_DEFAULT_REGION | region                 | 'us-east-1'                      |
+
+`AWS_ENDPOINT_URL` is honoured by boto3 itself: messenger never passes an endpoint explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from messenger.channel import SQS_MAX_MESSAGE_BYTES, validate_namespace
+from messenger.errors import InvalidChannelSpec, InvalidSettings
+
+PROVISIONING_MODES = ("auto", "verify")
+DEFAULT_OFFLOAD_THRESHOLD = 262_144
+DEFAULT_RETRY_BUDGET_SECONDS = 20.0
+DEFAULT_ALARM_THRESHOLD = 100
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Runtime settings of producers, consumers and tools.
+
+    namespace: physical name prefix ('' for none). provisioning: 'auto' creates missing
+    infrastructure at first use; 'verify' only checks and raises `ChannelNotFound`.
+    offload_bucket: S3 bucket for large payloads ('' = derived from namespace and account).
+    offload_threshold: encoded size in bytes above which a body goes to S3 (1 to 1 MiB).
+    kms_key: key id, ARN or alias used for queues, topics and the bucket.
+    retry_budget_seconds: total time a push may spend retrying transient errors (> 0).
+    """
+
+    namespace: str = ""
+    provisioning: str = "auto"
+    offload_bucket: str = ""
+    offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
+    kms_key: str = ""
+    retry_budget_seconds: float = DEFAULT_RETRY_BUDGET_SECONDS
+    default_alarm_threshold: int = DEFAULT_ALARM_THRESHOLD
+    region: str = "us-east-1"
+    #: Put a TLS-only bucket policy on an offload bucket it creates. The local endpoint turns
+    #: this off: moto ignores policy conditions, so a deny-unless-TLS policy would deny all.
+    bucket_tls_policy: bool = True
+
+    def __post_init__(self) -> None:
+        try:
+            validate_namespace(self.namespace)
+        except InvalidChannelSpec as error:
+            raise InvalidSettings(f"MESSENGER_NAMESPACE: {error}") from None
+        if self.provisioning not in PROVISIONING_MODES:
+            raise InvalidSettings(
+                f"provisioning (MESSENGER_PROVISIONING) must be one of "
+                f"{', '.join(PROVISIONING_MODES)}, got {self.provisioning!r}"
+            )
+        if not 1 <= self.offload_threshold <= SQS_MAX_MESSAGE_BYTES:
+            raise InvalidSettings(
+                f"offload_threshold (MESSENGER_OFFLOAD_THRESHOLD) must be from 1 to "
+                f"{SQS_MAX_MESSAGE_BYTES} bytes, got {self.offload_threshold}"
+            )
+        if self.retry_budget_seconds <= 0:
+            raise InvalidSettings(
+                f"retry_budget_seconds (MESSENGER_RETRY_BUDGET) must be > 0, "
+                f"got {self.retry_budget_seconds}"
+            )
+        if self.default_alarm_threshold < 0:
+            raise InvalidSettings("default_alarm_threshold (MESSENGER_ALARM_THRESHOLD) must be >= 0")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from environment variables (see the module table), then `overrides`."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {
+            "namespace": env.get("MESSENGER_NAMESPACE", ""),
+            "provisioning": env.get("MESSENGER_PROVISIONING", "auto"),
+            "offload_bucket": env.get("MESSENGER_OFFLOAD_BUCKET", ""),
+            "offload_threshold": _number(
+                env, "MESSENGER_OFFLOAD_THRESHOLD", DEFAULT_OFFLOAD_THRESHOLD, int
+            ),
+            "kms_key": env.get("MESSENGER_KMS_KEY", ""),
+            "retry_budget_seconds": _number(
+                env, "MESSENGER_RETRY_BUDGET", DEFAULT_RETRY_BUDGET_SECONDS, float
+            ),
+            "default_alarm_threshold": _number(
+                env, "MESSENGER_ALARM_THRESHOLD", DEFAULT_ALARM_THRESHOLD, int
+            ),
+            "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            "bucket_tls_policy": env.get("MESSENGER_BUCKET_TLS_POLICY", "true").lower() != "false",
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def with_changes(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+    @property
+    def kms_alias(self) -> str:
+        """The key to use: the configured one, else 'alias/<namespace->messenger'."""
+        if self.kms_key:
+            return self.kms_key
+        return f"alias/{self.namespace}-messenger" if self.namespace else "alias/messenger"
+
+    def bucket_name(self, account_id: str) -> str:
+        """The offload bucket: the configured one, else '<namespace->messenger-offload-<account>'."""
+        if self.offload_bucket:
+            return self.offload_bucket
+        prefix = f"{self.namespace.lower().replace('_', '-')}-" if self.namespace else ""
+        return f"{prefix}messenger-offload-{account_id}"
+
+    def as_env(self) -> dict[str, str]:
+        """The settings as environment variables (to hand to a subprocess or a Spark executor)."""
+        return {
+            "MESSENGER_NAMESPACE": self.namespace,
+            "MESSENGER_PROVISIONING": self.provisioning,
+            "MESSENGER_OFFLOAD_BUCKET": self.offload_bucket,
+            "MESSENGER_OFFLOAD_THRESHOLD": str(self.offload_threshold),
+            "MESSENGER_KMS_KEY": self.kms_key,
+            "MESSENGER_RETRY_BUDGET": str(self.retry_budget_seconds),
+            "MESSENGER_ALARM_THRESHOLD": str(self.default_alarm_threshold),
+            "AWS_DEFAULT_REGION": self.region,
+            "MESSENGER_BUCKET_TLS_POLICY": "true" if self.bucket_tls_policy else "false",
+        }
+
+
+def _number(env: Mapping[str, str], name: str, default: Any, kind: type) -> Any:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise InvalidSettings(f"{name} must be a number, got {raw!r}") from None

@@ -1,0 +1,49 @@
+"""Shared fixtures: one moto server (a child process on a free loopback port) for the whole suite."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from messenger.aws import ClientFactory
+from messenger.local import LOCAL_CREDENTIALS, LocalProcess, reset, start_local_process
+from messenger.producer import _BaseProducer
+from messenger.settings import Settings
+
+# Never reach real AWS from a test, whatever the developer's shell has.
+for _name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
+    os.environ.pop(_name, None)
+os.environ.update(LOCAL_CREDENTIALS)
+
+
+@pytest.fixture(scope="session")
+def local_endpoint() -> Iterator[LocalProcess]:
+    """The moto server, started once per session; AWS_ENDPOINT_URL points at it."""
+    server = start_local_process()
+    os.environ["AWS_ENDPOINT_URL"] = server.url
+    yield server
+    server.stop()
+    os.environ.pop("AWS_ENDPOINT_URL", None)
+
+
+@pytest.fixture
+def endpoint(local_endpoint: LocalProcess) -> Iterator[str]:
+    """A clean moto server for one test: every resource of earlier tests is gone."""
+    reset(local_endpoint.url)
+    _BaseProducer.reset_instances()
+    yield local_endpoint.url
+    _BaseProducer.reset_instances()
+
+
+@pytest.fixture
+def settings(endpoint: str) -> Settings:
+    """Settings with a namespace of this test's own and a short retry budget."""
+    return Settings(namespace=f"t{uuid.uuid4().hex[:8]}", retry_budget_seconds=5.0)
+
+
+@pytest.fixture
+def clients(endpoint: str) -> ClientFactory:
+    return ClientFactory("us-east-1")
