@@ -10,6 +10,7 @@ routing key and the body stays readable by any client:
 | meta_headers   | String | JSON object of string headers             |
 | message_id     | String | id given by the producer (uuid4 hex)      |
 | produced_at    | Number | epoch seconds when the producer encoded it |
+| dead_letter_reason | String | why a consumer sent it to the DLQ (DLQ only) |
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from messenger.errors import InvalidMessage, MessageDecodeError
 META_HEADERS_ATTRIBUTE = "meta_headers"
 MESSAGE_ID_ATTRIBUTE = "message_id"
 PRODUCED_AT_ATTRIBUTE = "produced_at"
+#: Set by a consumer when it forwards a message to the DLQ itself (timeout, undecodable body, ...);
+#: the requeuer removes it when it moves the message back.
+DEAD_LETTER_REASON_ATTRIBUTE = "dead_letter_reason"
 #: A routing key is at most this long (SNS filter values are compared as strings).
 MAX_ROUTING_KEY_LENGTH = 256
 
