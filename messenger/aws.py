@@ -75,8 +75,10 @@ class ClientFactory:
     made before or after, which is how benchmarks count requests and tests inject faults.
     """
 
-    def __init__(self, region: str) -> None:
+    def __init__(self, region: str, endpoint_url: str | None = None) -> None:
         self.region = region
+        #: None: boto3's own resolution (AWS_ENDPOINT_URL, then AWS).
+        self.endpoint_url = endpoint_url
         self._lock = threading.Lock()
         self._clients: dict[str, Any] = {}
         self._hooks: list[tuple[str, Callable[..., Any]]] = []
@@ -87,7 +89,9 @@ class ClientFactory:
             if existing is not None:
                 return existing
             session = boto3.session.Session(region_name=self.region)
-            made = session.client(service, config=client_config())
+            made = session.client(
+                service, config=client_config(), endpoint_url=self.endpoint_url
+            )
             for event, handler in self._hooks:
                 made.meta.events.register(event, handler)
             self._clients[service] = made
