@@ -190,6 +190,10 @@ class ChannelSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
             raise InvalidChannelSpec(f"name must be a string, got {self.name!r}")
+        if self.name.endswith(FIFO_SUFFIX):
+            raise InvalidChannelSpec(
+                f"name {self.name!r} must not end with '.fifo': set ordered=True instead"
+            )
         parts = self.name.split(".")
         if len(parts) > 2:
             raise InvalidChannelSpec(

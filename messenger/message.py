@@ -98,7 +98,7 @@ class Message:
             ) from None
         attributes: AttributeMap = {
             MESSAGE_ID_ATTRIBUTE: {"DataType": "String", "StringValue": self.message_id},
-            PRODUCED_AT_ATTRIBUTE: {"DataType": "Number", "StringValue": f"{self.produced_at:.6f}"},
+            PRODUCED_AT_ATTRIBUTE: {"DataType": "Number", "StringValue": repr(float(self.produced_at))},
         }
         if self.meta_headers:
             attributes[META_HEADERS_ATTRIBUTE] = {

@@ -41,7 +41,7 @@ def endpoint(local_endpoint: LocalProcess) -> Iterator[str]:
 @pytest.fixture
 def settings(endpoint: str) -> Settings:
     """Settings with a namespace of this test's own and a short retry budget."""
-    return Settings(namespace=f"t{uuid.uuid4().hex[:8]}", retry_budget_seconds=5.0)
+    return Settings.from_env(namespace=f"t{uuid.uuid4().hex[:8]}", retry_budget_seconds=5.0)
 
 
 @pytest.fixture

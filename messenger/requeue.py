@@ -1,0 +1,251 @@
+"""`Requeuer`: move messages from a queue (usually a DLQ) back to a channel.
+
+    Requeuer(source_queue='orders-dlq', destination_channel='orders').start()
+    Requeuer(source_queue='audit_log-dlq.fifo', destination_channel='wishlist_events',
+             destination_type=SubscriberTypes.MultiConsumer).start()
+
+Body and attributes (routing key, meta headers, message id, offload pointer) move unchanged; the
+consumer's `dead_letter_reason` is dropped. A message is deleted from the source only after the
+destination accepted it: a crash in between leaves at worst a duplicate, never a loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from messenger.aws import ClientFactory, call_with_budget
+from messenger.channel import (
+    FIFO_SUFFIX,
+    MAX_BATCH_ENTRIES,
+    ROUTING_KEY_ATTRIBUTE,
+    physical_name,
+    queue_name_for,
+)
+from messenger.errors import ChannelNotFound, InvalidSettings
+from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE, EncodedMessage
+from messenger.provision import Provisioner, QueueRef
+from messenger.settings import Settings
+from messenger.transport import OutgoingMessage, QueueTarget, TopicTarget
+
+logger = logging.getLogger("messenger.requeue")
+
+#: Seconds a message being moved stays invisible in the source queue.
+MOVE_VISIBILITY_TIMEOUT = 60
+
+
+class SubscriberTypes(enum.Enum):
+    """What the destination channel is: one queue, or an exchange fanned out to several."""
+
+    SingleConsumer = "single"
+    MultiConsumer = "multi"
+
+
+@dataclass
+class RequeueReport:
+    """What a run did (or, in a dry run, would do)."""
+
+    source_queue: str
+    destination: str
+    dry_run: bool = False
+    moved: int = 0
+    failed: int = 0
+    routing_keys: dict[str, int] = field(default_factory=dict)
+
+
+class Requeuer:
+    """Moves every message of `source_queue` to `destination_channel`.
+
+    source_queue: physical queue name, or a logical one the namespace prefix is added to.
+    destination_channel: a queue (SingleConsumer) or an exchange (MultiConsumer), logical name.
+    ordered: whether the destination is FIFO (default: the source's FIFO-ness).
+    max_messages: stop after this many (None: all). dry_run: report, move nothing.
+    progress: called with (done, estimated_total) after each batch.
+    """
+
+    def __init__(
+        self,
+        source_queue: str,
+        destination_channel: str,
+        destination_type: SubscriberTypes = SubscriberTypes.SingleConsumer,
+        ordered: bool | None = None,
+        max_messages: int | None = None,
+        dry_run: bool = False,
+        settings: Settings | None = None,
+        clients: ClientFactory | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        if not isinstance(destination_type, SubscriberTypes):
+            raise InvalidSettings(
+                f"destination_type must be one of "
+                f"{', '.join(t.name for t in SubscriberTypes)}, got {destination_type!r}"
+            )
+        if max_messages is not None and max_messages < 1:
+            raise InvalidSettings(f"max_messages must be >= 1 or None, got {max_messages}")
+        self.settings = settings or Settings.from_env()
+        self.clients = clients or ClientFactory(self.settings.region)
+        self.provisioner = Provisioner(self.clients, self.settings)
+        self.sqs = self.clients.client("sqs")
+        self.source = self._find_source(source_queue)
+        self.ordered = self.source.name.endswith(FIFO_SUFFIX) if ordered is None else ordered
+        self.destination_channel = destination_channel
+        self.destination_type = destination_type
+        self.max_messages = max_messages
+        self.dry_run = dry_run
+        self.progress = progress
+
+    def _find_source(self, name: str) -> QueueRef:
+        candidates = [name]
+        if self.settings.namespace and not name.startswith(f"{self.settings.namespace}-"):
+            candidates.append(physical_name(name, self.settings.namespace))
+        for candidate in candidates:
+            found = self.provisioner.find_queue(candidate)
+            if found is not None:
+                return found
+        raise ChannelNotFound(f"source queue {name!r} does not exist (tried {', '.join(candidates)})")
+
+    def _target(self) -> QueueTarget | TopicTarget:
+        if self.destination_type is SubscriberTypes.MultiConsumer:
+            arn = self.provisioner.ensure_exchange(self.destination_channel, self.ordered)
+            return TopicTarget(self.clients.client("sns"), arn)
+        name = queue_name_for(self.destination_channel, self.settings.namespace, self.ordered)
+        queue = self.provisioner.require_queue(name, f"channel {self.destination_channel!r}")
+        return QueueTarget(self.sqs, queue.url)
+
+    def estimate(self) -> int:
+        attributes = self.sqs.get_queue_attributes(
+            QueueUrl=self.source.url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        return int(attributes.get("ApproximateNumberOfMessages", 0))
+
+    def start(self) -> RequeueReport:
+        """Move (or count, in a dry run) the messages; returns the report."""
+        report = RequeueReport(self.source.name, self.destination_channel, dry_run=self.dry_run)
+        target = None if self.dry_run else self._target()
+        total = self.estimate()
+        held: list[str] = []  # receipt handles kept invisible during a dry run
+        try:
+            while self.max_messages is None or report.moved < self.max_messages:
+                wanted = MAX_BATCH_ENTRIES
+                if self.max_messages is not None:
+                    wanted = min(wanted, self.max_messages - report.moved)
+                messages = self._receive(wanted)
+                if not messages:
+                    break
+                for message in messages:
+                    key = message.get("MessageAttributes", {}).get(ROUTING_KEY_ATTRIBUTE, {})
+                    routing_key = key.get("StringValue", "(none)")
+                    report.routing_keys[routing_key] = report.routing_keys.get(routing_key, 0) + 1
+                if target is None:
+                    held.extend(m["ReceiptHandle"] for m in messages)
+                    report.moved += len(messages)
+                else:
+                    self._move(target, messages, report)
+                if self.progress:
+                    self.progress(report.moved, max(total, report.moved))
+        finally:
+            self._release(held)
+        logger.info(
+            "requeue %s -> %s: %d %s, %d failed", report.source_queue, report.destination,
+            report.moved, "would move" if self.dry_run else "moved", report.failed,
+        )
+        return report
+
+    def _receive(self, count: int) -> list[dict[str, Any]]:
+        response = call_with_budget(
+            lambda: self.sqs.receive_message(
+                QueueUrl=self.source.url,
+                MaxNumberOfMessages=count,
+                MessageAttributeNames=["All"],
+                MessageSystemAttributeNames=["All"],
+                VisibilityTimeout=MOVE_VISIBILITY_TIMEOUT,
+                WaitTimeSeconds=1,
+            ),
+            self.settings.retry_budget_seconds,
+            f"receiving from {self.source.name!r}",
+        )
+        return list(response.get("Messages", []))
+
+    def _move(
+        self, target: QueueTarget | TopicTarget, messages: list[dict[str, Any]], report: RequeueReport
+    ) -> None:
+        outgoing = [self._outgoing(message) for message in messages]
+        failures = call_with_budget(
+            lambda: target.send_batch(outgoing),
+            self.settings.retry_budget_seconds,
+            f"requeue to {self.destination_channel!r}",
+        )
+        failed = {failure.index for failure in failures}
+        for failure in failures:
+            logger.error("requeue of one message failed: %s %s", failure.code, failure.message)
+        sent = [m for i, m in enumerate(messages) if i not in failed]
+        report.failed += len(failed)
+        report.moved += len(sent)
+        if sent:
+            self._delete(sent)
+        # Failed ones stay in the source and come back after the visibility timeout.
+        self._release([m["ReceiptHandle"] for i, m in enumerate(messages) if i in failed])
+
+    def _outgoing(self, message: dict[str, Any]) -> OutgoingMessage:
+        attributes = {
+            name: {k: v for k, v in value.items() if k in ("DataType", "StringValue")}
+            for name, value in message.get("MessageAttributes", {}).items()
+            if name != DEAD_LETTER_REASON_ATTRIBUTE
+        }
+        group_id = dedup_id = None
+        if self.ordered:
+            system = message.get("Attributes", {})
+            group_id = system.get("MessageGroupId") or self.destination_channel
+            # The DLQ copy's id is unique per copy: a second requeue of a new copy is not deduped.
+            dedup_id = message["MessageId"]
+        return OutgoingMessage(EncodedMessage(message["Body"], attributes), group_id, dedup_id)
+
+    def _delete(self, messages: list[dict[str, Any]]) -> None:
+        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+        response = call_with_budget(
+            lambda: self.sqs.delete_message_batch(QueueUrl=self.source.url, Entries=entries),
+            self.settings.retry_budget_seconds,
+            f"deleting from {self.source.name!r}",
+        )
+        for failure in response.get("Failed", []):
+            # The message was sent: it stays in the source as a duplicate, never lost.
+            logger.warning("could not delete a requeued message: %s", failure.get("Message"))
+
+    def _release(self, handles: list[str]) -> None:
+        for start in range(0, len(handles), MAX_BATCH_ENTRIES):
+            chunk = handles[start : start + MAX_BATCH_ENTRIES]
+            self.sqs.change_message_visibility_batch(
+                QueueUrl=self.source.url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": h, "VisibilityTimeout": 0}
+                    for i, h in enumerate(chunk)
+                ],
+            )
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """`messenger requeue SOURCE DESTINATION [--type multi] [--max-messages N] [--dry-run]`."""
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"requeue {args.source_queue} -> {args.destination_channel}", total=None)
+        requeuer = Requeuer(
+            source_queue=args.source_queue,
+            destination_channel=args.destination_channel,
+            destination_type=SubscriberTypes(args.destination_type),
+            ordered=True if args.ordered else None,
+            max_messages=args.max_messages,
+            dry_run=args.dry_run,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+        report = requeuer.start()
+    verb = "would move" if report.dry_run else "moved"
+    print(f"{verb} {report.moved} message(s) from {report.source_queue} to {report.destination}"
+          f"{f', {report.failed} failed' if report.failed else ''}")
+    for key, count in sorted(report.routing_keys.items()):
+        print(f"  {key}: {count}")
+    return 1 if report.failed else 0

@@ -1,0 +1,70 @@
+"""Fault injection through botocore's event hooks: the real client, the real retry logic.
+
+`Throttle(rate)` registered on 'before-send' answers a share of requests with the service's own
+throttling error instead of sending them, so botocore parses and retries it exactly as a real
+throttled response.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+from botocore.awsrequest import AWSResponse
+
+
+class _RawBody:
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def stream(self, **_: Any) -> Any:
+        yield self._data
+
+    def read(self, *_: Any) -> bytes:
+        data, self._data = self._data, b""
+        return data
+
+
+def throttling_response(protocol: str, url: str) -> AWSResponse:
+    """A 400 throttling error in the wire format of `protocol`."""
+    if protocol == "json":
+        body = b'{"__type":"com.amazonaws.sqs#ThrottlingException","message":"Rate exceeded"}'
+        headers = {
+            "Content-Type": "application/x-amz-json-1.0",
+            "x-amzn-query-error": "Throttling;Sender",
+        }
+    else:
+        body = (
+            b"<ErrorResponse><Error><Type>Sender</Type><Code>Throttling</Code>"
+            b"<Message>Rate exceeded</Message></Error><RequestId>x</RequestId></ErrorResponse>"
+        )
+        headers = {"Content-Type": "text/xml"}
+    return AWSResponse(url, 400, headers, _RawBody(body))
+
+
+class Throttle:
+    """Throttle `rate` (0..1) of the requests whose operation is in `operations` (None: all)."""
+
+    def __init__(self, rate: float, operations: set[str] | None = None, seed: int = 7) -> None:
+        self.rate = rate
+        self.operations = operations
+        self.random = random.Random(seed)
+        self.lock = threading.Lock()
+        self.injected = 0
+        self.passed = 0
+
+    def __call__(self, request: Any, event_name: str = "", **kwargs: Any) -> AWSResponse | None:
+        operation = event_name.split(".")[-1]
+        if self.operations is not None and operation not in self.operations:
+            return None
+        with self.lock:
+            hit = self.random.random() < self.rate
+            if hit:
+                self.injected += 1
+            else:
+                self.passed += 1
+        if not hit:
+            return None
+        protocol = "json" if "x-amz-json" in str(request.headers.get("Content-Type", "")) else "query"
+        return throttling_response(protocol, request.url)

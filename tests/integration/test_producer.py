@@ -1,0 +1,247 @@
+"""Producers against the moto server over HTTP: routing, offload, retries, reprovisioning, bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from messenger import (
+    ChannelNotFound,
+    ChannelSpec,
+    InvalidChannelSpec,
+    InvalidMessage,
+    MessageFilter,
+    MultiProducer,
+    PayloadTooLarge,
+    Producer,
+    PublishFailed,
+    PushItem,
+)
+from messenger.aws import ClientFactory, RequestCounter
+from messenger.provision import Provisioner
+from messenger.settings import Settings
+from tests.faults import Throttle
+from tests.integration.helpers import decode, drain, queue_url
+
+KEYS = ["MOBILE.APPLE", "MOBILE.ANDROID", "WEB.CHROME", "MOBILE.APPLE", "TV", "MOBILE.APPLE.WATCH"]
+
+
+class WishListEventProducer(MultiProducer):
+    channel = "wishlist_events"
+    ordered = True
+
+    def meta_headers(self):
+        return {"locale": "en_GB"}
+
+
+class OrderProducer(Producer):
+    channel = "orders"
+
+
+def wishlist_consumers(namespace: str) -> list[ChannelSpec]:
+    filters = {
+        "all_events": None,
+        "mobile_events": MessageFilter("prefix", ["MOBILE."]),
+        "apple_events": MessageFilter("exact", ["MOBILE.APPLE"]),
+        "not_web_events": MessageFilter("exclude", ["WEB.CHROME"]),
+    }
+    return [
+        ChannelSpec(f"wishlist_events.{queue}", ordered=True, message_filter=f, namespace=namespace)
+        for queue, f in filters.items()
+    ]
+
+
+def test_wishlist_exchange_routes_exactly_the_filtered_messages_in_order(settings, clients):
+    # Given an ordered exchange with four consumer queues and their filters
+    specs = wishlist_consumers(settings.namespace)
+    provisioner = Provisioner(clients, settings)
+    for spec in specs:
+        provisioner.ensure_channel(spec)
+    producer = WishListEventProducer(settings=settings, clients=clients)
+    # When messages are pushed one by one and in a batch
+    for n, key in enumerate(KEYS):
+        producer.push({"n": n}, routing_key=key)
+    producer.push_many([PushItem({"n": len(KEYS) + n}, key) for n, key in enumerate(KEYS)])
+    sent = list(enumerate(KEYS + KEYS))
+    # Then every queue holds exactly the messages its filter admits, in push order
+    sqs = clients.client("sqs")
+    for spec in specs:
+        got = [decode(m) for m in drain(sqs, queue_url(sqs, spec.queue_name))]
+        expected = [n for n, key in sent if spec.message_filter is None or spec.message_filter.matches(key)]
+        assert [m.body["n"] for m in got] == expected, spec.name
+        assert all(m.meta_headers == {"locale": "en_GB"} for m in got)
+        assert all(m.routing_key == KEYS[m.body["n"] % len(KEYS)] for m in got)
+
+
+def test_large_body_round_trips_through_the_offload_bucket(settings, clients):
+    counter = RequestCounter().attach(clients)
+    producer = OrderProducer(settings=settings, clients=clients)
+    big = {"blob": "x" * 600 * 1024}
+    small = {"blob": "y" * 100 * 1024}
+    producer.push(small)
+    assert not any(key.startswith("s3.") for key in counter.counts), counter.counts
+    producer.push(big)
+    assert counter.counts["s3.PutObject"] == 1
+    sqs = clients.client("sqs")
+    raw = drain(sqs, queue_url(sqs, f"{settings.namespace}-orders"))
+    assert [len(m["Body"]) < 1000 for m in raw] == [False, True]  # the big one is a pointer
+    bodies = [decode(m, clients.client("s3")).body for m in raw]
+    assert bodies == [small, big]
+
+
+def test_exchange_offloads_above_the_sns_limit_even_with_a_higher_setting(settings, clients):
+    producer = WishListEventProducer(
+        settings=settings.with_changes(offload_threshold=1_000_000), clients=clients
+    )
+    assert producer.threshold == 262_144
+    provisioner = Provisioner(clients, settings)
+    spec = wishlist_consumers(settings.namespace)[0]
+    provisioner.ensure_channel(spec)
+    producer.push({"blob": "z" * 300_000}, routing_key="TV")
+    sqs = clients.client("sqs")
+    [raw] = drain(sqs, queue_url(sqs, spec.queue_name))
+    assert decode(raw, clients.client("s3")).body == {"blob": "z" * 300_000}
+
+
+def test_throttling_on_a_third_of_calls_loses_no_message(settings, clients):
+    throttle = Throttle(rate=0.3, operations={"SendMessage", "SendMessageBatch"})
+    clients.register("before-send", throttle)
+    producer = OrderProducer(settings=settings.with_changes(retry_budget_seconds=30), clients=clients)
+    for n in range(6):
+        producer.push({"n": n})
+    result = producer.push_many(PushItem({"n": n}) for n in range(6, 66))
+    assert result.failures == []
+    clients.unregister("before-send", throttle)
+    sqs = clients.client("sqs")
+    got = sorted(decode(m).body["n"] for m in drain(sqs, queue_url(sqs, f"{settings.namespace}-orders")))
+    assert got == list(range(66))
+    assert throttle.injected >= 2  # the fault really happened (seeded: same count every run)
+
+
+def test_a_permanently_failing_endpoint_raises_within_the_budget(settings):
+    # Nothing listens on port 9 of loopback: every connection is refused.
+    dead = ClientFactory("us-east-1", endpoint_url="http://127.0.0.1:9")
+    producer = OrderProducer(settings=settings.with_changes(retry_budget_seconds=2), clients=dead)
+    started = time.monotonic()
+    with pytest.raises(PublishFailed, match="retry budget"):
+        producer.push({"n": 1})
+    assert time.monotonic() - started < 20
+
+
+def test_deleted_queue_is_reprovisioned_in_auto_mode(settings, clients):
+    producer = OrderProducer(settings=settings, clients=clients)
+    producer.push({"n": 1})
+    sqs = clients.client("sqs")
+    sqs.delete_queue(QueueUrl=queue_url(sqs, f"{settings.namespace}-orders"))
+    producer.push({"n": 2})
+    got = [decode(m).body for m in drain(sqs, queue_url(sqs, f"{settings.namespace}-orders"))]
+    assert got == [{"n": 2}]
+    # The DLQ and redrive came back with it.
+    attributes = sqs.get_queue_attributes(
+        QueueUrl=queue_url(sqs, f"{settings.namespace}-orders"), AttributeNames=["RedrivePolicy"]
+    )["Attributes"]
+    assert f"{settings.namespace}-orders-dlq" in attributes["RedrivePolicy"]
+
+
+def test_deleted_queue_fails_clearly_in_verify_mode(settings, clients):
+    Provisioner(clients, settings).ensure_channel(ChannelSpec("orders", namespace=settings.namespace))
+    producer = OrderProducer(settings=settings.with_changes(provisioning="verify"), clients=clients)
+    producer.push({"n": 1})
+    sqs = clients.client("sqs")
+    sqs.delete_queue(QueueUrl=queue_url(sqs, f"{settings.namespace}-orders"))
+    with pytest.raises(ChannelNotFound, match="provisioning=verify"):
+        producer.push({"n": 2})
+
+
+def test_verify_mode_names_the_missing_resource(settings, clients):
+    producer = WishListEventProducer(settings=settings.with_changes(provisioning="verify"), clients=clients)
+    with pytest.raises(ChannelNotFound, match=rf"topic '{settings.namespace}-wishlist_events.fifo'"):
+        producer.push({"n": 1})
+
+
+def test_bad_input_gets_specific_errors(settings, clients):
+    class Dotted(Producer):
+        channel = "exchange.queue"
+
+    with pytest.raises(InvalidChannelSpec, match="without '.<queue>'"):
+        Dotted(settings=settings, clients=clients)
+
+    class Invalid(Producer):
+        channel = "bad name"
+
+    producer = Invalid(settings=settings, clients=clients)
+    with pytest.raises(InvalidChannelSpec, match="letters, digits"):
+        producer.push({"n": 1})
+
+    orders = OrderProducer(settings=settings, clients=clients)
+    with pytest.raises(InvalidMessage, match="JSON-serializable"):
+        orders.push({"when": object()})
+    with pytest.raises(InvalidMessage, match="ordered channels only"):
+        orders.push({"n": 1}, group_id="g")
+
+    class Tiny(Producer):
+        channel = "orders"
+        max_payload_bytes = 500_000
+
+    with pytest.raises(PayloadTooLarge, match="largest offloadable body is 500000"):
+        Tiny(settings=settings, clients=clients).push({"blob": "x" * 600_000})
+
+
+def test_push_many_reports_bad_items_and_delivers_the_rest(settings, clients):
+    producer = OrderProducer(settings=settings, clients=clients)
+    result = producer.push_many([{"n": 0}, {"bad": object()}, PushItem({"n": 2})])
+    assert [f.index for f in result.failures] == [1]
+    assert result.failures[0].code == "InvalidMessage"
+    assert result.published == 2 and result.message_ids[1] is None
+    with pytest.raises(PublishFailed, match="1 of 3 messages failed"):
+        result.raise_for_failures()
+    sqs = clients.client("sqs")
+    got = [decode(m).message_id for m in drain(sqs, queue_url(sqs, f"{settings.namespace}-orders"))]
+    assert sorted(got) == sorted([result.message_ids[0], result.message_ids[2]])
+
+
+def test_producer_is_a_thread_safe_singleton(endpoint, monkeypatch):
+    monkeypatch.setenv("MESSENGER_NAMESPACE", "single")
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(OrderProducer())) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({id(p) for p in seen}) == 1
+    assert OrderProducer() is seen[0]
+    assert WishListEventProducer() is not seen[0]
+    # Concurrent pushes through the shared instance all arrive.
+    pushers = [threading.Thread(target=lambda: OrderProducer().push({"n": 1})) for _ in range(8)]
+    for thread in pushers:
+        thread.start()
+    for thread in pushers:
+        thread.join()
+    sqs = ClientFactory("us-east-1").client("sqs")
+    assert len(drain(sqs, queue_url(sqs, "single-orders"))) == 8
+
+
+def test_ordered_push_uses_groups_and_optional_dedup(settings, clients):
+    class Ordered(Producer):
+        channel = "ledger"
+        ordered = True
+
+    producer = Ordered(settings=settings, clients=clients)
+    producer.push({"n": 1}, group_id="account-1", dedup_id="d1")
+    producer.push({"n": 1}, group_id="account-1", dedup_id="d1")  # deduplicated
+    producer.push({"n": 2})
+    sqs = clients.client("sqs")
+    raw = drain(sqs, queue_url(sqs, f"{settings.namespace}-ledger.fifo"))
+    assert [(m["Attributes"]["MessageGroupId"], decode(m).body["n"]) for m in raw] == [
+        ("account-1", 1), ("ledger", 2),
+    ]
+
+
+def test_settings_come_from_the_environment(endpoint, monkeypatch):
+    monkeypatch.setenv("MESSENGER_NAMESPACE", "envns")
+    monkeypatch.setenv("MESSENGER_OFFLOAD_THRESHOLD", "1000")
+    producer = OrderProducer()
+    assert producer.settings == Settings.from_env()
+    assert producer.threshold == 1000

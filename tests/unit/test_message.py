@@ -1,0 +1,72 @@
+"""The message envelope: encode/decode round trip and specific errors on bad input."""
+
+import pytest
+
+from messenger.errors import InvalidMessage, MessageDecodeError
+from messenger.message import Message
+from messenger.offload import OffloadPointer, lifecycle_days, pointer_attributes
+
+
+def received_attributes(encoded):
+    """Attributes as ReceiveMessage returns them (same keys as sent)."""
+    return {name: dict(value) for name, value in encoded.attributes.items()}
+
+
+def test_round_trip_keeps_body_routing_key_headers_id_and_time():
+    message = Message({"sku": 1, "name": "ü"}, "MOBILE.APPLE", {"locale": "de_DE"})
+    encoded = message.encode()
+    decoded = Message.decode(encoded.body, received_attributes(encoded))
+    assert decoded == message
+
+
+def test_size_counts_body_and_attributes_in_bytes():
+    encoded = Message("é", "rk", {}, message_id="id", produced_at=1.0).encode()
+    assert encoded.size == len('"é"'.encode()) + sum(
+        len(n) + len(v["DataType"]) + len(v["StringValue"].encode())
+        for n, v in encoded.attributes.items()
+    )
+
+
+def test_a_body_that_is_not_json_serializable_is_a_clear_error():
+    with pytest.raises(InvalidMessage, match="JSON-serializable"):
+        Message({"when": object()}).encode()
+    with pytest.raises(InvalidMessage, match="JSON-serializable"):
+        Message(float("nan")).encode()
+
+
+def test_bad_routing_key_and_headers_are_rejected():
+    with pytest.raises(InvalidMessage, match="routing_key"):
+        Message({}, routing_key="")
+    with pytest.raises(InvalidMessage, match="meta_headers"):
+        Message({}, meta_headers={"n": 1})
+
+
+def test_decoding_garbage_raises_decode_error_not_a_crash():
+    with pytest.raises(MessageDecodeError, match="not JSON"):
+        Message.decode("{nope", {})
+    with pytest.raises(MessageDecodeError, match="malformed"):
+        Message.decode("1", {"meta_headers": {"DataType": "String", "StringValue": "[1]"}})
+
+
+def test_foreign_messages_decode_with_the_sqs_message_id():
+    decoded = Message.decode('{"a": 1}', None, fallback_id="sqs-id")
+    assert (decoded.body, decoded.message_id, decoded.routing_key) == ({"a": 1}, "sqs-id", None)
+
+
+def test_offload_pointer_is_the_aws_extended_client_format():
+    pointer = OffloadPointer("bucket", "payloads/k")
+    body = pointer.encode()
+    assert body == (
+        '["software.amazon.payloadoffloading.PayloadS3Pointer", '
+        '{"s3BucketName": "bucket", "s3Key": "payloads/k"}]'
+    )
+    assert OffloadPointer.parse(body, pointer_attributes(10)) == pointer
+    # The legacy attribute of older extended clients is read too.
+    assert OffloadPointer.parse(body, {"SQSLargePayloadSize": {}}) == pointer
+    # Without the size attribute a body that looks like a pointer is an ordinary body.
+    assert OffloadPointer.parse(body, {}) is None
+
+
+def test_lifecycle_outlives_retention():
+    assert lifecycle_days(14 * 86400) == 15
+    assert lifecycle_days(3600) == 2
