@@ -1,6 +1,7 @@
 """messenger: channels on SQS, SNS and S3; producers, consumers and tools."""
 
 from messenger.channel import ChannelSpec, ChannelTags, MessageFilter
+from messenger.consumer import Consumer, ConsumerSettings, ReceivedMessage
 from messenger.errors import (
     ChannelNotFound,
     InvalidChannelSpec,
@@ -13,6 +14,7 @@ from messenger.errors import (
     ProvisioningError,
     PublishFailed,
 )
+from messenger.lifecycle import ConsumerState, LifecycleHooks, register_hook
 from messenger.message import Message
 from messenger.producer import MultiProducer, Producer, PushItem, PushManyResult
 from messenger.settings import Settings
@@ -21,9 +23,13 @@ __all__ = [
     "ChannelNotFound",
     "ChannelSpec",
     "ChannelTags",
+    "Consumer",
+    "ConsumerSettings",
+    "ConsumerState",
     "InvalidChannelSpec",
     "InvalidMessage",
     "InvalidSettings",
+    "LifecycleHooks",
     "Message",
     "MessageDecodeError",
     "MessageFilter",
@@ -36,5 +42,7 @@ __all__ = [
     "PublishFailed",
     "PushItem",
     "PushManyResult",
+    "ReceivedMessage",
     "Settings",
+    "register_hook",
 ]

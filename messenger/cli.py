@@ -25,6 +25,12 @@ def _requeue(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def _consume(args: argparse.Namespace) -> int:
+    from messenger.consumer import run_cli
+
+    return run_cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="messenger", description="messenger platform tools")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -46,6 +52,19 @@ def build_parser() -> argparse.ArgumentParser:
     requeue.add_argument("--max-messages", type=int, default=None, help="stop after this many")
     requeue.add_argument("--dry-run", action="store_true", help="report what would move")
     requeue.set_defaults(run=_requeue)
+
+    consume = commands.add_parser(
+        "consume", help="run one consumer until SIGTERM (the container's PID 1)"
+    )
+    consume.add_argument("consumer", help="the Consumer subclass, 'package.module:ClassName'")
+    consume.add_argument("--concurrency", type=int, default=None,
+                         help="worker threads (default $MESSENGER_CONCURRENCY, the class's, or 1)")
+    consume.add_argument("--shutdown-timeout", type=float, default=None,
+                         help="seconds for in-flight work after SIGTERM (default 30)")
+    consume.add_argument("--health-file", default=None,
+                         help="health file (default $MESSENGER_HEALTH_FILE or "
+                              "/tmp/messenger-health.json)")
+    consume.set_defaults(run=_consume)
     return parser
 
 

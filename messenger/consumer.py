@@ -1,0 +1,390 @@
+"""`Consumer`: the base class of a service that handles the messages of one channel.
+
+    class ProcessMobileEventsConsumer(Consumer):
+        channel = 'wishlist_events_exchange.process_mobile_events'
+        ordered = True
+        message_filter = MessageFilter(filter_type='prefix', values=['MOBILE.'])
+        processing_timeout = 60
+
+        def handler(self, message): ...
+
+        @register_hook(LifecycleHooks.MSG_PROCESSING_START)
+        def activate_locale(self, message): ...
+
+    ProcessMobileEventsConsumer().run()     # or: messenger consume package.module:Class
+
+The runtime (threads, heartbeat, timeouts, deletes) is in `messenger.worker`; the SQS calls in
+`messenger.mailbox`; states, hooks and the JSON log in `messenger.lifecycle`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from messenger.aws import ClientFactory, call_with_budget
+from messenger.channel import (
+    DEFAULT_MAX_RECEIVES,
+    DEFAULT_RETENTION_SECONDS,
+    SQS_MAX_VISIBILITY_TIMEOUT,
+    ChannelSpec,
+    ChannelTags,
+    MessageFilter,
+)
+from messenger.errors import InvalidChannelSpec, InvalidSettings
+from messenger.health import DEFAULT_HEALTH_FILE, HealthFile, HealthRecord
+from messenger.lifecycle import (
+    ConsumerState,
+    LifecycleEvent,
+    LifecycleHooks,
+    collect_hooks,
+    configure_json_logging,
+    log_event,
+)
+from messenger.mailbox import Mailbox, ReceivedMessage
+from messenger.offload import PayloadStore
+from messenger.provision import ChannelResources, Provisioner
+from messenger.settings import Settings
+from messenger.worker import ProcessingTimeout, Runtime
+
+logger = logging.getLogger("messenger.consumer")
+
+MIN_PROCESSING_TIMEOUT = 1
+MAX_PROCESSING_TIMEOUT = 1800
+#: A consumer's queue lease: short, so a dead consumer's message comes back quickly; the
+#: heartbeat extends it while the handler runs.
+DEFAULT_CONSUMER_VISIBILITY = 30
+MIN_CONSUMER_VISIBILITY = 2
+LONG_POLL_SECONDS = 20
+RETRY_DELAY_SECONDS = 5
+
+__all__ = [
+    "Consumer", "ConsumerSettings", "ConsumerState", "LifecycleHooks", "ProcessingTimeout",
+    "ReceivedMessage", "load_consumer",
+]
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    """How a consumer process runs (environment variables in brackets).
+
+    concurrency: worker threads, >= 1 (MESSENGER_CONCURRENCY; default the class's, else 1).
+    shutdown_timeout: seconds in-flight work may take after SIGTERM, > 0; keep it below the ECS
+    stopTimeout (MESSENGER_SHUTDOWN_TIMEOUT; default 30).
+    health_file: path (MESSENGER_HEALTH_FILE; default /tmp/messenger-health.json).
+    startup_timeout: seconds INITIALIZING/INITIALIZED may last (MESSENGER_STARTUP_TIMEOUT; 120).
+    health_grace: seconds added to processing/shutdown timeouts in the health file
+    (MESSENGER_HEALTH_GRACE; 30). stuck_grace: seconds a timed-out handler thread may keep
+    running before the consumer exits non-zero (default: shutdown_timeout).
+    """
+
+    concurrency: int = 1
+    shutdown_timeout: float = 30.0
+    health_file: str = DEFAULT_HEALTH_FILE
+    startup_timeout: float = 120.0
+    health_grace: float = 30.0
+    stuck_grace: float | None = None
+    wait_time_seconds: int = LONG_POLL_SECONDS
+    retry_delay: int = RETRY_DELAY_SECONDS
+    delete_linger: float = 0.2
+
+    def __post_init__(self) -> None:
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) \
+                or self.concurrency < 1:
+            raise InvalidSettings(
+                f"concurrency (MESSENGER_CONCURRENCY) must be a whole number >= 1, "
+                f"got {self.concurrency!r}"
+            )
+        for name, variable in (("shutdown_timeout", "MESSENGER_SHUTDOWN_TIMEOUT"),
+                               ("startup_timeout", "MESSENGER_STARTUP_TIMEOUT")):
+            if not getattr(self, name) > 0:
+                raise InvalidSettings(f"{name} ({variable}) must be > 0 seconds, "
+                                      f"got {getattr(self, name)!r}")
+        if self.health_grace < 0:
+            raise InvalidSettings("health_grace (MESSENGER_HEALTH_GRACE) must be >= 0 seconds")
+        if not 0 <= self.wait_time_seconds <= LONG_POLL_SECONDS:
+            raise InvalidSettings(f"wait_time_seconds must be from 0 to {LONG_POLL_SECONDS}")
+
+    @property
+    def stuck_after(self) -> float:
+        """Seconds a timed-out handler thread may keep running before the consumer exits."""
+        return self.shutdown_timeout if self.stuck_grace is None else self.stuck_grace
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **defaults: Any
+    ) -> ConsumerSettings:
+        """Settings from the environment; `defaults` apply where a variable is not set."""
+        env = os.environ if environ is None else environ
+        values = dict(defaults)
+        for name, variable, kind in (
+            ("concurrency", "MESSENGER_CONCURRENCY", int),
+            ("shutdown_timeout", "MESSENGER_SHUTDOWN_TIMEOUT", float),
+            ("health_file", "MESSENGER_HEALTH_FILE", str),
+            ("startup_timeout", "MESSENGER_STARTUP_TIMEOUT", float),
+            ("health_grace", "MESSENGER_HEALTH_GRACE", float),
+        ):
+            raw = env.get(variable)
+            if raw:
+                try:
+                    values[name] = kind(raw)
+                except ValueError:
+                    raise InvalidSettings(f"{variable} must be a number, got {raw!r}") from None
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+
+class Consumer:
+    """Handles the messages of one channel; subclass it and define `channel` and `handler`.
+
+    channel: 'queue' or 'exchange.queue'. ordered: FIFO channel (default False).
+    delay: 0-900 s. message_filter: routing-key filter (exchanges). processing_timeout: seconds a
+    handler may run, 1-1800 (default 60). delay_tolerance: seconds of lag (now - produced_at)
+    above which a 'delayed' event is logged (None: never). visibility_timeout: the queue lease,
+    2-43200 s (default 30), extended by the heartbeat. max_receives: receives before SQS moves
+    a failing message to the DLQ, 1-1000 (default 3). concurrency / shutdown_timeout: defaults
+    for ConsumerSettings (the environment wins).
+    """
+
+    channel: ClassVar[str] = ""
+    ordered: ClassVar[bool] = False
+    delay: ClassVar[int] = 0
+    message_filter: ClassVar[MessageFilter | None] = None
+    processing_timeout: ClassVar[float] = 60
+    delay_tolerance: ClassVar[float | None] = None
+    visibility_timeout: ClassVar[int] = DEFAULT_CONSUMER_VISIBILITY
+    max_receives: ClassVar[int] = DEFAULT_MAX_RECEIVES
+    retention_seconds: ClassVar[int] = DEFAULT_RETENTION_SECONDS
+    tags: ClassVar[ChannelTags] = ChannelTags()
+    concurrency: ClassVar[int | None] = None
+    shutdown_timeout: ClassVar[float | None] = None
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        clients: ClientFactory | None = None,
+        runtime: ConsumerSettings | None = None,
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        self.runtime = runtime or ConsumerSettings.from_env(
+            concurrency=self.concurrency, shutdown_timeout=self.shutdown_timeout
+        )
+        self._validate()
+        self.spec = self.channel_spec(self.settings.namespace)
+        self.clients = clients or ClientFactory(self.settings.region)
+        self.hooks = collect_hooks(type(self))
+        self.health = HealthFile(self.runtime.health_file)
+        self.state: ConsumerState | None = None
+        self._state_since = 0.0
+        self.transition_lock = threading.RLock()
+        self._runtime: Runtime | None = None
+        self._stop_requested = threading.Event()
+        self.resources: ChannelResources | None = None
+
+    # -- to override --------------------------------------------------------------------------
+    def handler(self, message: ReceivedMessage) -> None:
+        """Handle one message; return to have it deleted, raise to have it retried."""
+        raise NotImplementedError(f"{type(self).__name__} must define handler(self, message)")
+
+    def on_event(self, event: LifecycleEvent) -> None:
+        """Every lifecycle event goes through here; the default writes it to the JSON log.
+        Override (and call super) to also send them elsewhere, e.g. a status store."""
+        log_event(event)
+
+    # -- definition -----------------------------------------------------------------------------
+    @classmethod
+    def channel_spec(cls, namespace: str = "") -> ChannelSpec:
+        """The consumer's channel, built from the class attributes."""
+        return ChannelSpec(
+            name=cls.channel, ordered=cls.ordered, delay=cls.delay,
+            message_filter=cls.message_filter, max_receives=cls.max_receives,
+            retention_seconds=cls.retention_seconds, visibility_timeout=cls.visibility_timeout,
+            tags=cls.tags, namespace=namespace,
+        )
+
+    def _validate(self) -> None:
+        name = type(self).__name__
+        if not self.channel or not isinstance(self.channel, str):
+            raise InvalidChannelSpec(f"{name}.channel must name a channel ('queue' or "
+                                     f"'exchange.queue')")
+        if type(self).handler is Consumer.handler:
+            raise InvalidChannelSpec(f"{name} must define handler(self, message)")
+        _check_number(f"{name}.processing_timeout", self.processing_timeout,
+                      MIN_PROCESSING_TIMEOUT, MAX_PROCESSING_TIMEOUT)
+        _check_number(f"{name}.visibility_timeout", self.visibility_timeout,
+                      MIN_CONSUMER_VISIBILITY, SQS_MAX_VISIBILITY_TIMEOUT, whole=True)
+        if self.delay_tolerance is not None:
+            _check_number(f"{name}.delay_tolerance", self.delay_tolerance, 0, 14 * 86_400)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def emit(self, name: str, message_id: str | None = None, duration: float | None = None,
+             fields: dict[str, Any] | None = None) -> None:
+        """Report one lifecycle event (see `on_event`)."""
+        try:
+            self.on_event(LifecycleEvent(name, self.spec.name, message_id, duration, fields or {}))
+        except Exception:
+            logger.exception("reporting lifecycle event %s failed", name)
+
+    def transition(self, state: ConsumerState) -> None:
+        """Enter `state` (no-op when already there): health file, event, hooks."""
+        with self.transition_lock:
+            previous = self.state
+            if state is previous or previous is ConsumerState.EXITED:
+                return
+            if previous is ConsumerState.EXITING and state is not ConsumerState.EXITED:
+                return
+            self.state = state
+            self._state_since = time.time()
+            self._write_health()
+            self.emit("state", fields={
+                "state": state.value, "previous": previous.value if previous else None,
+            })
+            self.run_hooks(LifecycleHooks.for_state(state), previous)
+
+    def touch_health(self) -> None:
+        """Progress while PROCESSING: restart the state's clock in the health file."""
+        with self.transition_lock:
+            if self.state is ConsumerState.PROCESSING:
+                self._state_since = time.time()
+                self._write_health()
+
+    def health_timeout(self, state: ConsumerState) -> float | None:
+        """How long the consumer may stay in `state` before the health check fails."""
+        grace = self.runtime.health_grace
+        if state in (ConsumerState.INITIALIZING, ConsumerState.INITIALIZED):
+            return self.runtime.startup_timeout
+        if state is ConsumerState.PROCESSING:
+            return float(self.processing_timeout) + grace
+        if state is ConsumerState.EXITING:
+            return self.runtime.shutdown_timeout + grace
+        return None
+
+    def _write_health(self) -> None:
+        assert self.state is not None
+        record = HealthRecord(
+            state=self.state.value, since=self._state_since,
+            timeout_seconds=self.health_timeout(self.state), pid=os.getpid(),
+            consumer=f"{type(self).__module__}.{type(self).__qualname__}",
+        )
+        try:
+            self.health.write(record)
+        except Exception as error:  # a full disk must not stop message processing
+            logger.error("writing health file %s failed: %s", self.health.path, error)
+
+    def run_hooks(self, hook: LifecycleHooks, *args: Any) -> None:
+        """Call the hooks registered for `hook`; one that raises is logged and skipped."""
+        for name in self.hooks.get(hook, ()):
+            try:
+                getattr(self, name)(*args)
+            except Exception as error:
+                message = args[0] if args and isinstance(args[0], ReceivedMessage) else None
+                self.emit("hook_failed", message.message_id if message else None, fields={
+                    "hook": hook.value, "method": name,
+                    "error": f"{type(error).__name__}: {error}",
+                })
+
+    def check_delay(self, message: ReceivedMessage) -> None:
+        if self.delay_tolerance is not None and message.lag > self.delay_tolerance:
+            self.emit("delayed", message.message_id, fields={
+                "lag": round(message.lag, 3), "delay_tolerance": self.delay_tolerance,
+            })
+
+    # -- running --------------------------------------------------------------------------------
+    def request_shutdown(self, *_: Any) -> None:
+        """Stop receiving now and shut down gracefully (what SIGTERM and SIGINT do)."""
+        self._stop_requested.set()
+        if self._runtime is not None:
+            self._runtime.stop()
+
+    def run(self) -> int:
+        """Consume until SIGTERM/SIGINT or `request_shutdown()`; returns 0. Raises the fatal error
+        (e.g. ProcessingTimeout when a timed-out message cannot be dead-lettered) after a
+        graceful shutdown."""
+        previous = self._install_signal_handlers()
+        try:
+            self.transition(ConsumerState.INITIALIZING)
+            provisioner = Provisioner(self.clients, self.settings)
+            self.resources = call_with_budget(
+                lambda: provisioner.ensure_channel(self.spec),
+                self.settings.retry_budget_seconds, f"resolving channel {self.spec.name!r}",
+            )
+            self.transition(ConsumerState.INITIALIZED)
+            mailbox = Mailbox(
+                self.clients.client("sqs"), self.resources.queue.url, self.resources.dlq.url,
+                self.ordered, self.settings.retry_budget_seconds,
+            )
+            runtime = Runtime(self, mailbox, PayloadStore(self.clients.client("s3"), ""))
+            self._runtime = runtime
+            self.transition(ConsumerState.LISTENING)
+            runtime.start()
+            if self._stop_requested.is_set():
+                runtime.stop()
+            runtime.wait()
+            if runtime.fatal is not None:
+                raise runtime.fatal
+            return 0
+        finally:
+            self.transition(ConsumerState.EXITING)
+            self.transition(ConsumerState.EXITED)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, self.request_shutdown)
+        return previous
+
+
+def _check_number(what: str, value: Any, low: float, high: float, whole: bool = False) -> None:
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        kind = "a whole number" if whole else "a number"
+        raise InvalidChannelSpec(f"{what} must be {kind} from {low:g} to {high:g} seconds, "
+                                 f"got {value!r}")
+
+
+def load_consumer(target: str) -> type[Consumer]:
+    """The Consumer subclass named by 'package.module:ClassName'."""
+    module_name, _, class_name = target.partition(":")
+    if not module_name or not class_name:
+        raise InvalidSettings(f"consumer {target!r} must be 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise InvalidSettings(f"cannot import {module_name!r} for consumer {target!r}: {error}") \
+            from None
+    found = getattr(module, class_name, None)
+    if not isinstance(found, type) or not issubclass(found, Consumer):
+        raise InvalidSettings(f"{target!r} is not a Consumer subclass")
+    return found
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """`messenger consume package.module:Class`: run one consumer until SIGTERM (exit 0)."""
+    configure_json_logging(logging.DEBUG if getattr(args, "verbose", False) else logging.INFO)
+    cls = load_consumer(args.consumer)
+    overrides = {
+        name: value for name, value in (
+            ("concurrency", args.concurrency), ("shutdown_timeout", args.shutdown_timeout),
+            ("health_file", args.health_file),
+        ) if value is not None
+    }
+    runtime = ConsumerSettings.from_env(
+        concurrency=cls.concurrency, shutdown_timeout=cls.shutdown_timeout
+    )
+    consumer = cls(runtime=replace(runtime, **overrides))
+    try:
+        return consumer.run()
+    except Exception as error:
+        logger.error("consumer %s stopped: %s: %s", args.consumer, type(error).__name__, error)
+        return 1

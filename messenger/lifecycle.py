@@ -1,0 +1,177 @@
+"""Consumer lifecycle: states, hooks, lifecycle events and their structured JSON log.
+
+States run INITIALIZING → INITIALIZED → LISTENING ⇄ PROCESSING → IDLE … → EXITING → EXITED:
+
+| state        | meaning                                                            |
+|--------------|--------------------------------------------------------------------|
+| INITIALIZING | resolving (auto: provisioning) the channel                         |
+| INITIALIZED  | channel ready, workers starting                                    |
+| LISTENING    | long polling, nothing in flight                                    |
+| PROCESSING   | at least one message received and not finished                     |
+| IDLE         | nothing in flight and the last poll came back empty                |
+| EXITING      | shutdown requested: no new message starts, in-flight work finishes |
+| EXITED       | done; the process is about to exit                                 |
+
+Hooks are consumer methods marked with `@register_hook(LifecycleHooks.X)`. A state hook is called
+as `hook(self, previous_state)` when the consumer enters that state; MSG_PROCESSING_START/END as
+`hook(self, message)` in the worker thread around the handler; ON_PROCESSING_TIMEOUT as
+`hook(self, message)`; ON_ERROR as `hook(self, message, error)` (message None when the error is not
+about one message). A hook that raises is logged and skipped.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+HOOKS_ATTRIBUTE = "_messenger_hooks"
+
+
+class ConsumerState(enum.Enum):
+    INITIALIZING = "INITIALIZING"
+    INITIALIZED = "INITIALIZED"
+    LISTENING = "LISTENING"
+    PROCESSING = "PROCESSING"
+    IDLE = "IDLE"
+    EXITING = "EXITING"
+    EXITED = "EXITED"
+
+
+class LifecycleHooks(enum.Enum):
+    """What a hook is registered for: entering a state, or a point in a message's processing."""
+
+    INITIALIZING = "INITIALIZING"
+    INITIALIZED = "INITIALIZED"
+    LISTENING = "LISTENING"
+    PROCESSING = "PROCESSING"
+    IDLE = "IDLE"
+    EXITING = "EXITING"
+    EXITED = "EXITED"
+    MSG_PROCESSING_START = "MSG_PROCESSING_START"
+    MSG_PROCESSING_END = "MSG_PROCESSING_END"
+    ON_PROCESSING_TIMEOUT = "ON_PROCESSING_TIMEOUT"
+    ON_ERROR = "ON_ERROR"
+
+    @classmethod
+    def for_state(cls, state: ConsumerState) -> LifecycleHooks:
+        return cls(state.value)
+
+
+def register_hook(*hooks: LifecycleHooks) -> Callable[[F], F]:
+    """Mark a consumer method as a hook for one or more lifecycle points."""
+    for hook in hooks:
+        if not isinstance(hook, LifecycleHooks):
+            raise TypeError(
+                f"register_hook takes LifecycleHooks members, got {hook!r}; one of "
+                f"{', '.join(h.name for h in LifecycleHooks)}"
+            )
+    if not hooks:
+        raise TypeError("register_hook needs at least one LifecycleHooks member")
+
+    def mark(function: F) -> F:
+        marked = list(getattr(function, HOOKS_ATTRIBUTE, ()))
+        marked.extend(hooks)
+        setattr(function, HOOKS_ATTRIBUTE, tuple(marked))
+        return function
+
+    return mark
+
+
+def collect_hooks(cls: type) -> dict[LifecycleHooks, list[str]]:
+    """Hook method names of a class per lifecycle point, base classes first, in definition order."""
+    found: dict[LifecycleHooks, list[str]] = {}
+    for klass in reversed(cls.__mro__):
+        for name, value in vars(klass).items():
+            for hook in getattr(value, HOOKS_ATTRIBUTE, ()):
+                names = found.setdefault(hook, [])
+                if name in names:  # overridden in a subclass: keep the first position
+                    continue
+                names.append(name)
+    # A subclass that overrides a hook method without re-decorating it gets its override called.
+    return found
+
+
+# -- lifecycle events ---------------------------------------------------------------------------
+#: The lifecycle events of a message (plus 'state' for consumer transitions and a few warnings).
+MESSAGE_EVENTS = (
+    "received", "started", "completed", "failed", "retried", "timed_out", "dead_lettered",
+    "released", "delayed", "delete_failed", "heartbeat_failed",
+)
+
+
+@dataclass(frozen=True)
+class LifecycleEvent:
+    """One thing that happened to a message or to the consumer, as logged.
+
+    name: one of MESSAGE_EVENTS, 'state' or 'hook_failed'. duration: seconds since the message
+    started (completed/failed/timed_out) or None. fields: anything else worth logging.
+    """
+
+    name: str
+    channel: str
+    message_id: str | None = None
+    duration: float | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+    at: float = field(default_factory=time.time)
+
+    @property
+    def level(self) -> int:
+        if self.name in ("failed", "timed_out", "dead_lettered", "hook_failed", "delete_failed",
+                         "heartbeat_failed", "fatal"):
+            return logging.ERROR
+        if self.name in ("retried", "delayed", "released"):
+            return logging.WARNING
+        return logging.INFO
+
+    def as_dict(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"event": self.name, "channel": self.channel}
+        if self.message_id is not None:
+            record["message_id"] = self.message_id
+        if self.duration is not None:
+            record["duration"] = round(self.duration, 6)
+        record.update(self.fields)
+        return record
+
+
+EVENT_LOGGER = logging.getLogger("messenger.consumer.events")
+
+
+def log_event(event: LifecycleEvent, logger: logging.Logger = EVENT_LOGGER) -> None:
+    """Log a lifecycle event as one structured record (the JSON formatter renders its fields)."""
+    logger.log(event.level, event.name, extra={"event_fields": event.as_dict()})
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, lifecycle fields, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload: dict[str, Any] = {
+            "time": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+        }
+        fields = getattr(record, "event_fields", None)
+        if fields:
+            payload.update(fields)
+        else:
+            payload["message"] = record.getMessage()
+        if record.exc_info:
+            payload["exception"] = self.formatException(record.exc_info)
+        return json.dumps(payload, default=str)
+
+
+def configure_json_logging(level: int = logging.INFO) -> None:
+    """Route every log record of the process to stderr as JSON lines (replaces other handlers)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    # botocore's own INFO chatter (credential lookups) is noise in a consumer's log.
+    logging.getLogger("botocore").setLevel(max(level, logging.WARNING))

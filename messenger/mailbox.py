@@ -1,0 +1,326 @@
+"""What a consumer does to the messages of its queue: decode, delete in batches, extend, release,
+retry later and forward to the dead-letter queue. Every call retries transient errors within the
+retry budget; batch calls check their per-entry failures.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from messenger.aws import call_with_budget
+from messenger.channel import MAX_BATCH_ENTRIES
+from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE, Message
+from messenger.offload import OffloadPointer, PayloadStore
+
+#: Longest dead-letter reason kept in the attribute.
+MAX_REASON_LENGTH = 1024
+
+
+class Stage(enum.Enum):
+    QUEUED = "queued"  # received, waiting for a worker (only behind its group on ordered channels)
+    RUNNING = "running"
+    DONE = "done"  # finished: deleted, retried, released or dead-lettered
+    TIMED_OUT = "timed_out"
+
+
+@dataclass(frozen=True)
+class ReceivedMessage:
+    """What a handler gets: the decoded message plus what SQS says about this delivery.
+
+    body: the producer's JSON value. meta_headers: string headers. routing_key: or None.
+    message_id: the producer's id (the SQS MessageId for foreign messages). receive_count: 1 on
+    the first delivery. produced_at: epoch seconds at the producer (0 when unknown).
+    sent_at: epoch seconds SQS accepted it. group_id: MessageGroupId on ordered channels.
+    """
+
+    body: Any
+    meta_headers: dict[str, str]
+    routing_key: str | None
+    message_id: str
+    receive_count: int
+    produced_at: float
+    sent_at: float
+    group_id: str | None
+    sqs_message_id: str
+    receipt_handle: str = field(repr=False)
+
+    @property
+    def lag(self) -> float:
+        """Seconds between production (or SQS's acceptance) and now."""
+        return time.time() - (self.produced_at or self.sent_at)
+
+
+@dataclass(eq=False)
+class Delivery:
+    """One received SQS message while this consumer holds it."""
+
+    raw: dict[str, Any]
+    received_at: float
+    lease_until: float
+    stage: Stage = Stage.QUEUED
+    started_at: float | None = None
+    deadline: float | None = None
+    thread_id: int | None = None
+    in_handler: bool = False
+    message: ReceivedMessage | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def receipt_handle(self) -> str:
+        return str(self.raw["ReceiptHandle"])
+
+    @property
+    def sqs_message_id(self) -> str:
+        return str(self.raw["MessageId"])
+
+    @property
+    def system(self) -> dict[str, str]:
+        return dict(self.raw.get("Attributes", {}))
+
+    @property
+    def group_id(self) -> str | None:
+        return self.system.get("MessageGroupId")
+
+    @property
+    def receive_count(self) -> int:
+        return int(self.system.get("ApproximateReceiveCount", "1"))
+
+    @property
+    def log_id(self) -> str:
+        """The producer's message id when readable, else the SQS MessageId."""
+        value = self.raw.get("MessageAttributes", {}).get("message_id", {}).get("StringValue")
+        return str(value or self.sqs_message_id)
+
+    def claim(self, expected: Stage, new: Stage) -> bool:
+        """Move from `expected` to `new` atomically; False when another thread got there first."""
+        with self.lock:
+            if self.stage is not expected:
+                return False
+            self.stage = new
+            return True
+
+    def decode(self, store: PayloadStore, budget: float) -> ReceivedMessage:
+        """The handler's message; raises MessageDecodeError or PayloadMissing."""
+        body = str(self.raw.get("Body", ""))
+        attributes = self.raw.get("MessageAttributes", {})
+        pointer = OffloadPointer.parse(body, attributes)
+        if pointer is not None:
+            body = call_with_budget(lambda: store.get(pointer), budget, "reading offloaded payload")
+        message = Message.decode(body, attributes, fallback_id=self.sqs_message_id)
+        sent = float(self.system.get("SentTimestamp", "0")) / 1000.0
+        return ReceivedMessage(
+            body=message.body,
+            meta_headers=dict(message.meta_headers),
+            routing_key=message.routing_key,
+            message_id=message.message_id,
+            receive_count=self.receive_count,
+            produced_at=message.produced_at,
+            sent_at=sent,
+            group_id=self.group_id,
+            sqs_message_id=self.sqs_message_id,
+            receipt_handle=self.receipt_handle,
+        )
+
+
+@dataclass(frozen=True)
+class EntryError:
+    """A batch entry SQS refused."""
+
+    delivery: Delivery
+    code: str
+    message: str
+
+
+def _chunks(items: Sequence[Delivery]) -> Iterable[Sequence[Delivery]]:
+    for start in range(0, len(items), MAX_BATCH_ENTRIES):
+        yield items[start:start + MAX_BATCH_ENTRIES]
+
+
+def sendable_attributes(received: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Received MessageAttributes in SendMessage's shape (drops the empty list fields)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in received.items():
+        entry: dict[str, Any] = {"DataType": value["DataType"]}
+        if "StringValue" in value:
+            entry["StringValue"] = value["StringValue"]
+        if "BinaryValue" in value:
+            entry["BinaryValue"] = value["BinaryValue"]
+        out[name] = entry
+    return out
+
+
+class Mailbox:
+    """The SQS calls of one consumer on its queue and DLQ."""
+
+    def __init__(
+        self, sqs: Any, queue_url: str, dlq_url: str, ordered: bool, budget: float
+    ) -> None:
+        self.sqs = sqs
+        self.queue_url = queue_url
+        self.dlq_url = dlq_url
+        self.ordered = ordered
+        self.budget = budget
+
+    def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        return call_with_budget(call, self.budget, what)
+
+    def receive(self, count: int, wait_seconds: int, visibility: int) -> list[dict[str, Any]]:
+        response = self.sqs.receive_message(
+            QueueUrl=self.queue_url,
+            MaxNumberOfMessages=count,
+            WaitTimeSeconds=wait_seconds,
+            VisibilityTimeout=visibility,
+            MessageAttributeNames=["All"],
+            MessageSystemAttributeNames=["All"],
+        )
+        return list(response.get("Messages", []))
+
+    def _visibility_batch(self, deliveries: Sequence[Delivery], seconds: int) -> list[EntryError]:
+        errors: list[EntryError] = []
+        for chunk in _chunks(deliveries):
+            entries = [
+                {"Id": str(i), "ReceiptHandle": d.receipt_handle, "VisibilityTimeout": seconds}
+                for i, d in enumerate(chunk)
+            ]
+            response = self._call(
+                "ChangeMessageVisibilityBatch",
+                lambda entries=entries: self.sqs.change_message_visibility_batch(
+                    QueueUrl=self.queue_url, Entries=entries
+                ),
+            )
+            errors.extend(_entry_errors(chunk, response))
+        return errors
+
+    def extend(self, deliveries: Sequence[Delivery], seconds: int) -> list[EntryError]:
+        """Heartbeat: keep the messages invisible for `seconds` more."""
+        return self._visibility_batch(deliveries, seconds)
+
+    def release(self, deliveries: Sequence[Delivery]) -> list[EntryError]:
+        """Make the messages visible again now (not started, or abandoned at shutdown)."""
+        return self._visibility_batch(deliveries, 0)
+
+    def retry_later(self, delivery: Delivery, seconds: int) -> None:
+        """Make a failed message visible again after `seconds` (SQS counts the receive)."""
+        self._call(
+            "ChangeMessageVisibility",
+            lambda: self.sqs.change_message_visibility(
+                QueueUrl=self.queue_url, ReceiptHandle=delivery.receipt_handle,
+                VisibilityTimeout=seconds,
+            ),
+        )
+
+    def delete_batch(self, deliveries: Sequence[Delivery]) -> list[EntryError]:
+        errors: list[EntryError] = []
+        for chunk in _chunks(deliveries):
+            entries = [
+                {"Id": str(i), "ReceiptHandle": d.receipt_handle} for i, d in enumerate(chunk)
+            ]
+            response = self._call(
+                "DeleteMessageBatch",
+                lambda entries=entries: self.sqs.delete_message_batch(
+                    QueueUrl=self.queue_url, Entries=entries
+                ),
+            )
+            errors.extend(_entry_errors(chunk, response))
+        return errors
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Forward to the DLQ with the reason, then delete from the queue.
+
+        Forward first: a crash in between leaves a duplicate in the DLQ, never a loss. The raw
+        body (an offload pointer stays a pointer) and the attributes travel unchanged.
+        """
+        attributes = sendable_attributes(delivery.raw.get("MessageAttributes", {}))
+        attributes[DEAD_LETTER_REASON_ATTRIBUTE] = {
+            "DataType": "String", "StringValue": reason[:MAX_REASON_LENGTH],
+        }
+        fifo: dict[str, str] = {}
+        if self.ordered:
+            fifo = {
+                "MessageGroupId": delivery.group_id or "dead-letter",
+                "MessageDeduplicationId": f"dl-{delivery.sqs_message_id}"[:128],
+            }
+        self._call(
+            "SendMessage to the DLQ",
+            lambda: self.sqs.send_message(
+                QueueUrl=self.dlq_url, MessageBody=str(delivery.raw.get("Body", "")),
+                MessageAttributes=attributes, **fifo,
+            ),
+        )
+        self._call(
+            "DeleteMessage",
+            lambda: self.sqs.delete_message(
+                QueueUrl=self.queue_url, ReceiptHandle=delivery.receipt_handle
+            ),
+        )
+
+
+def _entry_errors(chunk: Sequence[Delivery], response: dict[str, Any]) -> list[EntryError]:
+    return [
+        EntryError(
+            chunk[int(failed["Id"])], str(failed.get("Code", "")), str(failed.get("Message", ""))
+        )
+        for failed in response.get("Failed", [])
+    ]
+
+
+class DeleteBatcher:
+    """Collects finished messages and deletes them with DeleteMessageBatch.
+
+    A batch goes out when it holds 10 entries, or when its oldest entry has waited `linger`
+    seconds (`flush_due`, called by the watchdog), or on `flush()` at shutdown. Entries SQS
+    refuses are reported through `on_failure` (the message may then be delivered again).
+    """
+
+    def __init__(
+        self, mailbox: Mailbox, linger: float, on_failure: Callable[[EntryError], None]
+    ) -> None:
+        self.mailbox = mailbox
+        self.linger = linger
+        self.on_failure = on_failure
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._pending: list[Delivery] = []
+        self._oldest = 0.0
+
+    def add(self, delivery: Delivery) -> None:
+        with self._lock:
+            if not self._pending:
+                self._oldest = time.monotonic()
+            self._pending.append(delivery)
+            full = len(self._pending) >= MAX_BATCH_ENTRIES
+        if full:
+            self.flush()
+
+    def flush_due(self) -> None:
+        with self._lock:
+            due = bool(self._pending) and time.monotonic() - self._oldest >= self.linger
+        if due:
+            self.flush()
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def flush(self) -> None:
+        with self._send_lock:
+            while True:
+                with self._lock:
+                    batch = self._pending[:MAX_BATCH_ENTRIES]
+                    del self._pending[:MAX_BATCH_ENTRIES]
+                    if self._pending:
+                        self._oldest = time.monotonic()
+                if not batch:
+                    return
+                try:
+                    errors = self.mailbox.delete_batch(batch)
+                except Exception as error:  # the budget is spent: report, the lease runs out
+                    errors = [EntryError(d, type(error).__name__, str(error)) for d in batch]
+                for failed in errors:
+                    self.on_failure(failed)

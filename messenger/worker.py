@@ -1,0 +1,426 @@
+"""The consumer's runtime: a receiver thread, worker threads and a watchdog thread.
+
+- The receiver long-polls (20 s) for at most min(10, free workers) messages, so nothing waits in
+  memory while its visibility runs out. On an ordered channel a poll's messages of one group
+  form a chain that one worker runs in order (SQS hands out a group's next message only after
+  the previous one is deleted or visible again).
+- A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
+  for deletion (success), makes it visible again after `retry_delay` (error) or forwards it to the
+  DLQ (undecodable, payload missing).
+- The watchdog, every 0.1 s: extends the visibility of held messages in batches (heartbeat)
+  once a third of their lease is gone, until their processing timeout; times out handlers past
+  `processing_timeout` (DLQ with the reason, the handler thread is interrupted at its next
+  Python instruction and its slot counted lost until it returns; a thread still stuck after
+  `stuck_grace` makes the consumer exit non-zero so that ECS replaces the task); flushes the
+  delete batches; refreshes the health file while progress is made.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from messenger.aws import is_transient
+from messenger.errors import MessageDecodeError, MessengerError, PayloadMissing
+from messenger.lifecycle import ConsumerState, LifecycleHooks
+from messenger.mailbox import DeleteBatcher, Delivery, EntryError, Mailbox, Stage
+from messenger.offload import PayloadStore
+from messenger.provision import is_missing_resource
+
+if TYPE_CHECKING:
+    from messenger.consumer import Consumer
+
+WATCHDOG_TICK_SECONDS = 0.1
+#: How long the receiver waits for more workers to free up before polling for fewer messages.
+COALESCE_SECONDS = 0.02
+RECEIVE_BACKOFF_SECONDS = 2.0
+
+
+class ProcessingTimeout(MessengerError):
+    """A handler ran past the consumer's processing_timeout (raised inside the handler thread,
+    and out of `Consumer.run` when the message could not be dead-lettered)."""
+
+
+def _interrupt(thread_id: int, exception: type[BaseException] | None) -> None:
+    """Raise `exception` in another thread at its next Python instruction (None: cancel)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exception) if exception else None
+    )
+
+
+class Runtime:
+    """Runs one consumer against its mailbox until `stop()` or a fatal error."""
+
+    def __init__(self, consumer: Consumer, mailbox: Mailbox, store: PayloadStore) -> None:
+        self.consumer = consumer
+        self.config = consumer.runtime
+        self.mailbox = mailbox
+        self.store = store
+        self.visibility = consumer.visibility_timeout
+        self.stopping = threading.Event()
+        self.fatal: BaseException | None = None
+        self._cond = threading.Condition()
+        self._held: dict[str, Delivery] = {}  # receipt handle → delivery, until finished
+        self._stuck: dict[int, float] = {}  # handler threads past their timeout → since
+        self._last_poll_empty = False
+        self._progress = 0
+        self._work: queue.Queue[list[Delivery] | None] = queue.Queue()
+        self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed)
+        self._threads: list[threading.Thread] = []
+        self._watchdog_stop = threading.Event()
+
+    # -- state ------------------------------------------------------------------------------
+    def free_slots(self) -> int:
+        return self.config.concurrency - len(self._held) - len(self._stuck)
+
+    def current_state(self) -> ConsumerState:
+        with self._cond:
+            if self.stopping.is_set():
+                return ConsumerState.EXITING
+            if self._held or self._stuck:
+                return ConsumerState.PROCESSING
+            return ConsumerState.IDLE if self._last_poll_empty else ConsumerState.LISTENING
+
+    def refresh_state(self) -> None:
+        # Decide and enter under one lock, so that concurrent refreshes cannot enter stale states.
+        with self.consumer.transition_lock:
+            self.consumer.transition(self.current_state())
+
+    def fail(self, error: BaseException) -> None:
+        """A fatal error: stop, and make `run` raise it after the graceful shutdown."""
+        if self.fatal is None:
+            self.fatal = error
+        self.consumer.emit("fatal", fields={"error": f"{type(error).__name__}: {error}"})
+        self.stop()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self._cond:
+            self._cond.notify_all()
+
+    # -- main -------------------------------------------------------------------------------
+    def start(self) -> None:
+        targets = [("receiver", self._receive_loop), ("watchdog", self._watchdog_loop)]
+        targets += [(f"worker-{n}", self._worker_loop) for n in range(self.config.concurrency)]
+        for name, target in targets:
+            thread = threading.Thread(target=target, name=f"messenger-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def wait(self) -> None:
+        """Block until stopping (signal, fatal error); then shut down gracefully."""
+        while not self.stopping.wait(0.5):
+            pass
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """No new message starts; in-flight work finishes up to the shutdown timeout; what is
+        left is released; pending deletes go out."""
+        self.stop()
+        self.refresh_state()
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        with self._cond:
+            while self._running() and time.monotonic() < deadline:
+                self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+            left = [d for d in self._held.values() if d.stage in (Stage.QUEUED, Stage.RUNNING)]
+        abandoned = [d for d in left if d.claim(d.stage, Stage.DONE)]
+        if abandoned:
+            self._release(abandoned, reason="shutdown_timeout")
+        for _ in range(self.config.concurrency):
+            self._work.put(None)
+        self.deleter.flush()
+        self._watchdog_stop.set()
+
+    def _running(self) -> bool:
+        return any(d.stage is Stage.RUNNING for d in self._held.values()) or any(
+            d.stage is Stage.QUEUED for d in self._held.values()
+        )
+
+    # -- receiving --------------------------------------------------------------------------
+    def _receive_loop(self) -> None:
+        while not self.stopping.is_set():
+            with self._cond:
+                while self.free_slots() <= 0 and not self.stopping.is_set():
+                    self._cond.wait(0.5)
+                wanted = min(10, self.config.concurrency)
+                if self.free_slots() < wanted and self._held:
+                    # Workers finish close together: wait a moment for a fuller batch.
+                    self._cond.wait(COALESCE_SECONDS)
+                count = min(10, self.free_slots())
+            if self.stopping.is_set():
+                return
+            if count <= 0:
+                continue
+            try:
+                raw = self.mailbox.receive(count, self.config.wait_time_seconds, self.visibility)
+            except Exception as error:
+                if is_missing_resource(error):
+                    self.fail(error)
+                    return
+                self.consumer.emit(
+                    "receive_failed",
+                    fields={"error": f"{type(error).__name__}: {error}",
+                            "transient": is_transient(error)},
+                )
+                self.stopping.wait(RECEIVE_BACKOFF_SECONDS)
+                continue
+            self._dispatch(raw)
+
+    def _dispatch(self, raw: list[dict[str, Any]]) -> None:
+        now = time.monotonic()
+        deliveries = [Delivery(m, now, now + self.visibility) for m in raw]
+        with self._cond:
+            for delivery in deliveries:
+                self._held[delivery.receipt_handle] = delivery
+            self._last_poll_empty = not deliveries
+        for delivery in deliveries:
+            self.consumer.emit(
+                "received", delivery.log_id,
+                fields={"receive_count": delivery.receive_count, "group_id": delivery.group_id},
+            )
+        self.refresh_state()
+        for chain in self._chains(deliveries):
+            self._work.put(chain)
+
+    def _chains(self, deliveries: list[Delivery]) -> list[list[Delivery]]:
+        if not self.consumer.ordered:
+            return [[d] for d in deliveries]
+        groups: dict[str | None, list[Delivery]] = {}
+        for delivery in deliveries:
+            groups.setdefault(delivery.group_id, []).append(delivery)
+        return list(groups.values())
+
+    # -- processing -------------------------------------------------------------------------
+    def _worker_loop(self) -> None:
+        while True:
+            chain = self._work.get()
+            if chain is None:
+                return
+            try:
+                self._run_chain(chain)
+            except ProcessingTimeout:
+                pass  # a late interruption of a handler already timed out and dead-lettered
+            finally:
+                with self._cond:
+                    self._stuck.pop(threading.get_ident(), None)
+                    self._cond.notify_all()
+                self.refresh_state()
+
+    def _run_chain(self, chain: list[Delivery]) -> None:
+        for position, delivery in enumerate(chain):
+            if self.stopping.is_set():
+                self._release([d for d in chain[position:] if d.claim(Stage.QUEUED, Stage.DONE)],
+                              reason="shutdown")
+                return
+            ok = self._process(delivery)
+            if not ok and self.consumer.ordered and position + 1 < len(chain):
+                # Keep the group's order: the rest waits behind the failed message.
+                rest = [d for d in chain[position + 1:] if d.claim(Stage.QUEUED, Stage.DONE)]
+                self._release(rest, reason="group_blocked")
+                return
+
+    def _process(self, delivery: Delivery) -> bool:
+        """Run one message; True when it is finished for good (deleted or dead-lettered)."""
+        with delivery.lock:
+            if delivery.stage is not Stage.QUEUED:
+                return False
+            delivery.stage = Stage.RUNNING
+            delivery.started_at = time.monotonic()
+            delivery.deadline = delivery.started_at + self.consumer.processing_timeout
+            delivery.thread_id = threading.get_ident()
+        consumer = self.consumer
+        consumer.emit("started", delivery.log_id, fields={"receive_count": delivery.receive_count})
+        try:
+            message = delivery.decode(self.store, self.mailbox.budget)
+        except (MessageDecodeError, PayloadMissing) as error:
+            kind = "undecodable" if isinstance(error, MessageDecodeError) else "payload_missing"
+            return self._dead_letter(delivery, f"{kind}: {error}", Stage.RUNNING)
+        except Exception as error:  # S3 unreachable past the budget: try again later
+            return self._failed(delivery, None, error)
+        delivery.message = message
+        consumer.check_delay(message)
+        consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)
+        error: BaseException | None = None
+        try:
+            with delivery.lock:
+                delivery.in_handler = True
+            try:
+                consumer.handler(message)
+            finally:
+                with delivery.lock:
+                    delivery.in_handler = False
+                    if delivery.stage is Stage.TIMED_OUT:
+                        _interrupt(threading.get_ident(), None)
+        except ProcessingTimeout:
+            pass
+        except Exception as caught:
+            error = caught
+        consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
+        if error is not None:
+            return self._failed(delivery, message, error)
+        if not delivery.claim(Stage.RUNNING, Stage.DONE):
+            return False  # timed out meanwhile: the watchdog dead-lettered it
+        self.deleter.add(delivery)
+        consumer.emit("completed", delivery.log_id, duration=self._duration(delivery))
+        self._finish(delivery, progress=True)
+        return True
+
+    def _failed(self, delivery: Delivery, message: Any, error: BaseException) -> bool:
+        if not delivery.claim(Stage.RUNNING, Stage.DONE):
+            return False
+        consumer = self.consumer
+        consumer.emit(
+            "failed", delivery.log_id, duration=self._duration(delivery),
+            fields={"error": f"{type(error).__name__}: {error}",
+                    "receive_count": delivery.receive_count},
+        )
+        consumer.run_hooks(LifecycleHooks.ON_ERROR, message, error)
+        try:
+            self.mailbox.retry_later(delivery, self.config.retry_delay)
+            last = delivery.receive_count >= consumer.max_receives
+            consumer.emit(
+                "retried", delivery.log_id,
+                fields={"delay": self.config.retry_delay, "receive_count": delivery.receive_count,
+                        "next": "dead-letter queue (redrive)" if last else "redelivery"},
+            )
+        except Exception as failure:  # its lease runs out instead: redelivered a bit later
+            consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failure)})
+        self._finish(delivery, progress=True)
+        return False
+
+    def _dead_letter(self, delivery: Delivery, reason: str, expected: Stage) -> bool:
+        if expected is not Stage.TIMED_OUT and not delivery.claim(expected, Stage.DONE):
+            return False
+        try:
+            self.mailbox.dead_letter(delivery, reason)
+        except Exception as error:
+            # No DLQ to take it: the message stays in the queue; stop with the error.
+            self.consumer.emit("dead_letter_failed", delivery.log_id, fields={"reason": reason})
+            fatal = error
+            if expected is Stage.TIMED_OUT:
+                fatal = ProcessingTimeout(f"{reason}; forwarding to the DLQ failed: {error}")
+            self._finish(delivery)
+            self.fail(fatal)
+            return False
+        self.consumer.emit(
+            "dead_lettered", delivery.log_id, duration=self._duration(delivery),
+            fields={"reason": reason},
+        )
+        self._finish(delivery, progress=expected is not Stage.TIMED_OUT)
+        return True
+
+    def _finish(self, delivery: Delivery, progress: bool = False) -> None:
+        with self._cond:
+            self._held.pop(delivery.receipt_handle, None)
+            if progress:
+                self._progress += 1
+            self._cond.notify_all()
+        self.refresh_state()
+
+    def _release(self, deliveries: Sequence[Delivery], reason: str) -> None:
+        if not deliveries:
+            return
+        try:
+            errors = self.mailbox.release(deliveries)
+        except Exception as error:
+            errors = [EntryError(d, type(error).__name__, str(error)) for d in deliveries]
+        failed = {id(e.delivery) for e in errors}
+        for delivery in deliveries:
+            self.consumer.emit(
+                "released", delivery.log_id,
+                fields={"reason": reason, "ok": id(delivery) not in failed},
+            )
+        with self._cond:
+            for delivery in deliveries:
+                self._held.pop(delivery.receipt_handle, None)
+            self._cond.notify_all()
+        self.refresh_state()
+
+    def _delete_failed(self, failed: EntryError) -> None:
+        self.consumer.emit(
+            "delete_failed", failed.delivery.log_id,
+            fields={"code": failed.code, "error": failed.message},
+        )
+
+    @staticmethod
+    def _duration(delivery: Delivery) -> float | None:
+        return None if delivery.started_at is None else time.monotonic() - delivery.started_at
+
+    # -- watchdog ---------------------------------------------------------------------------
+    def _watchdog_loop(self) -> None:
+        written_progress = 0
+        while not self._watchdog_stop.wait(WATCHDOG_TICK_SECONDS):
+            try:
+                now = time.monotonic()
+                self._time_out(now)
+                self._heartbeat(now)
+                self.deleter.flush_due()
+                self._check_stuck(now)
+                with self._cond:
+                    progress = self._progress
+                if progress != written_progress:
+                    written_progress = progress
+                    self.consumer.touch_health()
+            except Exception as error:  # keep watching; the error is logged
+                self.consumer.emit("watchdog_error", fields={"error": repr(error)})
+
+    def _time_out(self, now: float) -> None:
+        with self._cond:
+            running = [d for d in self._held.values() if d.stage is Stage.RUNNING]
+        for delivery in running:
+            with delivery.lock:
+                if delivery.stage is not Stage.RUNNING or delivery.deadline is None:
+                    continue
+                if now < delivery.deadline:
+                    continue
+                delivery.stage = Stage.TIMED_OUT
+                if delivery.in_handler and delivery.thread_id is not None:
+                    _interrupt(delivery.thread_id, ProcessingTimeout)
+                    with self._cond:
+                        self._stuck[delivery.thread_id] = now
+            timeout = self.consumer.processing_timeout
+            self.consumer.emit(
+                "timed_out", delivery.log_id, duration=self._duration(delivery),
+                fields={"processing_timeout": timeout},
+            )
+            self.consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
+            reason = f"processing_timeout: exceeded {timeout:g} s"
+            self._dead_letter(delivery, reason, Stage.TIMED_OUT)
+
+    def _heartbeat(self, now: float) -> None:
+        threshold = now + self.visibility * 2 / 3
+        with self._cond:
+            due = [
+                d for d in self._held.values()
+                if d.stage in (Stage.QUEUED, Stage.RUNNING) and d.lease_until <= threshold
+                and (d.deadline is None or now < d.deadline)
+            ]
+        if not due:
+            return
+        try:
+            errors = self.mailbox.extend(due, self.visibility)
+        except Exception as error:
+            errors = [EntryError(d, type(error).__name__, str(error)) for d in due]
+        failed = {id(e.delivery): e for e in errors}
+        for delivery in due:
+            if id(delivery) not in failed:
+                delivery.lease_until = now + self.visibility
+        for entry in errors:
+            self.consumer.emit(
+                "heartbeat_failed", entry.delivery.log_id,
+                fields={"code": entry.code, "error": entry.message},
+            )
+
+    def _check_stuck(self, now: float) -> None:
+        with self._cond:
+            stuck = [since for since in self._stuck.values()
+                     if now - since > self.config.stuck_after]
+        if stuck and not self.stopping.is_set():
+            self.fail(ProcessingTimeout(
+                f"a handler thread is still running {self.config.stuck_after:g} s after its "
+                f"processing timeout; exiting so the task is replaced"
+            ))
