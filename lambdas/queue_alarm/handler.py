@@ -1,0 +1,38 @@
+"""Queue alarm Lambda: posts to Slack the platform queues deeper than their alarm threshold.
+
+Schedules: `{"scope": "source"}` every 15 minutes, `{"scope": "dlq"}` every 12 hours.
+Environment: SLACK_WEBHOOK_SECRET, MESSENGER_NAMESPACE, MESSENGER_ALARM_THRESHOLD,
+POWERTOOLS_SERVICE_NAME (see messenger.ops.settings). The work is messenger.ops.queue_alarm.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from messenger.ops.queue_alarm import run_queue_alarm
+from messenger.ops.runtime import OpsRuntime, record_counts
+
+logger = Logger()
+metrics = Metrics()
+tracer = Tracer()
+
+
+@cache
+def runtime() -> OpsRuntime:
+    """Settings and clients, made once per execution environment."""
+    return OpsRuntime.from_env(logger)
+
+
+@logger.inject_lambda_context(log_event=True)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    ops = runtime()
+    outcome = run_queue_alarm(event, ops.clients, ops.settings, ops.notifier())
+    record_counts(metrics, outcome.metrics())
+    logger.info("queue alarm done", extra=outcome.summary())
+    return outcome.summary()

@@ -1,0 +1,161 @@
+"""Queue alarm: platform queues deeper than their alarm threshold, critical ones first.
+
+One function serves two schedules: source queues (`{"scope": "source"}`, every 15 minutes) and
+dead-letter queues (`{"scope": "dlq"}`, every 12 hours). Cost per run for N queues: ceil(N/70)
+GetResources pages + ceil(2N/500) GetMetricData calls (about 19 calls for 1,000 queues).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from messenger.aws import ClientFactory
+from messenger.errors import MessengerError
+from messenger.ops.inventory import PlatformResource, list_platform_resources
+from messenger.ops.metrics import fetch_series, latest, sqs_metric
+from messenger.ops.report import Notifier, queue_alarm_message
+from messenger.ops.settings import OpsSettings
+
+#: event["scope"] -> the role tag of the queues it checks.
+SCOPES: Mapping[str, str] = {"source": "queue", "dlq": "dlq"}
+DEPTH_METRIC = "ApproximateNumberOfMessagesVisible"
+AGE_METRIC = "ApproximateAgeOfOldestMessage"
+#: SQS publishes these every minute (five for basic monitoring) with some delay: the newest
+#: datapoint of the last 30 minutes is the current value.
+LOOKBACK = timedelta(minutes=30)
+PERIOD_SECONDS = 60
+
+
+class InvalidEvent(MessengerError, ValueError):
+    """A Lambda event does not have the expected shape."""
+
+
+def parse_scope(event: Any) -> str:
+    """The `scope` of a queue-alarm event: 'source' or 'dlq'."""
+    scope = event.get("scope") if isinstance(event, Mapping) else None
+    if scope not in SCOPES:
+        raise InvalidEvent(
+            f"event field 'scope' must be one of {', '.join(repr(s) for s in SCOPES)}, "
+            f"got {scope!r}"
+        )
+    return str(scope)
+
+
+@dataclass(frozen=True)
+class QueueProblem:
+    """A queue over its threshold. oldest_age_seconds: None when CloudWatch has no datapoint."""
+
+    name: str
+    channel: str
+    depth: int
+    threshold: int
+    oldest_age_seconds: float | None
+    critical: bool
+    owner: str = ""
+    team: str = ""
+
+
+@dataclass(frozen=True)
+class QueueAlarmReport:
+    """What one run found: `problems` critical first, then deepest first."""
+
+    scope: str
+    namespace: str
+    checked_at: datetime
+    checked: int
+    problems: tuple[QueueProblem, ...] = field(default_factory=tuple)
+
+    @property
+    def critical(self) -> tuple[QueueProblem, ...]:
+        return tuple(p for p in self.problems if p.critical)
+
+
+@dataclass(frozen=True)
+class QueueAlarmOutcome:
+    report: QueueAlarmReport
+    posted: bool
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "scope": self.report.scope,
+            "checked": self.report.checked,
+            "problems": [p.name for p in self.report.problems],
+            "critical": [p.name for p in self.report.critical],
+            "posted": self.posted,
+        }
+
+    def metrics(self) -> dict[str, int]:
+        return {
+            "QueuesChecked": self.report.checked,
+            "QueuesOverThreshold": len(self.report.problems),
+            "CriticalQueuesOverThreshold": len(self.report.critical),
+            "SlackPostFailed": int(bool(self.report.problems) and not self.posted),
+        }
+
+
+def check_queues(
+    clients: ClientFactory,
+    scope: str,
+    namespace: str,
+    default_threshold: int,
+    now: datetime | None = None,
+) -> QueueAlarmReport:
+    """Compare each platform queue of `scope` ('source' or 'dlq') with its alarm threshold.
+
+    A queue is a problem when its newest ApproximateNumberOfMessagesVisible is above its
+    `messenger:alarm-threshold` tag (else `default_threshold`). No datapoint: not a problem
+    (SQS keeps reporting any queue that holds messages).
+    """
+    now = now or datetime.now(UTC)
+    queues = list_platform_resources(
+        clients, namespace, roles=(SCOPES[scope],), resource_types=("sqs",)
+    )
+    requests = [
+        sqs_metric(q.name, metric, "Maximum")
+        for q in queues
+        for metric in (DEPTH_METRIC, AGE_METRIC)
+    ]
+    series = fetch_series(
+        clients.client("cloudwatch"), requests, now - LOOKBACK, now, PERIOD_SECONDS
+    )
+    problems = []
+    for index, queue in enumerate(queues):
+        depth = latest(series[2 * index])
+        threshold = queue.alarm_threshold(default_threshold)
+        if depth is not None and depth > threshold:
+            problems.append(_problem(queue, int(depth), threshold, latest(series[2 * index + 1])))
+    problems.sort(key=lambda p: (not p.critical, -p.depth, p.name))
+    return QueueAlarmReport(scope, namespace, now, len(queues), tuple(problems))
+
+
+def _problem(
+    queue: PlatformResource, depth: int, threshold: int, age: float | None
+) -> QueueProblem:
+    tags = queue.channel_tags
+    return QueueProblem(
+        name=queue.name,
+        channel=queue.channel,
+        depth=depth,
+        threshold=threshold,
+        oldest_age_seconds=age,
+        critical=tags.critical,
+        owner=tags.owner,
+        team=tags.team,
+    )
+
+
+def run_queue_alarm(
+    event: Any,
+    clients: ClientFactory,
+    settings: OpsSettings,
+    notifier: Notifier,
+    now: datetime | None = None,
+) -> QueueAlarmOutcome:
+    """The Lambda's work: check the event's scope, post one Slack message if any queue is over."""
+    scope = parse_scope(event)
+    report = check_queues(clients, scope, settings.namespace, settings.default_alarm_threshold, now)
+    posted = bool(report.problems) and notifier.post(queue_alarm_message(report))
+    return QueueAlarmOutcome(report, posted)

@@ -1,0 +1,61 @@
+"""Typed settings of the ops Lambdas, read once from the environment.
+
+| variable                  | field                   | default                               |
+|---------------------------|-------------------------|---------------------------------------|
+| SLACK_WEBHOOK_SECRET      | slack_webhook_secret    | required: the secret's *name*         |
+| MESSENGER_NAMESPACE       | namespace               | '' (resources without namespace tag)  |
+| MESSENGER_ALARM_THRESHOLD | default_alarm_threshold | 100                                   |
+| CLEANER_DRY_RUN           | dry_run                 | 'false' ('true' or 'false')           |
+| AWS_REGION                | region                  | 'us-east-1'                           |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from messenger.errors import InvalidSettings
+from messenger.settings import Settings
+
+BOOLEAN_VALUES = ("true", "false")
+
+
+@dataclass(frozen=True)
+class OpsSettings:
+    """What the queue alarm and the resource cleaner need to know.
+
+    slack_webhook_secret: name of the secret whose value is the webhook URL (or JSON {"url": ...}).
+    namespace: the stage whose resources are checked. default_alarm_threshold: queue depth above
+    which a queue without an alarm-threshold tag is reported (>= 0). dry_run: the cleaner reports
+    what it would delete and deletes nothing.
+    """
+
+    slack_webhook_secret: str
+    namespace: str = ""
+    default_alarm_threshold: int = 100
+    dry_run: bool = False
+    region: str = "us-east-1"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OpsSettings:
+        env = os.environ if environ is None else environ
+        secret = env.get("SLACK_WEBHOOK_SECRET", "")
+        if not secret:
+            raise InvalidSettings(
+                "SLACK_WEBHOOK_SECRET must name the Secrets Manager secret that holds the "
+                "Slack webhook URL"
+            )
+        dry_run = env.get("CLEANER_DRY_RUN", "false").strip().lower()
+        if dry_run not in BOOLEAN_VALUES:
+            raise InvalidSettings(
+                f"CLEANER_DRY_RUN must be one of {', '.join(BOOLEAN_VALUES)}, got {dry_run!r}"
+            )
+        core = Settings.from_env(env)
+        return cls(
+            slack_webhook_secret=secret,
+            namespace=core.namespace,
+            default_alarm_threshold=core.default_alarm_threshold,
+            dry_run=dry_run == "true",
+            region=core.region,
+        )
