@@ -174,11 +174,16 @@ class Requeuer:
         self, target: QueueTarget | TopicTarget, messages: list[dict[str, Any]], report: RequeueReport
     ) -> None:
         outgoing = [self._outgoing(message) for message in messages]
-        failures = call_with_budget(
-            lambda: target.send_batch(outgoing),
-            self.settings.retry_budget_seconds,
-            f"requeue to {self.destination_channel!r}",
-        )
+        try:
+            failures = call_with_budget(
+                lambda: target.send_batch(outgoing),
+                self.settings.retry_budget_seconds,
+                f"requeue to {self.destination_channel!r}",
+            )
+        except Exception:
+            # Nothing was moved: make the batch visible again in the source at once.
+            self._release([m["ReceiptHandle"] for m in messages])
+            raise
         failed = {failure.index for failure in failures}
         for failure in failures:
             logger.error("requeue of one message failed: %s %s", failure.code, failure.message)
