@@ -1,0 +1,159 @@
+"""Ops Lambda fixtures: a local Slack webhook sink, the Lambda environment, metric seeding."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from messenger.aws import ClientFactory
+from messenger.local import LocalProcess
+from messenger.ops.runtime import OpsRuntime
+from messenger.ops.settings import OpsSettings
+from messenger.settings import Settings
+
+# Powertools reads these when a handler module is imported: set them before that happens.
+os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "messenger-tests")
+os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "messenger-ops")
+os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
+
+SECRET_NAME = "messenger/slack-webhook"
+
+
+class WebhookSink:
+    """A tiny Slack incoming webhook on 127.0.0.1: records each posted JSON body.
+
+    fail_status: answer every request with this status (e.g. 500) instead of 200 'ok'.
+    """
+
+    def __init__(self) -> None:
+        self.posts: list[dict[str, Any]] = []
+        self.requests = 0
+        self.fail_status: int | None = None
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                sink.requests += 1
+                status = sink.fail_status or 200
+                if status == 200:
+                    sink.posts.append(json.loads(body))
+                reply = b"ok" if status == 200 else b"server_error"
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        host, port = self._server.server_address[:2]
+        self.url = f"http://{host}:{port}/services/T000/B000/XXXX"
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+
+    def texts(self) -> list[str]:
+        """Every text of every block of every post, joined per post."""
+        return [json.dumps(post["blocks"], ensure_ascii=False) for post in self.posts]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture
+def webhook() -> Iterator[WebhookSink]:
+    sink = WebhookSink()
+    yield sink
+    sink.close()
+
+
+@dataclass
+class LambdaEnv:
+    settings: Settings
+    ops: OpsSettings
+    clients: ClientFactory
+
+
+@pytest.fixture(scope="session")
+def ops_clients(local_endpoint: LocalProcess) -> ClientFactory:
+    """One client factory for all these tests: making boto3 clients costs ~0.2 s each."""
+    return ClientFactory("us-east-1")
+
+
+@pytest.fixture
+def lambda_env(
+    settings: Settings, ops_clients: ClientFactory, webhook: WebhookSink,
+    monkeypatch: pytest.MonkeyPatch,
+) -> LambdaEnv:
+    """The Lambdas' environment (the CDK contract) for this test's namespace; the webhook URL
+    is in a Secrets Manager secret on the moto server."""
+    clients = ops_clients
+    clients.client("secretsmanager").create_secret(Name=SECRET_NAME, SecretString=webhook.url)
+    env = {
+        "SLACK_WEBHOOK_SECRET": SECRET_NAME,
+        "MESSENGER_NAMESPACE": settings.namespace,
+        "MESSENGER_ALARM_THRESHOLD": "100",
+        "CLEANER_DRY_RUN": "false",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return LambdaEnv(settings, OpsSettings.from_env(), clients)
+
+
+def load_handler(
+    name: str, env: LambdaEnv | None = None, monkeypatch: pytest.MonkeyPatch | None = None
+) -> ModuleType:
+    """lambdas/<name>/handler.py with its once-per-environment runtime forgotten; given `env`
+    and `monkeypatch`, the runtime reuses the test's client factory (settings still from env)."""
+    module = importlib.import_module(f"lambdas.{name}.handler")
+    module.runtime.cache_clear()
+    if env is not None and monkeypatch is not None:
+        shared = OpsRuntime(OpsSettings.from_env(), env.clients, module.logger)
+        monkeypatch.setattr(module, "runtime", lambda: shared)
+    return module
+
+
+class FakeContext:
+    """The attributes of a LambdaContext that Powertools reads."""
+
+    function_name = "ops-test"
+    function_version = "$LATEST"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:ops-test"
+    memory_limit_in_mb = 256
+    aws_request_id = "00000000-0000-0000-0000-000000000000"
+    log_group_name = "/aws/lambda/ops-test"
+    log_stream_name = "test"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
+
+
+def seed(
+    clients: ClientFactory, namespace: str, dimension: str, name: str,
+    points: dict[str, list[tuple[datetime, float]]],
+) -> None:
+    """put_metric_data into AWS/SQS or AWS/SNS: {metric: [(timestamp, value), ...]}."""
+    data = [
+        {
+            "MetricName": metric,
+            "Dimensions": [{"Name": dimension, "Value": name}],
+            "Timestamp": at,
+            "Value": value,
+        }
+        for metric, series in points.items()
+        for at, value in series
+    ]
+    clients.client("cloudwatch").put_metric_data(Namespace=namespace, MetricData=data)

@@ -1,0 +1,164 @@
+"""Queue alarm Lambda over HTTP: moto server for AWS (metrics seeded), a local Slack sink."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from messenger.aws import RequestCounter
+from messenger.channel import ChannelSpec, ChannelTags
+from messenger.ops.queue_alarm import InvalidEvent, check_queues
+from messenger.provision import Provisioner
+
+from .conftest import FakeContext, LambdaEnv, WebhookSink, load_handler, seed
+
+DEPTH = "ApproximateNumberOfMessagesVisible"
+AGE = "ApproximateAgeOfOldestMessage"
+
+
+def _depth(env: LambdaEnv, queue: str, depth: float, age: float | None = None) -> None:
+    now = datetime.now(UTC)
+    points = {DEPTH: [(now - timedelta(minutes=10), 1.0), (now - timedelta(minutes=2), depth)]}
+    if age is not None:
+        points[AGE] = [(now - timedelta(minutes=2), age)]
+    seed(env.clients, "AWS/SQS", "QueueName", queue, points)
+
+
+@pytest.fixture
+def invoke(lambda_env: LambdaEnv, monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], Any]:
+    """Calls the handler as Lambda would (sharing the test's boto3 clients, to save time)."""
+    module = load_handler("queue_alarm", lambda_env, monkeypatch)
+    return lambda event: module.handler(event, FakeContext())
+
+
+@pytest.fixture
+def estate(lambda_env: LambdaEnv) -> dict[str, ChannelSpec]:
+    """Four channels: a critical one and three plain ones, one of them under its threshold."""
+    provisioner = Provisioner(lambda_env.clients, lambda_env.settings)
+    ns = lambda_env.settings.namespace
+    specs = {
+        "payments": ChannelSpec("payments", namespace=ns,
+                                tags=ChannelTags(owner="ana", team="pay", alarm_threshold=10,
+                                                 critical=True)),
+        "orders": ChannelSpec("orders", namespace=ns, tags=ChannelTags(alarm_threshold=50)),
+        "emails": ChannelSpec("emails", namespace=ns),  # the default threshold: 100
+        "audit": ChannelSpec("wishlist.audit", namespace=ns, tags=ChannelTags(alarm_threshold=5)),
+    }
+    for spec in specs.values():
+        provisioner.ensure_channel(spec)
+    _depth(lambda_env, specs["payments"].queue_name, 11, age=7500)
+    _depth(lambda_env, specs["orders"].queue_name, 51)
+    _depth(lambda_env, specs["emails"].queue_name, 100)  # not above the threshold
+    _depth(lambda_env, specs["audit"].queue_name, 300, age=42)
+    _depth(lambda_env, specs["orders"].dlq_name, 60)
+    return specs
+
+
+def test_source_scope_posts_problem_queues_critical_first(
+    estate: dict[str, ChannelSpec], webhook: WebhookSink, invoke: Callable[[Any], Any]
+) -> None:
+    result = invoke({"scope": "source"})
+
+    names = [estate[k].queue_name for k in ("payments", "audit", "orders")]
+    assert result["problems"] == names  # critical first, then the deepest
+    assert result["critical"] == [estate["payments"].queue_name]
+    assert result["posted"] is True
+    assert len(webhook.posts) == 1
+    blocks = webhook.posts[0]["blocks"]
+    assert blocks[0]["type"] == "header"
+    assert "🚨 1 critical queue over threshold" in blocks[0]["text"]["text"]
+    sections = [b["text"]["text"] for b in blocks if b["type"] == "section"]
+    assert [next(n for n in names if n in s) for s in sections] == names
+    assert "critical" in sections[0] and "Depth *11* / threshold 10" in sections[0]
+    assert "oldest 2 h 5 min" in sections[0] and "team pay" in sections[0]
+    text = webhook.texts()[0]
+    assert estate["emails"].queue_name not in text
+    assert estate["orders"].dlq_name not in text
+
+
+def test_dlq_scope_checks_only_dead_letter_queues(
+    estate: dict[str, ChannelSpec], webhook: WebhookSink
+) -> None:
+    # The handler's own runtime: settings from the environment, the webhook URL read from
+    # Secrets Manager through Powertools Parameters.
+    result = load_handler("queue_alarm").handler({"scope": "dlq"}, FakeContext())
+
+    assert result["problems"] == [estate["orders"].dlq_name]  # threshold tag 50 < 60
+    blocks = webhook.posts[0]["blocks"]
+    # The non-critical variant of the message.
+    assert blocks[0]["text"]["text"] == "⚠️ 1 dead-letter queue over threshold"
+    assert "Dead-letter queues" in blocks[1]["elements"][0]["text"]
+    assert estate["payments"].queue_name not in webhook.texts()[0]
+
+
+def test_no_problem_no_post(
+    lambda_env: LambdaEnv, webhook: WebhookSink, invoke: Callable[[Any], Any]
+) -> None:
+    spec = ChannelSpec("quiet", namespace=lambda_env.settings.namespace)
+    Provisioner(lambda_env.clients, lambda_env.settings).ensure_channel(spec)
+    _depth(lambda_env, spec.queue_name, 3)
+
+    result = invoke({"scope": "source"})
+
+    assert result == {"scope": "source", "checked": 1, "problems": [], "critical": [],
+                      "posted": False}
+    assert webhook.requests == 0
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics")
+@pytest.mark.parametrize("event", [{}, {"scope": "all"}, {"scope": None}, []])
+def test_bad_event_names_the_field_and_allowed_values(
+    invoke: Callable[[Any], Any], event: object
+) -> None:
+    with pytest.raises(InvalidEvent, match=r"'scope' must be one of 'source', 'dlq'"):
+        invoke(event)
+
+
+def test_failing_webhook_is_retried_then_logged(
+    estate: dict[str, ChannelSpec],
+    webhook: WebhookSink,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    invoke: Callable[[Any], Any],
+) -> None:
+    webhook.fail_status = 500
+
+    result = invoke({"scope": "source"})
+
+    assert result["posted"] is False and len(result["problems"]) == 3
+    assert webhook.requests == 3  # the post and slack_sdk's two retries
+    failure = next(r for r in caplog.records if r.getMessage() == "Slack webhook post failed")
+    assert failure.levelname == "ERROR" and failure.status == 500
+    # The run's metrics are still flushed (CloudWatch embedded metric format on stdout).
+    emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"_aws"' in line]
+    assert emf and emf[-1]["SlackPostFailed"] == [1.0]
+
+
+def test_many_queues_cost_few_batched_calls(lambda_env: LambdaEnv) -> None:
+    # Given 300 platform queues (tags as the provisioner writes them)
+    ns = lambda_env.settings.namespace
+    sqs = lambda_env.clients.client("sqs")
+    specs = [ChannelSpec(f"q{n:03d}", namespace=ns) for n in range(300)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(
+            lambda s: sqs.create_queue(QueueName=s.queue_name, tags=s.resource_tags("queue")),
+            specs,
+        ))
+    _depth(lambda_env, ChannelSpec("q123", namespace=ns).queue_name, 500)
+    counter = RequestCounter().attach(lambda_env.clients)
+
+    report = check_queues(lambda_env.clients, "source", ns, 100)
+
+    assert report.checked == 300
+    assert [p.name for p in report.problems] == [f"{ns}-q123"]
+    # 600 metric queries in 2 GetMetricData calls; tags from a few GetResources pages
+    assert counter.counts["cloudwatch.GetMetricData"] == 2
+    assert counter.counts["resource-groups-tagging-api.GetResources"] <= 5
+    assert set(counter.counts) == {
+        "cloudwatch.GetMetricData", "resource-groups-tagging-api.GetResources"
+    }
