@@ -23,7 +23,7 @@ test: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m pytest
 
 demo: $(STAMP) $(NODE_STAMP)
-	$(BIN)/python -m demo
+	$(BIN)/python -m examples.demo
 
 bench: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python bench/run_all.py

@@ -1,4 +1,6 @@
-"""AWS requests per message for `push` and `push_many` over 1,000 messages (target push_many <= 0.11).
+"""AWS requests per message for `push` and `push_many` over 1,000 messages.
+
+Target: push_many <= 0.11 requests per message.
 
 Runs against the embedded local endpoint (or AWS_ENDPOINT_URL if set); requests are counted with
 botocore's 'before-send' event (retries included), so the figures are stable across machines.

@@ -15,26 +15,35 @@ def wishlist_channels(namespace: str = "") -> list[ChannelSpec]:
     """The ordered wishlist exchange with three filtered consumer queues."""
     return [
         ChannelSpec(
-            f"{WISHLIST_EXCHANGE}.all_events", ordered=True, namespace=namespace,
+            f"{WISHLIST_EXCHANGE}.all_events",
+            ordered=True,
+            namespace=namespace,
             tags=WISHLIST_OWNER,
         ),
         ChannelSpec(
-            f"{WISHLIST_EXCHANGE}.mobile_events", ordered=True, namespace=namespace,
-            message_filter=MessageFilter("prefix", ["MOBILE."]), tags=WISHLIST_OWNER,
+            f"{WISHLIST_EXCHANGE}.mobile_events",
+            ordered=True,
+            namespace=namespace,
+            message_filter=MessageFilter("prefix", ["MOBILE."]),
+            tags=WISHLIST_OWNER,
         ),
         ChannelSpec(
-            f"{WISHLIST_EXCHANGE}.apple_events", ordered=True, namespace=namespace,
+            f"{WISHLIST_EXCHANGE}.apple_events",
+            ordered=True,
+            namespace=namespace,
             message_filter=MessageFilter("exact", ["MOBILE.APPLE"]),
-            tags=ChannelTags(owner="wishlist-team", team="wishlist", alarm_threshold=50,
-                             critical=True),
+            tags=ChannelTags(
+                owner="wishlist-team", team="wishlist", alarm_threshold=50, critical=True
+            ),
         ),
     ]
 
 
 def orders_channel(namespace: str = "") -> ChannelSpec:
     """A single-consumer channel."""
-    return ChannelSpec("orders", namespace=namespace,
-                       tags=ChannelTags(owner="orders-team", team="orders"))
+    return ChannelSpec(
+        "orders", namespace=namespace, tags=ChannelTags(owner="orders-team", team="orders")
+    )
 
 
 def example_channels(namespace: str = "") -> list[ChannelSpec]:

@@ -89,9 +89,7 @@ class ClientFactory:
             if existing is not None:
                 return existing
             session = boto3.session.Session(region_name=self.region)
-            made = session.client(
-                service, config=client_config(), endpoint_url=self.endpoint_url
-            )
+            made = session.client(service, config=client_config(), endpoint_url=self.endpoint_url)
             for event, handler in self._hooks:
                 made.meta.events.register(event, handler)
             self._clients[service] = made

@@ -1,4 +1,4 @@
-"""`ChannelSpec`: the one model of a channel, used by the runtime provisioner and the CDK constructs.
+"""`ChannelSpec`: the one model of a channel, used by the runtime provisioner and the CDK.
 
 A channel name is either `<queue>` (single consumer: one SQS queue) or `<exchange>.<queue>`
 (multi consumer: SNS topic `<exchange>` fanned out to the SQS queue `<queue>`). A producer of an
@@ -70,9 +70,7 @@ def _check_part(what: str, value: str) -> None:
             f"{what} {value!r} must not end with '.fifo': set ordered=True instead"
         )
     if not _NAME_PART.match(value):
-        raise InvalidChannelSpec(
-            f"{what} {value!r} may contain only letters, digits, '-' and '_'"
-        )
+        raise InvalidChannelSpec(f"{what} {value!r} may contain only letters, digits, '-' and '_'")
 
 
 def physical_name(name: str, namespace: str = "", ordered: bool = False) -> str:
@@ -102,7 +100,8 @@ class MessageFilter:
     def __init__(self, filter_type: str, values: Any) -> None:
         if filter_type not in FILTER_TYPES:
             raise InvalidChannelSpec(
-                f"message_filter.filter_type {filter_type!r} is not one of {', '.join(FILTER_TYPES)}"
+                f"message_filter.filter_type {filter_type!r} is not one of "
+                f"{', '.join(FILTER_TYPES)}"
             )
         if isinstance(values, str) or not isinstance(values, (list, tuple)):
             raise InvalidChannelSpec("message_filter.values must be a list of strings")
@@ -164,7 +163,7 @@ class ChannelTags:
 
 @dataclass(frozen=True)
 class ChannelSpec:
-    """One channel: its queue, dead-letter queue and, for `exchange.queue`, its topic and subscription.
+    """One channel: its queue, its DLQ and, for `exchange.queue`, its topic and subscription.
 
     name: `queue` or `exchange.queue` (letters, digits, '-', '_'; no '.fifo').
     ordered: FIFO topic/queue/DLQ with content-based deduplication (default False).
@@ -199,7 +198,7 @@ class ChannelSpec:
             raise InvalidChannelSpec(
                 f"name {self.name!r} must be 'queue' or 'exchange.queue' (at most one '.')"
             )
-        for what, part in zip(("exchange", "queue") if len(parts) == 2 else ("queue",), parts):
+        for what, part in zip(("exchange", "queue")[-len(parts) :], parts, strict=True):
             _check_part(f"channel {what} name", part)
         validate_namespace(self.namespace)
         for attr, limit in (
@@ -340,7 +339,9 @@ def queue_name_for(queue: str, namespace: str = "", ordered: bool = False) -> st
 
 def _check_range(what: str, value: Any, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidChannelSpec(f"{what} must be a whole number from {low} to {high}, got {value!r}")
+        raise InvalidChannelSpec(
+            f"{what} must be a whole number from {low} to {high}, got {value!r}"
+        )
     if not low <= value <= high:
         raise InvalidChannelSpec(f"{what} must be from {low} to {high}, got {value}")
 

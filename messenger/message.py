@@ -89,7 +89,7 @@ class Message:
             )
 
     def encode(self) -> EncodedMessage:
-        """Body JSON plus attributes; raises InvalidMessage when the body is not JSON-serializable."""
+        """Body JSON plus attributes; InvalidMessage when the body is not JSON-serializable."""
         try:
             body = json.dumps(self.body, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as error:
@@ -98,7 +98,10 @@ class Message:
             ) from None
         attributes: AttributeMap = {
             MESSAGE_ID_ATTRIBUTE: {"DataType": "String", "StringValue": self.message_id},
-            PRODUCED_AT_ATTRIBUTE: {"DataType": "Number", "StringValue": repr(float(self.produced_at))},
+            PRODUCED_AT_ATTRIBUTE: {
+                "DataType": "Number",
+                "StringValue": repr(float(self.produced_at)),
+            },
         }
         if self.meta_headers:
             attributes[META_HEADERS_ATTRIBUTE] = {
@@ -106,7 +109,10 @@ class Message:
                 "StringValue": json.dumps(dict(self.meta_headers), sort_keys=True),
             }
         if self.routing_key is not None:
-            attributes[ROUTING_KEY_ATTRIBUTE] = {"DataType": "String", "StringValue": self.routing_key}
+            attributes[ROUTING_KEY_ATTRIBUTE] = {
+                "DataType": "String",
+                "StringValue": self.routing_key,
+            }
         return EncodedMessage(body=body, attributes=attributes)
 
     @classmethod

@@ -24,7 +24,7 @@ POINTER_CLASS = "software.amazon.payloadoffloading.PayloadS3Pointer"
 #: The size attribute of the current extended clients, and the legacy one still accepted on read.
 EXTENDED_SIZE_ATTRIBUTE = "ExtendedPayloadSize"
 LEGACY_SIZE_ATTRIBUTE = "SQSLargePayloadSize"
-#: Days an offloaded object outlives the 14-day maximum retention before the lifecycle rule expires it.
+#: Days an offloaded object outlives the 14-day maximum retention before it expires.
 LIFECYCLE_MARGIN_DAYS = 1
 OFFLOAD_PREFIX = "payloads/"
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from messenger.aws import ClientFactory, call_with_budget, error_code, is_transient
+from messenger.aws import ClientFactory, call_with_budget, error_code
 from messenger.channel import (
     MAX_BATCH_ENTRIES,
     SNS_MAX_MESSAGE_BYTES,
@@ -40,7 +40,7 @@ from messenger.message import EncodedMessage, Message
 from messenger.offload import PayloadStore, pointer_attributes
 from messenger.provision import Provisioner, is_missing_resource
 from messenger.settings import Settings
-from messenger.transport import OutgoingMessage, QueueTarget, TopicTarget
+from messenger.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 
 logger = logging.getLogger("messenger.producer")
 
@@ -112,7 +112,9 @@ class _BaseProducer:
                 _BaseProducer._instances[cls] = instance
             return instance
 
-    def __init__(self, settings: Settings | None = None, clients: ClientFactory | None = None) -> None:
+    def __init__(
+        self, settings: Settings | None = None, clients: ClientFactory | None = None
+    ) -> None:
         if settings is not None or clients is not None:
             self._setup(settings, clients)
 
@@ -161,7 +163,9 @@ class _BaseProducer:
     ) -> str:
         """Send one message; returns its message id. Raises InvalidMessage, PayloadTooLarge,
         ChannelNotFound (verify mode) or PublishFailed (transient errors past the budget)."""
-        outgoing, message, _ = self._prepare(PushItem(body, routing_key, group_id, dedup_id, meta_headers))
+        outgoing, message, _ = self._prepare(
+            PushItem(body, routing_key, group_id, dedup_id, meta_headers)
+        )
         self._with_target(lambda target: target.send(outgoing), "push")
         return message.message_id
 
@@ -189,7 +193,9 @@ class _BaseProducer:
         if result.failures:
             logger.warning(
                 "push_many: %d of %d messages to %s failed",
-                len(result.failures), len(items), self.channel,
+                len(result.failures),
+                len(items),
+                self.channel,
             )
         return result
 
@@ -287,7 +293,9 @@ class _BaseProducer:
         size = 0
         for entry in prepared:
             entry_size = entry[1].encoded.size
-            if batch and (len(batch) == MAX_BATCH_ENTRIES or size + entry_size > self.channel_limit):
+            if batch and (
+                len(batch) == MAX_BATCH_ENTRIES or size + entry_size > self.channel_limit
+            ):
                 yield batch
                 batch, size = [], 0
             batch.append(entry)
@@ -295,16 +303,19 @@ class _BaseProducer:
         if batch:
             yield batch
 
-    def _send_batch(self, batch: list[tuple[int, OutgoingMessage, str]], result: PushManyResult) -> None:
+    def _send_batch(
+        self, batch: list[tuple[int, OutgoingMessage, str]], result: PushManyResult
+    ) -> None:
         pending = batch
+
+        def send(target: QueueTarget | TopicTarget) -> list[EntryFailure]:
+            return target.send_batch([outgoing for _, outgoing, _ in pending])
+
         deadline = time.monotonic() + self.settings.retry_budget_seconds
         attempt = 0
         while pending:
             try:
-                failures = self._with_target(
-                    lambda target: target.send_batch([outgoing for _, outgoing, _ in pending]),
-                    "push_many",
-                )
+                failures = self._with_target(send, "push_many")
             except MessengerError as error:
                 for index, _, _ in pending:
                     result.failures.append(PushFailure(index, type(error).__name__, str(error)))
@@ -336,8 +347,9 @@ class Producer(_BaseProducer):
         if queue is None:
             if self.settings.provisioning != "auto":
                 raise ChannelNotFound(self.provisioner.describe_missing(f"queue {name!r}"))
-            spec = ChannelSpec(name=self.channel, ordered=self.ordered,
-                               namespace=self.settings.namespace)
+            spec = ChannelSpec(
+                name=self.channel, ordered=self.ordered, namespace=self.settings.namespace
+            )
             queue = self.provisioner.ensure_channel(spec).queue
         return QueueTarget(self.clients.client("sqs"), queue.url)
 

@@ -192,7 +192,9 @@ class Provisioner:
             raise ChannelNotFound(self.describe_missing(f"queue {name!r} ({what})"))
         return found
 
-    def _create_queue(self, name: str, attributes: dict[str, str], tags: dict[str, str]) -> QueueRef:
+    def _create_queue(
+        self, name: str, attributes: dict[str, str], tags: dict[str, str]
+    ) -> QueueRef:
         sqs = self.clients.client("sqs")
         attributes = {
             **attributes,
@@ -211,7 +213,9 @@ class Provisioner:
             sqs.tag_queue(QueueUrl=url, Tags=tags)
         return QueueRef(name=name, url=str(url), arn=self.arn("sqs", name))
 
-    def ensure_queues(self, spec: ChannelSpec, topic_arn: str | None = None) -> tuple[QueueRef, QueueRef]:
+    def ensure_queues(
+        self, spec: ChannelSpec, topic_arn: str | None = None
+    ) -> tuple[QueueRef, QueueRef]:
         """The channel's queue and DLQ, with redrive policy, encryption, policy and tags."""
         if not self.auto:
             return (
@@ -297,7 +301,8 @@ class Provisioner:
             if _normalized(current_policy) != _normalized(policy):
                 # An empty policy removes the filter.
                 sns.set_subscription_attributes(
-                    SubscriptionArn=existing, AttributeName="FilterPolicy",
+                    SubscriptionArn=existing,
+                    AttributeName="FilterPolicy",
                     AttributeValue=policy or "{}",
                 )
         return existing
@@ -320,11 +325,11 @@ class Provisioner:
                     spec.topic_name, spec.topic_attributes(), spec.resource_tags("topic")
                 )
             queue, dlq = self.ensure_queues(spec, topic_arn)
-            subscription = (
-                self.ensure_subscription(spec, topic_arn, queue) if topic_arn else None
-            )
+            subscription = self.ensure_subscription(spec, topic_arn, queue) if topic_arn else None
         except ClientError as error:
-            raise ProvisioningError(f"provisioning channel {spec.name!r} failed: {error}") from error
+            raise ProvisioningError(
+                f"provisioning channel {spec.name!r} failed: {error}"
+            ) from error
         return ChannelResources(spec, queue, dlq, topic_arn, subscription)
 
     # -- offload bucket -------------------------------------------------------------------
@@ -356,40 +361,49 @@ class Provisioner:
         s3.put_public_access_block(
             Bucket=name,
             PublicAccessBlockConfiguration={
-                "BlockPublicAcls": True, "IgnorePublicAcls": True,
-                "BlockPublicPolicy": True, "RestrictPublicBuckets": True,
+                "BlockPublicAcls": True,
+                "IgnorePublicAcls": True,
+                "BlockPublicPolicy": True,
+                "RestrictPublicBuckets": True,
             },
         )
         s3.put_bucket_encryption(
             Bucket=name,
             ServerSideEncryptionConfiguration={
-                "Rules": [{
-                    "ApplyServerSideEncryptionByDefault": {
-                        "SSEAlgorithm": "aws:kms", "KMSMasterKeyID": self.key_arn(),
-                    },
-                    "BucketKeyEnabled": True,
-                }]
+                "Rules": [
+                    {
+                        "ApplyServerSideEncryptionByDefault": {
+                            "SSEAlgorithm": "aws:kms",
+                            "KMSMasterKeyID": self.key_arn(),
+                        },
+                        "BucketKeyEnabled": True,
+                    }
+                ]
             },
         )
         s3.put_bucket_lifecycle_configuration(
             Bucket=name,
             LifecycleConfiguration={
-                "Rules": [{
-                    "ID": "expire-offloaded-payloads",
-                    "Status": "Enabled",
-                    "Filter": {"Prefix": OFFLOAD_PREFIX},
-                    "Expiration": {"Days": lifecycle_days(14 * 86_400)},
-                }]
+                "Rules": [
+                    {
+                        "ID": "expire-offloaded-payloads",
+                        "Status": "Enabled",
+                        "Filter": {"Prefix": OFFLOAD_PREFIX},
+                        "Expiration": {"Days": lifecycle_days(14 * 86_400)},
+                    }
+                ]
             },
         )
         bucket_arn = f"arn:aws:s3:::{name}"
         if self.settings.bucket_tls_policy:
             s3.put_bucket_policy(
                 Bucket=name,
-                Policy=json.dumps({
-                    "Version": "2012-10-17",
-                    "Statement": [tls_only_statement(f"{bucket_arn}/*", "s3:*")],
-                }),
+                Policy=json.dumps(
+                    {
+                        "Version": "2012-10-17",
+                        "Statement": [tls_only_statement(f"{bucket_arn}/*", "s3:*")],
+                    }
+                ),
             )
         s3.put_bucket_tagging(
             Bucket=name, Tagging={"TagSet": [{"Key": TAG_MANAGED, "Value": "true"}]}

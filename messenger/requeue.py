@@ -106,7 +106,9 @@ class Requeuer:
             found = self.provisioner.find_queue(candidate)
             if found is not None:
                 return found
-        raise ChannelNotFound(f"source queue {name!r} does not exist (tried {', '.join(candidates)})")
+        raise ChannelNotFound(
+            f"source queue {name!r} does not exist (tried {', '.join(candidates)})"
+        )
 
     def _target(self) -> QueueTarget | TopicTarget:
         if self.destination_type is SubscriberTypes.MultiConsumer:
@@ -150,8 +152,12 @@ class Requeuer:
         finally:
             self._release(held)
         logger.info(
-            "requeue %s -> %s: %d %s, %d failed", report.source_queue, report.destination,
-            report.moved, "would move" if self.dry_run else "moved", report.failed,
+            "requeue %s -> %s: %d %s, %d failed",
+            report.source_queue,
+            report.destination,
+            report.moved,
+            "would move" if self.dry_run else "moved",
+            report.failed,
         )
         return report
 
@@ -171,7 +177,10 @@ class Requeuer:
         return list(response.get("Messages", []))
 
     def _move(
-        self, target: QueueTarget | TopicTarget, messages: list[dict[str, Any]], report: RequeueReport
+        self,
+        target: QueueTarget | TopicTarget,
+        messages: list[dict[str, Any]],
+        report: RequeueReport,
     ) -> None:
         outgoing = [self._outgoing(message) for message in messages]
         try:
@@ -210,7 +219,9 @@ class Requeuer:
         return OutgoingMessage(EncodedMessage(message["Body"], attributes), group_id, dedup_id)
 
     def _delete(self, messages: list[dict[str, Any]]) -> None:
-        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+        entries = [
+            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
+        ]
         response = call_with_budget(
             lambda: self.sqs.delete_message_batch(QueueUrl=self.source.url, Entries=entries),
             self.settings.retry_budget_seconds,
@@ -237,7 +248,9 @@ def run_cli(args: argparse.Namespace) -> int:
     from rich.progress import Progress
 
     with Progress(transient=True) as bar:
-        task = bar.add_task(f"requeue {args.source_queue} -> {args.destination_channel}", total=None)
+        task = bar.add_task(
+            f"requeue {args.source_queue} -> {args.destination_channel}", total=None
+        )
         requeuer = Requeuer(
             source_queue=args.source_queue,
             destination_channel=args.destination_channel,
@@ -249,8 +262,10 @@ def run_cli(args: argparse.Namespace) -> int:
         )
         report = requeuer.start()
     verb = "would move" if report.dry_run else "moved"
-    print(f"{verb} {report.moved} message(s) from {report.source_queue} to {report.destination}"
-          f"{f', {report.failed} failed' if report.failed else ''}")
+    print(
+        f"{verb} {report.moved} message(s) from {report.source_queue} to {report.destination}"
+        f"{f', {report.failed} failed' if report.failed else ''}"
+    )
     for key, count in sorted(report.routing_keys.items()):
         print(f"  {key}: {count}")
     return 1 if report.failed else 0

@@ -4,7 +4,7 @@
 |-------------------------------|--------------------------|----------------------------------|
 | MESSENGER_NAMESPACE           | namespace                | '' (no prefix)                   |
 | MESSENGER_PROVISIONING        | provisioning             | 'auto' ('auto' or 'verify')      |
-| MESSENGER_OFFLOAD_BUCKET      | offload_bucket           | '<namespace->messenger-offload-<account>' resolved at use |
+| MESSENGER_OFFLOAD_BUCKET      | offload_bucket           | '<ns->messenger-offload-<account>' |
 | MESSENGER_OFFLOAD_THRESHOLD   | offload_threshold        | 262144 bytes                     |
 | MESSENGER_KMS_KEY             | kms_key                  | 'alias/<namespace->messenger'    |
 | MESSENGER_RETRY_BUDGET        | retry_budget_seconds     | 20                               |
@@ -76,7 +76,9 @@ class Settings:
                 f"got {self.retry_budget_seconds}"
             )
         if self.default_alarm_threshold < 0:
-            raise InvalidSettings("default_alarm_threshold (MESSENGER_ALARM_THRESHOLD) must be >= 0")
+            raise InvalidSettings(
+                "default_alarm_threshold (MESSENGER_ALARM_THRESHOLD) must be >= 0"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -113,7 +115,7 @@ class Settings:
         return f"alias/{self.namespace}-messenger" if self.namespace else "alias/messenger"
 
     def bucket_name(self, account_id: str) -> str:
-        """The offload bucket: the configured one, else '<namespace->messenger-offload-<account>'."""
+        """The offload bucket: the configured one, else '<ns->messenger-offload-<account>'."""
         if self.offload_bucket:
             return self.offload_bucket
         prefix = f"{self.namespace.lower().replace('_', '-')}-" if self.namespace else ""

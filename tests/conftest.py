@@ -1,4 +1,4 @@
-"""Shared fixtures: one moto server (a child process on a free loopback port) for the whole suite."""
+"""Shared fixtures: one moto server (a child process on a free loopback port) per session."""
 
 from __future__ import annotations
 

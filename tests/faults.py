@@ -66,5 +66,7 @@ class Throttle:
                 self.passed += 1
         if not hit:
             return None
-        protocol = "json" if "x-amz-json" in str(request.headers.get("Content-Type", "")) else "query"
+        protocol = (
+            "json" if "x-amz-json" in str(request.headers.get("Content-Type", "")) else "query"
+        )
         return throttling_response(protocol, request.url)

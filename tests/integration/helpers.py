@@ -28,7 +28,9 @@ def drain(sqs: Any, queue_url: str, limit: int = 10_000) -> list[dict[str, Any]]
         received.extend(messages)
         sqs.delete_message_batch(
             QueueUrl=queue_url,
-            Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+            Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
+            ],
         )
     return received
 

@@ -11,7 +11,9 @@ def test_local_endpoint_serves_and_stops_on_ctrl_c():
     server = start_local_process()
     try:
         sqs = boto3.client(
-            "sqs", endpoint_url=server.url, region_name="us-east-1",
+            "sqs",
+            endpoint_url=server.url,
+            region_name="us-east-1",
             aws_access_key_id=LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
         )

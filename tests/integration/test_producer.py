@@ -1,4 +1,4 @@
-"""Producers against the moto server over HTTP: routing, offload, retries, reprovisioning, bad input."""
+"""Producers against the moto server over HTTP: routing, offload, retries, reprovisioning."""
 
 from __future__ import annotations
 
@@ -69,7 +69,9 @@ def test_wishlist_exchange_routes_exactly_the_filtered_messages_in_order(setting
     sqs = clients.client("sqs")
     for spec in specs:
         got = [decode(m) for m in drain(sqs, queue_url(sqs, spec.queue_name))]
-        expected = [n for n, key in sent if spec.message_filter is None or spec.message_filter.matches(key)]
+        expected = [
+            n for n, key in sent if spec.message_filter is None or spec.message_filter.matches(key)
+        ]
         assert [m.body["n"] for m in got] == expected, spec.name
         assert all(m.meta_headers == {"locale": "en_GB"} for m in got)
         assert all(m.routing_key == KEYS[m.body["n"] % len(KEYS)] for m in got)
@@ -108,14 +110,18 @@ def test_exchange_offloads_above_the_sns_limit_even_with_a_higher_setting(settin
 def test_throttling_on_a_third_of_calls_loses_no_message(settings, clients):
     throttle = Throttle(rate=0.3, operations={"SendMessage", "SendMessageBatch"})
     clients.register("before-send", throttle)
-    producer = OrderProducer(settings=settings.with_changes(retry_budget_seconds=30), clients=clients)
+    producer = OrderProducer(
+        settings=settings.with_changes(retry_budget_seconds=30), clients=clients
+    )
     for n in range(6):
         producer.push({"n": n})
     result = producer.push_many(PushItem({"n": n}) for n in range(6, 66))
     assert result.failures == []
     clients.unregister("before-send", throttle)
     sqs = clients.client("sqs")
-    got = sorted(decode(m).body["n"] for m in drain(sqs, queue_url(sqs, f"{settings.namespace}-orders")))
+    got = sorted(
+        decode(m).body["n"] for m in drain(sqs, queue_url(sqs, f"{settings.namespace}-orders"))
+    )
     assert got == list(range(66))
     assert throttle.injected >= 2  # the fault really happened (seeded: same count every run)
 
@@ -146,7 +152,9 @@ def test_deleted_queue_is_reprovisioned_in_auto_mode(settings, clients):
 
 
 def test_deleted_queue_fails_clearly_in_verify_mode(settings, clients):
-    Provisioner(clients, settings).ensure_channel(ChannelSpec("orders", namespace=settings.namespace))
+    Provisioner(clients, settings).ensure_channel(
+        ChannelSpec("orders", namespace=settings.namespace)
+    )
     producer = OrderProducer(settings=settings.with_changes(provisioning="verify"), clients=clients)
     producer.push({"n": 1})
     sqs = clients.client("sqs")
@@ -156,8 +164,12 @@ def test_deleted_queue_fails_clearly_in_verify_mode(settings, clients):
 
 
 def test_verify_mode_names_the_missing_resource(settings, clients):
-    producer = WishListEventProducer(settings=settings.with_changes(provisioning="verify"), clients=clients)
-    with pytest.raises(ChannelNotFound, match=rf"topic '{settings.namespace}-wishlist_events.fifo'"):
+    producer = WishListEventProducer(
+        settings=settings.with_changes(provisioning="verify"), clients=clients
+    )
+    with pytest.raises(
+        ChannelNotFound, match=rf"topic '{settings.namespace}-wishlist_events.fifo'"
+    ):
         producer.push({"n": 1})
 
 
@@ -235,7 +247,8 @@ def test_ordered_push_uses_groups_and_optional_dedup(settings, clients):
     sqs = clients.client("sqs")
     raw = drain(sqs, queue_url(sqs, f"{settings.namespace}-ledger.fifo"))
     assert [(m["Attributes"]["MessageGroupId"], decode(m).body["n"]) for m in raw] == [
-        ("account-1", 1), ("ledger", 2),
+        ("account-1", 1),
+        ("ledger", 2),
     ]
 
 

@@ -14,8 +14,13 @@ from messenger.provision import Provisioner
 
 def test_channel_resources_follow_the_spec(settings, clients):
     spec = ChannelSpec(
-        "shop.audit", ordered=True, delay=5, visibility_timeout=90, max_receives=4,
-        message_filter=MessageFilter("prefix", ["ORDER."]), namespace=settings.namespace,
+        "shop.audit",
+        ordered=True,
+        delay=5,
+        visibility_timeout=90,
+        max_receives=4,
+        message_filter=MessageFilter("prefix", ["ORDER."]),
+        namespace=settings.namespace,
         tags=ChannelTags(owner="alice", critical=True),
     )
     resources = Provisioner(clients, settings).ensure_channel(spec)
@@ -26,11 +31,15 @@ def test_channel_resources_follow_the_spec(settings, clients):
     for name, value in spec.queue_attributes().items():
         assert attributes[name] == value, name
     assert json.loads(attributes["RedrivePolicy"]) == {
-        "deadLetterTargetArn": resources.dlq.arn, "maxReceiveCount": 4,
+        "deadLetterTargetArn": resources.dlq.arn,
+        "maxReceiveCount": 4,
     }
     assert attributes["KmsMasterKeyId"].startswith("arn:aws:kms:")
     policy = json.loads(attributes["Policy"])
-    assert {s["Sid"] for s in policy["Statement"]} == {"DenyInsecureTransport", "AllowExchangeTopic"}
+    assert {s["Sid"] for s in policy["Statement"]} == {
+        "DenyInsecureTransport",
+        "AllowExchangeTopic",
+    }
     dlq_attributes = sqs.get_queue_attributes(QueueUrl=resources.dlq.url, AttributeNames=["All"])[
         "Attributes"
     ]
@@ -48,18 +57,22 @@ def test_channel_resources_follow_the_spec(settings, clients):
 
 
 def test_provisioning_twice_changes_nothing_and_a_new_filter_is_applied(settings, clients):
-    spec = ChannelSpec("shop.audit", message_filter=MessageFilter("exact", ["A"]),
-                       namespace=settings.namespace)
+    spec = ChannelSpec(
+        "shop.audit", message_filter=MessageFilter("exact", ["A"]), namespace=settings.namespace
+    )
     provisioner = Provisioner(clients, settings)
     first = provisioner.ensure_channel(spec)
     assert provisioner.ensure_channel(spec) == first
     sns = clients.client("sns")
     assert len(sns.list_subscriptions_by_topic(TopicArn=first.topic_arn)["Subscriptions"]) == 1
-    changed = ChannelSpec("shop.audit", message_filter=MessageFilter("exclude", ["B"]),
-                          namespace=settings.namespace)
+    changed = ChannelSpec(
+        "shop.audit", message_filter=MessageFilter("exclude", ["B"]), namespace=settings.namespace
+    )
     again = provisioner.ensure_channel(changed)
     assert again.subscription_arn == first.subscription_arn
-    attributes = sns.get_subscription_attributes(SubscriptionArn=first.subscription_arn)["Attributes"]
+    attributes = sns.get_subscription_attributes(SubscriptionArn=first.subscription_arn)[
+        "Attributes"
+    ]
     assert json.loads(attributes["FilterPolicy"]) == changed.filter_policy()
 
 

@@ -36,8 +36,11 @@ def test_requeue_moves_everything_back_unchanged(settings, clients):
     dead_letter(sqs, resources.dlq.url, originals)
     progress = []
     report = Requeuer(
-        source_queue=spec.dlq_name, destination_channel="orders", settings=settings,
-        clients=clients, progress=lambda done, total: progress.append((done, total)),
+        source_queue=spec.dlq_name,
+        destination_channel="orders",
+        settings=settings,
+        clients=clients,
+        progress=lambda done, total: progress.append((done, total)),
     ).start()
     assert (report.moved, report.failed) == (23, 0)
     assert report.routing_keys == {"KEY.0": 12, "KEY.1": 11}
@@ -50,18 +53,33 @@ def test_requeue_moves_everything_back_unchanged(settings, clients):
 
 def test_requeue_to_an_exchange_fans_out_through_the_filters(settings, clients):
     provisioner = Provisioner(clients, settings)
-    apple = provisioner.ensure_channel(ChannelSpec(
-        "wishlist_events.apple", ordered=True, namespace=settings.namespace,
-        message_filter=MessageFilter("exact", ["MOBILE.APPLE"])))
+    apple = provisioner.ensure_channel(
+        ChannelSpec(
+            "wishlist_events.apple",
+            ordered=True,
+            namespace=settings.namespace,
+            message_filter=MessageFilter("exact", ["MOBILE.APPLE"]),
+        )
+    )
     everything = provisioner.ensure_channel(
-        ChannelSpec("wishlist_events.everything", ordered=True, namespace=settings.namespace))
+        ChannelSpec("wishlist_events.everything", ordered=True, namespace=settings.namespace)
+    )
     sqs = clients.client("sqs")
     for n, key in enumerate(["MOBILE.APPLE", "WEB", "MOBILE.APPLE"]):
         encoded = Message({"n": n}, key).encode()
-        sqs.send_message(QueueUrl=apple.dlq.url, MessageBody=encoded.body,
-                         MessageAttributes=encoded.attributes, MessageGroupId="g")
-    report = Requeuer(apple.dlq.name, "wishlist_events", SubscriberTypes.MultiConsumer,
-                      settings=settings, clients=clients).start()
+        sqs.send_message(
+            QueueUrl=apple.dlq.url,
+            MessageBody=encoded.body,
+            MessageAttributes=encoded.attributes,
+            MessageGroupId="g",
+        )
+    report = Requeuer(
+        apple.dlq.name,
+        "wishlist_events",
+        SubscriberTypes.MultiConsumer,
+        settings=settings,
+        clients=clients,
+    ).start()
     assert report.moved == 3
     assert [decode(m).body["n"] for m in drain(sqs, apple.queue.url)] == [0, 2]
     assert [decode(m).body["n"] for m in drain(sqs, everything.queue.url)] == [0, 1, 2]
@@ -69,14 +87,16 @@ def test_requeue_to_an_exchange_fans_out_through_the_filters(settings, clients):
 
 def test_dry_run_and_max_messages(settings, clients):
     resources = Provisioner(clients, settings).ensure_channel(
-        ChannelSpec("orders", namespace=settings.namespace))
+        ChannelSpec("orders", namespace=settings.namespace)
+    )
     sqs = clients.client("sqs")
     dead_letter(sqs, resources.dlq.url, [Message({"n": n}, "K") for n in range(12)])
     dry = Requeuer("orders-dlq", "orders", dry_run=True, settings=settings, clients=clients).start()
     assert (dry.moved, dry.dry_run) == (12, True)
     assert drain(sqs, resources.queue.url) == []
-    partial = Requeuer("orders-dlq", "orders", max_messages=5, settings=settings,
-                       clients=clients).start()
+    partial = Requeuer(
+        "orders-dlq", "orders", max_messages=5, settings=settings, clients=clients
+    ).start()
     assert partial.moved == 5
     assert len(drain(sqs, resources.queue.url)) == 5
     assert len(drain(sqs, resources.dlq.url)) == 7  # the dry run released what it looked at
@@ -84,14 +104,19 @@ def test_dry_run_and_max_messages(settings, clients):
 
 def test_a_failing_destination_leaves_the_messages_in_the_source(settings, clients):
     resources = Provisioner(clients, settings).ensure_channel(
-        ChannelSpec("orders", namespace=settings.namespace))
+        ChannelSpec("orders", namespace=settings.namespace)
+    )
     sqs = clients.client("sqs")
     dead_letter(sqs, resources.dlq.url, [Message({"n": n}) for n in range(4)])
     throttle = Throttle(rate=1.0, operations={"SendMessageBatch"})
     clients.register("before-send", throttle)
     with pytest.raises(PublishFailed):
-        Requeuer("orders-dlq", "orders", settings=settings.with_changes(retry_budget_seconds=1),
-                 clients=clients).start()
+        Requeuer(
+            "orders-dlq",
+            "orders",
+            settings=settings.with_changes(retry_budget_seconds=1),
+            clients=clients,
+        ).start()
     clients.unregister("before-send", throttle)
     assert len(drain(sqs, resources.dlq.url)) == 4
     assert drain(sqs, resources.queue.url) == []
@@ -106,18 +131,25 @@ def test_cli_requeues_with_a_summary(settings, clients, local_endpoint):
     main = queue_url(sqs, f"{settings.namespace}-orders")
     dlq = queue_url(sqs, f"{settings.namespace}-orders-dlq")
     for raw in drain(sqs, main):
-        sqs.send_message(QueueUrl=dlq, MessageBody=raw["Body"],
-                         MessageAttributes=raw["MessageAttributes"])
+        sqs.send_message(
+            QueueUrl=dlq, MessageBody=raw["Body"], MessageAttributes=raw["MessageAttributes"]
+        )
     env = {**os.environ, **local_endpoint.env(), "MESSENGER_NAMESPACE": settings.namespace}
     done = subprocess.run(
         [sys.executable, "-m", "messenger", "requeue", "orders-dlq", "orders"],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     assert f"moved 1 message(s) from {settings.namespace}-orders-dlq to orders" in done.stdout
     assert [decode(m).body for m in drain(sqs, main)] == [{"n": 1}]
     missing = subprocess.run(
         [sys.executable, "-m", "messenger", "requeue", "nope-dlq", "orders"],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert missing.returncode == 2 and "source queue 'nope-dlq' does not exist" in missing.stderr

@@ -21,7 +21,10 @@ from messenger.errors import InvalidChannelSpec
 def test_single_consumer_channel_has_queue_and_dlq_but_no_topic():
     spec = ChannelSpec("orders")
     assert (spec.exchange, spec.queue_name, spec.dlq_name, spec.topic_name) == (
-        None, "orders", "orders-dlq", None,
+        None,
+        "orders",
+        "orders-dlq",
+        None,
     )
 
 
@@ -101,12 +104,24 @@ def test_filter_needs_an_exchange():
 @pytest.mark.parametrize(
     ("message_filter", "policy", "matching", "not_matching"),
     [
-        (MessageFilter("exact", ["MOBILE.APPLE"]), {"routing_key": ["MOBILE.APPLE"]},
-         "MOBILE.APPLE", "MOBILE.APPLEX"),
-        (MessageFilter("prefix", ["MOBILE."]), {"routing_key": [{"prefix": "MOBILE."}]},
-         "MOBILE.ANDROID", "WEB.MOBILE."),
-        (MessageFilter("exclude", ["WEB"]), {"routing_key": [{"anything-but": ["WEB"]}]},
-         "MOBILE", "WEB"),
+        (
+            MessageFilter("exact", ["MOBILE.APPLE"]),
+            {"routing_key": ["MOBILE.APPLE"]},
+            "MOBILE.APPLE",
+            "MOBILE.APPLEX",
+        ),
+        (
+            MessageFilter("prefix", ["MOBILE."]),
+            {"routing_key": [{"prefix": "MOBILE."}]},
+            "MOBILE.ANDROID",
+            "WEB.MOBILE.",
+        ),
+        (
+            MessageFilter("exclude", ["WEB"]),
+            {"routing_key": [{"anything-but": ["WEB"]}]},
+            "MOBILE",
+            "WEB",
+        ),
     ],
 )
 def test_filter_policy_and_local_matching_agree(message_filter, policy, matching, not_matching):
@@ -129,9 +144,14 @@ def test_queue_attributes_follow_the_spec():
         "ContentBasedDeduplication": "true",
     }
     assert spec.dlq_attributes() == {
-        "MessageRetentionPeriod": "3600", "FifoQueue": "true", "ContentBasedDeduplication": "true",
+        "MessageRetentionPeriod": "3600",
+        "FifoQueue": "true",
+        "ContentBasedDeduplication": "true",
     }
-    assert spec.redrive_policy("arn:dlq") == {"deadLetterTargetArn": "arn:dlq", "maxReceiveCount": 3}
+    assert spec.redrive_policy("arn:dlq") == {
+        "deadLetterTargetArn": "arn:dlq",
+        "maxReceiveCount": 3,
+    }
     assert ChannelSpec("q").topic_attributes() == {}
 
 
