@@ -340,14 +340,14 @@ def _judge_queue(run: _Run, queue: PlatformResource, activity: QueueActivity) ->
     verdict = classify_activity(activity)
     if verdict == NO_CONSUMERS:
         run.found["no_consumers"].append(
-            Finding(queue.name, f"{activity.sent:.0f} messages sent, none received in {days} days")
+            Finding(queue.name, f"{activity.sent:,.0f} messages sent, none received in {days} days")
         )
         return
     if verdict == NO_PRODUCERS:
         polls = (activity.received or 0) + (activity.empty_receives or 0)
         run.found["no_producers"].append(Finding(
             queue.name,
-            f"nothing sent in {days} days; consumers still polling ({polls:.0f} receives)",
+            f"nothing sent in {days} days; consumers still polling ({polls:,.0f} receives)",
         ))
         return
     if verdict == ACTIVE:

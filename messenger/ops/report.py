@@ -130,7 +130,7 @@ def cleaner_message(report: CleanerReport) -> dict[str, Any]:
         ("⏳ Queues with stale messages", report.stale),
         ("🚫 Queues without producers", report.no_producers),
         ("📭 Queues without consumers", report.no_consumers),
-        ("🔒 Unused but owned by CloudFormation (not deleted)", report.kept_by_stack),
+        ("🔒 Unused, kept: a CloudFormation stack owns them", report.kept_by_stack),
         ("❗ Could not clean", report.failed),
     ]
     title = "🧹 Resource cleaner" + (" · dry run" if report.dry_run else "")

@@ -141,7 +141,7 @@ def test_each_classification_and_the_deletions(lambda_env: LambdaEnv, webhook: W
     assert f"DLQ {unused.dlq.name} deleted too" in deleted_queues
     stale_text = next(s for s in sections if s.startswith("*⏳ Queues with stale messages (2)*"))
     assert "2 messages; no sends or receives in 3 days (no CloudWatch data)" in stale_text
-    stack_text = next(s for s in sections if "owned by CloudFormation" in s)
+    stack_text = next(s for s in sections if "CloudFormation stack owns them" in s)
     assert f"`{legacy.queue.name}` · stack `shop-prod`" in stack_text
 
 
