@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""The CDK app: `npx cdk synth` / `npx cdk deploy`. The only place that reads context/environment.
+
+Context (cdk.json or `-c key=value`):
+  messenger:namespace             physical name prefix, e.g. a stage ('' for none)
+  messenger:slack-webhook-secret  Secrets Manager secret name of the Slack webhook URL
+  messenger:example-channels      deploy the wishlist example channels (true/false)
+  messenger:alarm-threshold       default queue depth that raises an alert
+  messenger:cleaner-dry-run       the resource cleaner only reports (true/false)
+  messenger:pipeline              deploy the EMR pipeline stack (true/false)
+Environment: CDK_DEFAULT_ACCOUNT / CDK_DEFAULT_REGION (set by the CLI when credentials exist);
+without them the stacks are environment-agnostic and synthesis needs no AWS access.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from aws_cdk import App
+
+from stacks.config import DEFAULT_SLACK_WEBHOOK_SECRET, MessengerConfig
+from stacks.messenger_app import build_app
+
+
+def _flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise ValueError(f"context {name} must be true or false, got {value!r}")
+    return text == "true"
+
+
+def read_config(app: App) -> MessengerConfig:
+    """The typed configuration from the app's context and the CDK environment variables."""
+
+    def context(name: str, default: Any) -> Any:
+        value = app.node.try_get_context(f"messenger:{name}")
+        return default if value is None else value
+
+    threshold = context("alarm-threshold", 100)
+    try:
+        threshold = int(threshold)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"context messenger:alarm-threshold must be a whole number, got {threshold!r}"
+        ) from None
+    return MessengerConfig(
+        namespace=str(context("namespace", "")),
+        account=os.environ.get("CDK_DEFAULT_ACCOUNT") or None,
+        region=os.environ.get("CDK_DEFAULT_REGION") or None,
+        slack_webhook_secret=str(context("slack-webhook-secret", DEFAULT_SLACK_WEBHOOK_SECRET)),
+        example_channels=_flag(context("example-channels", True), "messenger:example-channels"),
+        alarm_threshold=threshold,
+        cleaner_dry_run=_flag(context("cleaner-dry-run", True), "messenger:cleaner-dry-run"),
+        pipeline=_flag(context("pipeline", True), "messenger:pipeline"),
+    )
+
+
+def main() -> None:
+    app = App()
+    build_app(app, read_config(app))
+    app.synth()
+
+
+if __name__ == "__main__":
+    main()

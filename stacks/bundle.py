@@ -1,0 +1,92 @@
+"""Asset staging in plain Python at synth time: no Docker, no network.
+
+A Lambda bundle is the function's folder (kept as the package `lambdas.<name>`) plus the
+`messenger` library and the pure-Python packages it needs, copied from the virtualenv the app runs
+in, so the deployed code is exactly the code the tests ran against (versions pinned in
+requirements.txt). The EMR library bundle is `messenger` alone (executors get boto3 from EMR).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+#: What the ops Lambdas import besides `messenger` (boto3 comes with the Lambda runtime).
+LAMBDA_PACKAGES = (
+    "aws_lambda_powertools",
+    "slack_sdk",
+    "typing_extensions",
+    "aws_xray_sdk",
+    "wrapt",
+    "filelock",
+)
+_IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "tests", "*.dist-info")
+_staged: dict[tuple[str, ...], Path] = {}
+_root: Path | None = None
+
+
+class BundleError(RuntimeError):
+    """A bundle cannot be staged (missing function folder or package)."""
+
+
+def _staging_root() -> Path:
+    global _root
+    if _root is None:
+        _root = Path(tempfile.mkdtemp(prefix="messenger-bundles-"))
+        atexit.register(shutil.rmtree, _root, True)
+    return _root
+
+
+def _copy_package(name: str, target: Path) -> None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise BundleError(
+            f"package {name!r} is not installed in {REPO_ROOT / '.venv'}; run `make test` "
+            f"or `pip install -r requirements.txt` first"
+        )
+    origin = Path(spec.origin)
+    if origin.name == "__init__.py":
+        shutil.copytree(origin.parent, target / name, ignore=_IGNORE)
+    else:
+        shutil.copy2(origin, target / origin.name)
+
+
+def lambda_bundle(function: str, packages: Sequence[str] = LAMBDA_PACKAGES) -> Path:
+    """A directory holding `lambdas/<function>/`, `messenger/` and `packages` (staged once)."""
+    cache_key = ("lambda", function, *packages)
+    if cache_key in _staged:
+        return _staged[cache_key]
+    source = REPO_ROOT / "lambdas" / function
+    if not (source / "handler.py").is_file():
+        raise BundleError(f"Lambda function folder {source} has no handler.py")
+    target = _staging_root() / f"lambda-{function}"
+    shutil.copytree(source, target / "lambdas" / function, ignore=_IGNORE)
+    for init in (REPO_ROOT / "lambdas" / "__init__.py",):
+        if init.is_file():
+            shutil.copy2(init, target / "lambdas" / "__init__.py")
+    shutil.copytree(REPO_ROOT / "messenger", target / "messenger", ignore=_IGNORE)
+    for package in packages:
+        _copy_package(package, target)
+    _staged[cache_key] = target
+    return target
+
+
+def library_bundle() -> Path:
+    """A directory holding only `messenger/` (zipped by its asset: the EMR steps' --py-files)."""
+    cache_key = ("library",)
+    if cache_key not in _staged:
+        target = _staging_root() / "library"
+        shutil.copytree(REPO_ROOT / "messenger", target / "messenger", ignore=_IGNORE)
+        _staged[cache_key] = target
+    return _staged[cache_key]
+
+
+def spark_job_scripts() -> list[Path]:
+    """The EMR step scripts: `spark_jobs/*.py` except private modules."""
+    folder = REPO_ROOT / "spark_jobs"
+    return sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))

@@ -1,0 +1,291 @@
+"""`Channel`: a channel's SQS queue, DLQ and (for `exchange.queue`) SNS topic and subscription.
+
+Every attribute comes from the same `ChannelSpec` the runtime provisioner uses: the L1 resources
+are fed from `spec.queue_attributes()`, `spec.dlq_attributes()`, `spec.topic_attributes()`,
+`spec.redrive_policy()` and `spec.filter_policy()`, so the deployed channel and one created at
+first use are the same channel. Physical names are the runtime's (`spec.queue_name`, ...), so a
+producer or consumer in `verify` mode finds the deployed resources.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jsii
+from aws_cdk import Stack, Tags
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct, IValidation
+
+from messenger.channel import (
+    TAG_CHANNEL,
+    TAG_MANAGED,
+    TAG_NAMESPACE,
+    TAG_ROLE,
+    ChannelSpec,
+)
+
+#: Seconds SQS reuses a data key before calling KMS again (the provisioner uses the same value):
+#: the 5-minute default, a balance between KMS cost and key freshness.
+KMS_DATA_KEY_REUSE_SECONDS = 300
+#: What a producer needs on the platform key to send to an encrypted queue or topic.
+KEY_ACTIONS_PUBLISH = ("kms:GenerateDataKey", "kms:Decrypt")
+#: What a consumer needs on the key: read encrypted messages, forward some to the DLQ.
+KEY_ACTIONS_CONSUME = ("kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
+QUEUE_ACTIONS_SEND = ("sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl")
+QUEUE_ACTIONS_CONSUME = (
+    "sqs:ReceiveMessage",
+    "sqs:DeleteMessage",
+    "sqs:ChangeMessageVisibility",
+    "sqs:GetQueueAttributes",
+    "sqs:GetQueueUrl",
+)
+#: A consumer in verify mode checks its topic and subscription exist.
+TOPIC_ACTIONS_VERIFY = ("sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic")
+TOPIC_ACTIONS_PUBLISH = ("sns:Publish", "sns:GetTopicAttributes")
+
+
+def cfn_properties(attributes: dict[str, str]) -> dict[str, Any]:
+    """SQS/SNS API attributes (`DelaySeconds: "0"`) as L1 keyword arguments (`delay_seconds=0`).
+
+    CloudFormation names these properties exactly like the API attributes; only the value types
+    differ ("true" -> True, "300" -> 300).
+    """
+    return {_snake_case(name): _typed(value) for name, value in attributes.items()}
+
+
+def _snake_case(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _typed(value: str) -> Any:
+    if value in ("true", "false"):
+        return value == "true"
+    return int(value) if value.isdigit() else value
+
+
+def _tls_only(resource: str, action: str) -> iam.PolicyStatement:
+    return iam.PolicyStatement(
+        sid="DenyInsecureTransport",
+        effect=iam.Effect.DENY,
+        principals=[iam.AnyPrincipal()],
+        actions=[action],
+        resources=[resource],
+        conditions={"Bool": {"aws:SecureTransport": "false"}},
+    )
+
+
+def _construct_id(physical_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "", physical_name.title())
+
+
+class ExchangeTopic(Construct):
+    """The SNS topic of one exchange, shared by every channel of that exchange in a stack.
+
+    Use `ExchangeTopic.of(scope, spec, key)`: the first channel of an exchange creates the topic,
+    the others subscribe to the same one. An exchange lives in one stack (its name is fixed).
+    """
+
+    def __init__(self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey) -> None:
+        super().__init__(scope, id)
+        assert spec.exchange is not None and spec.topic_name is not None
+        self.name = spec.topic_name
+        self.ordered = spec.ordered
+        self.resource = sns.CfnTopic(
+            self,
+            "Resource",
+            topic_name=spec.topic_name,
+            **cfn_properties(spec.topic_attributes()),
+            kms_master_key_id=key.key_arn,
+        )
+        self.topic = sns.Topic.from_topic_attributes(
+            self, "Ref", topic_arn=self.resource.ref, key_arn=key.key_arn
+        )
+        sns.CfnTopicPolicy(
+            self,
+            "Policy",
+            topics=[self.resource.ref],
+            policy_document=iam.PolicyDocument(
+                statements=[_tls_only(self.resource.ref, "sns:Publish")]
+            ),
+        )
+        # The exchange's own tags (like the provisioner's ensure_exchange), not one channel's.
+        tags = {TAG_MANAGED: "true", TAG_CHANNEL: spec.exchange, TAG_ROLE: "topic"}
+        if spec.namespace:
+            tags[TAG_NAMESPACE] = spec.namespace
+        for key_name, value in tags.items():
+            Tags.of(self).add(key_name, value)
+
+    @classmethod
+    def of(cls, scope: Construct, spec: ChannelSpec, key: kms.IKey) -> ExchangeTopic:
+        """The stack's topic for `spec`'s exchange, created on first use."""
+        assert spec.topic_name is not None
+        stack = Stack.of(scope)
+        construct_id = f"Exchange{_construct_id(spec.topic_name)}"
+        existing = stack.node.try_find_child(construct_id)
+        if isinstance(existing, ExchangeTopic):
+            return existing
+        return cls(stack, construct_id, spec=spec, key=key)
+
+
+class Channel(Construct):
+    """One channel, built from its `ChannelSpec`.
+
+    spec: the channel (its namespace is part of every physical name).
+    key: the platform CMK; encrypts queue, DLQ and topic (the key policy must let SNS use it).
+
+    Exposes `.queue`, `.dlq` (`sqs.IQueue`), `.topic` (`sns.ITopic` or None for a single-consumer
+    channel), the L1 resources (`.queue_resource`, `.dlq_resource`, `.topic_resource`,
+    `.subscription`), and `grant_publish` / `grant_consume`.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey) -> None:
+        super().__init__(scope, id)
+        if not isinstance(spec, ChannelSpec):
+            raise TypeError(
+                f"Channel {id!r}: spec must be a ChannelSpec, got {type(spec).__name__}"
+            )
+        self.spec = spec
+        self.key = key
+
+        self.exchange = ExchangeTopic.of(self, spec, key) if spec.exchange else None
+        self.dlq_resource = sqs.CfnQueue(
+            self,
+            "DeadLetterQueue",
+            queue_name=spec.dlq_name,
+            **cfn_properties(spec.dlq_attributes()),
+            kms_master_key_id=key.key_arn,
+            kms_data_key_reuse_period_seconds=KMS_DATA_KEY_REUSE_SECONDS,
+        )
+        self.queue_resource = sqs.CfnQueue(
+            self,
+            "Queue",
+            queue_name=spec.queue_name,
+            **cfn_properties(spec.queue_attributes()),
+            kms_master_key_id=key.key_arn,
+            kms_data_key_reuse_period_seconds=KMS_DATA_KEY_REUSE_SECONDS,
+            redrive_policy=spec.redrive_policy(self.dlq_resource.attr_arn),
+        )
+        self.queue = self._import_queue("QueueRef", self.queue_resource)
+        self.dlq = self._import_queue("DeadLetterQueueRef", self.dlq_resource)
+        self._queue_policy("DeadLetterQueuePolicy", self.dlq_resource, topic_arn=None)
+        self._tag(self.dlq_resource, "dlq")
+        self._tag(self.queue_resource, "queue")
+
+        self.topic: sns.ITopic | None = None
+        self.topic_resource: sns.CfnTopic | None = None
+        self.subscription: sns.CfnSubscription | None = None
+        if self.exchange is not None:
+            self.topic = self.exchange.topic
+            self.topic_resource = self.exchange.resource
+            queue_policy = self._queue_policy(
+                "QueuePolicy", self.queue_resource, topic_arn=self.topic.topic_arn
+            )
+            policy = spec.filter_policy()
+            self.subscription = sns.CfnSubscription(
+                self,
+                "Subscription",
+                protocol="sqs",
+                topic_arn=self.topic.topic_arn,
+                endpoint=self.queue_resource.attr_arn,
+                raw_message_delivery=True,
+                filter_policy=policy,
+                filter_policy_scope="MessageAttributes" if policy is not None else None,
+            )
+            # The topic may deliver only once the queue policy lets it.
+            self.subscription.add_dependency(queue_policy)
+        else:
+            self._queue_policy("QueuePolicy", self.queue_resource, topic_arn=None)
+
+        self.node.add_validation(_FifoPairValidation(self))
+
+    # -- grants -----------------------------------------------------------------------------
+    def grant_publish(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let `grantee` publish: to the topic of an exchange, else to the queue; plus the key."""
+        if self.topic is not None:
+            grant = iam.Grant.add_to_principal(
+                grantee=grantee, actions=list(TOPIC_ACTIONS_PUBLISH),
+                resource_arns=[self.topic.topic_arn],
+            )
+        else:
+            grant = iam.Grant.add_to_principal(
+                grantee=grantee, actions=list(QUEUE_ACTIONS_SEND),
+                resource_arns=[self.queue.queue_arn],
+            )
+        self.key.grant(grantee, *KEY_ACTIONS_PUBLISH)
+        return grant
+
+    def grant_consume(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let `grantee` consume the queue, forward to the DLQ and check the channel exists."""
+        grant = iam.Grant.add_to_principal(
+            grantee=grantee, actions=list(QUEUE_ACTIONS_CONSUME),
+            resource_arns=[self.queue.queue_arn],
+        )
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=list(QUEUE_ACTIONS_SEND), resource_arns=[self.dlq.queue_arn]
+        )
+        if self.topic is not None:
+            iam.Grant.add_to_principal(
+                grantee=grantee, actions=list(TOPIC_ACTIONS_VERIFY),
+                resource_arns=[self.topic.topic_arn],
+            )
+        self.key.grant(grantee, *KEY_ACTIONS_CONSUME)
+        return grant
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _import_queue(self, id: str, resource: sqs.CfnQueue) -> sqs.IQueue:
+        return sqs.Queue.from_queue_attributes(
+            self,
+            id,
+            queue_arn=resource.attr_arn,
+            queue_url=resource.ref,
+            queue_name=resource.attr_queue_name,
+            key_arn=self.key.key_arn,
+            fifo=self.spec.ordered,
+        )
+
+    def _queue_policy(
+        self, id: str, queue: sqs.CfnQueue, topic_arn: str | None
+    ) -> sqs.CfnQueuePolicy:
+        statements = [_tls_only(queue.attr_arn, "sqs:*")]
+        if topic_arn is not None:
+            statements.append(
+                iam.PolicyStatement(
+                    sid="AllowExchangeTopic",
+                    principals=[iam.ServicePrincipal("sns.amazonaws.com")],
+                    actions=["sqs:SendMessage"],
+                    resources=[queue.attr_arn],
+                    conditions={"ArnEquals": {"aws:SourceArn": topic_arn}},
+                )
+            )
+        return sqs.CfnQueuePolicy(
+            self, id, queues=[queue.ref],
+            policy_document=iam.PolicyDocument(statements=statements),
+        )
+
+    def _tag(self, resource: Construct, role: str) -> None:
+        for key_name, value in self.spec.resource_tags(role).items():
+            Tags.of(resource).add(key_name, value)
+
+
+@jsii.implements(IValidation)
+class _FifoPairValidation:
+    """Fails synthesis when a queue and its DLQ differ in FIFO-ness (SQS rejects the redrive)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    def validate(self) -> list[str]:
+        queue_fifo = bool(self.channel.queue_resource.fifo_queue)
+        dlq_fifo = bool(self.channel.dlq_resource.fifo_queue)
+        if queue_fifo == dlq_fifo:
+            return []
+        kind = {True: "FIFO", False: "standard"}
+        return [
+            f"channel {self.channel.spec.name!r}: the {kind[queue_fifo]} queue "
+            f"{self.channel.spec.queue_name!r} has a {kind[dlq_fifo]} dead-letter queue; "
+            f"SQS requires both to be FIFO or both standard (set ChannelSpec.ordered)"
+        ]

@@ -1,0 +1,78 @@
+"""`ChannelStack`: a group of channels, their consumers and one dashboard.
+
+```python
+stack = ChannelStack(app, "Orders", platform=platform)
+orders = stack.add_channel(ChannelSpec("orders"))                       # one line per channel
+stack.add_consumer(orders, "orders.consumers:OrderConsumer")          # one line per consumer
+```
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Stack, Tags
+from constructs import Construct
+
+from messenger.channel import TAG_MANAGED, ChannelSpec
+from stacks.channel import Channel, _construct_id
+from stacks.consumer_service import ConsumerService
+from stacks.dashboard import ChannelDashboard
+from stacks.platform_stack import PlatformStack
+
+
+class ChannelStack(Stack):
+    """Channels of one namespace (the platform's), their Fargate consumers and a dashboard.
+
+    platform: the namespace's PlatformStack (key, bucket, cluster, consumer image).
+    """
+
+    def __init__(
+        self, scope: Construct, id: str, *, platform: PlatformStack, **kwargs: Any
+    ) -> None:
+        super().__init__(scope, id, **kwargs)
+        self.platform = platform
+        self.namespace = platform.namespace
+        self.channels: dict[str, Channel] = {}
+        self.consumers: dict[str, ConsumerService] = {}
+        self.dashboard = ChannelDashboard(
+            self, "Dashboard", dashboard_name=f"{self.stack_name}-channels"
+        )
+        Tags.of(self).add(TAG_MANAGED, "true")
+
+    def add_channel(self, spec: ChannelSpec) -> Channel:
+        """Deploy `spec` in the platform's namespace (a spec without namespace gets it)."""
+        if not spec.namespace:
+            spec = spec.with_namespace(self.namespace)
+        elif spec.namespace != self.namespace:
+            raise ValueError(
+                f"channel {spec.name!r} has namespace {spec.namespace!r}; this stack deploys "
+                f"namespace {self.namespace!r}"
+            )
+        if spec.name in self.channels:
+            raise ValueError(f"channel {spec.name!r} is already in stack {self.stack_name}")
+        channel = Channel(
+            self, f"Channel{_construct_id(spec.queue_name)}", spec=spec,
+            key=self.platform.foundation.key,
+        )
+        self.channels[spec.name] = channel
+        self.dashboard.add_channel(channel)
+        return channel
+
+    def add_consumer(
+        self, channel: Channel, consumer_class: str, **options: Any
+    ) -> ConsumerService:
+        """Run `consumer_class` ('package.module:Class') on Fargate; options: ConsumerService's."""
+        service = ConsumerService(
+            self,
+            f"Consumer{_construct_id(channel.spec.queue_name)}",
+            channel=channel,
+            foundation=self.platform.foundation,
+            cluster=self.platform.cluster,
+            image=self.platform.consumer_image,
+            consumer_class=consumer_class,
+            namespace=self.namespace,
+            **options,
+        )
+        self.consumers[channel.spec.name] = service
+        return service

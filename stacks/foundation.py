@@ -1,0 +1,144 @@
+"""`Foundation`: the platform CMK, the offload bucket and its access-log bucket.
+
+Names follow the runtime's defaults (`messenger.settings.Settings`): key alias
+`alias/<namespace->messenger`, bucket `<namespace->messenger-offload-<account>`, so a producer
+that is given only `MESSENGER_NAMESPACE` finds them.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack, Tags
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from messenger.channel import SQS_MAX_RETENTION_SECONDS, TAG_MANAGED, TAG_NAMESPACE
+from stacks.nag import acknowledge_wildcard_resource
+
+#: Offloaded payloads live as long as the longest possible retention (14 days) plus one day
+#: (`messenger.offload.lifecycle_days`): a message can never outlive its payload.
+OFFLOAD_EXPIRY_DAYS = -(-SQS_MAX_RETENTION_SECONDS // 86_400) + 1
+#: Where offloaded bodies live in the bucket (`messenger.offload.OFFLOAD_PREFIX`).
+OFFLOAD_PREFIX = "payloads/"
+ACCESS_LOG_EXPIRY_DAYS = 90
+
+
+def kms_alias(namespace: str) -> str:
+    """The platform key's alias, as `Settings.kms_alias` derives it."""
+    return f"alias/{namespace}-messenger" if namespace else "alias/messenger"
+
+
+def offload_bucket_name(namespace: str, account: str) -> str:
+    """The offload bucket's name, as `Settings.bucket_name` derives it."""
+    prefix = f"{namespace.lower().replace('_', '-')}-" if namespace else ""
+    return f"{prefix}messenger-offload-{account}"
+
+
+class Foundation(Construct):
+    """The platform key (rotation on, SNS may use it) and the offload bucket (SSE-KMS, TLS only).
+
+    namespace: physical name prefix ('' for none).
+    removal_policy: of key and buckets (default RETAIN: deleting the stack must not lose data).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        namespace: str,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+    ) -> None:
+        super().__init__(scope, id)
+        stack = Stack.of(self)
+        self.key = kms.Key(
+            self,
+            "Key",
+            alias=kms_alias(namespace),
+            description=f"messenger platform key ({namespace or 'default'})",
+            enable_key_rotation=True,
+            removal_policy=removal_policy,
+        )
+        # SNS encrypts the copy it delivers to an encrypted queue with this key. In a key policy
+        # "Resource": "*" means this key.
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="SnsDeliversToEncryptedQueues",
+                principals=[iam.ServicePrincipal("sns.amazonaws.com")],
+                actions=["kms:GenerateDataKey*", "kms:Decrypt"],
+                resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+            )
+        )
+        self.access_logs = s3.Bucket(
+            self,
+            "AccessLogs",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(ACCESS_LOG_EXPIRY_DAYS))],
+            removal_policy=removal_policy,
+        )
+        # Named from the pseudo parameter, not a cross-stack export: grants in other stacks
+        # build the same ARN from the name.
+        self.offload_bucket_name = offload_bucket_name(namespace, Aws.ACCOUNT_ID)
+        self.offload_bucket = s3.Bucket(
+            self,
+            "OffloadBucket",
+            bucket_name=self.offload_bucket_name,
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=self.key,
+            bucket_key_enabled=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            server_access_logs_bucket=self.access_logs,
+            server_access_logs_prefix="offload/",
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-offloaded-payloads",
+                    prefix=OFFLOAD_PREFIX,
+                    expiration=Duration.days(OFFLOAD_EXPIRY_DAYS),
+                )
+            ],
+            removal_policy=removal_policy,
+        )
+        Tags.of(self).add(TAG_MANAGED, "true")
+        if namespace:
+            Tags.of(self).add(TAG_NAMESPACE, namespace)
+
+    @property
+    def offload_bucket_arn(self) -> str:
+        return f"arn:{Aws.PARTITION}:s3:::{self.offload_bucket_name}"
+
+    @property
+    def payload_objects_arn(self) -> str:
+        return f"{self.offload_bucket_arn}/{OFFLOAD_PREFIX}*"
+
+    def grant_offload_read(self, grantee: iam.IGrantable) -> None:
+        """Read offloaded payloads (consumers) and check the bucket exists (HeadBucket)."""
+        self._grant_offload(grantee, "s3:GetObject", "kms:Decrypt")
+
+    def grant_offload_write(self, grantee: iam.IGrantable) -> None:
+        """Write offloaded payloads (producers) and check the bucket exists (HeadBucket)."""
+        self._grant_offload(grantee, "s3:PutObject", "kms:GenerateDataKey")
+
+    def _grant_offload(self, grantee: iam.IGrantable, object_action: str, key_action: str) -> None:
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=[object_action], resource_arns=[self.payload_objects_arn]
+        )
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=["s3:ListBucket"],
+            resource_arns=[self.offload_bucket_arn],
+        )
+        self.key.grant(grantee, key_action)
+        principal = grantee.grant_principal
+        if isinstance(principal, iam.Role):
+            policy = principal.node.try_find_child("DefaultPolicy")
+            if policy is not None:
+                acknowledge_wildcard_resource(
+                    policy, self.payload_objects_arn,
+                    "Offloaded payloads get random keys at run time; the grant is one object "
+                    "action under the payloads/ prefix of the platform bucket.",
+                )

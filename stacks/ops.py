@@ -1,0 +1,174 @@
+"""`OpsFunctions`: the scheduled operations Lambdas (queue alerts, resource cleaner).
+
+- queue alarm, `{"scope": "source"}` every 15 minutes: source queues above their threshold;
+- queue alarm, `{"scope": "dlq"}` every 12 hours: dead-letter queues holding messages;
+- resource cleaner, `{}` once a day: unused channel resources of the namespace.
+Both report to Slack through a webhook URL kept in Secrets Manager (the secret must exist).
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Aws, Duration, RemovalPolicy
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_secretsmanager as secretsmanager
+from constructs import Construct
+
+from stacks.bundle import lambda_bundle
+from stacks.nag import acknowledge, acknowledge_wildcard_resource
+
+RUNTIME = lambda_.Runtime.PYTHON_3_11
+SOURCE_ALERT_SCHEDULE = events.Schedule.rate(Duration.minutes(15))
+DLQ_ALERT_SCHEDULE = events.Schedule.rate(Duration.hours(12))
+CLEANER_SCHEDULE = events.Schedule.rate(Duration.days(1))
+#: List and metric APIs that IAM cannot scope to a resource.
+UNSCOPED_READ_ACTIONS = ("tag:GetResources", "sqs:ListQueues", "sns:ListTopics",
+                         "cloudwatch:GetMetricData")
+
+
+class OpsFunctions(Construct):
+    """The queue-alarm and resource-cleaner functions and their schedules.
+
+    namespace: only resources named `<namespace>-*` are read or deleted ('' = the whole account).
+    slack_webhook_secret: name of the Secrets Manager secret holding the Slack webhook URL.
+    alarm_threshold: default queue depth that raises an alert (MESSENGER_ALARM_THRESHOLD).
+    cleaner_dry_run: report what the cleaner would delete without deleting (default True).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        namespace: str,
+        slack_webhook_secret: str,
+        alarm_threshold: int = 100,
+        cleaner_dry_run: bool = True,
+    ) -> None:
+        super().__init__(scope, id)
+        self.namespace = namespace
+        self.secret = secretsmanager.Secret.from_secret_name_v2(
+            self, "SlackWebhook", slack_webhook_secret
+        )
+        environment = {
+            "SLACK_WEBHOOK_SECRET": slack_webhook_secret,
+            "MESSENGER_NAMESPACE": namespace,
+            "MESSENGER_PROVISIONING": "verify",
+            "MESSENGER_ALARM_THRESHOLD": str(alarm_threshold),
+            "CLEANER_DRY_RUN": "true" if cleaner_dry_run else "false",
+        }
+        self.queue_alarm = self._function(
+            "QueueAlarm", "queue_alarm", environment, timeout=Duration.minutes(2),
+            queue_actions=("sqs:GetQueueAttributes", "sqs:ListQueueTags"), topic_actions=(),
+        )
+        self.resource_cleaner = self._function(
+            "ResourceCleaner", "resource_cleaner", environment, timeout=Duration.minutes(10),
+            queue_actions=("sqs:GetQueueAttributes", "sqs:ListQueueTags", "sqs:DeleteQueue"),
+            topic_actions=(
+                "sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic",
+                "sns:ListTagsForResource", "sns:DeleteTopic", "sns:Unsubscribe",
+            ),
+        )
+        self.source_alerts = self._schedule(
+            "SourceQueueAlerts", SOURCE_ALERT_SCHEDULE, self.queue_alarm, {"scope": "source"}
+        )
+        self.dlq_alerts = self._schedule(
+            "DeadLetterAlerts", DLQ_ALERT_SCHEDULE, self.queue_alarm, {"scope": "dlq"}
+        )
+        self.cleaning = self._schedule("DailyCleanup", CLEANER_SCHEDULE, self.resource_cleaner, {})
+
+    def _name_pattern(self, service: str) -> str:
+        prefix = f"{self.namespace}-" if self.namespace else ""
+        return f"arn:{Aws.PARTITION}:{service}:{Aws.REGION}:{Aws.ACCOUNT_ID}:{prefix}*"
+
+    def _function(
+        self,
+        id: str,
+        folder: str,
+        environment: dict[str, str],
+        *,
+        timeout: Duration,
+        queue_actions: tuple[str, ...],
+        topic_actions: tuple[str, ...],
+    ) -> lambda_.Function:
+        log_group = logs.LogGroup(
+            self, f"{id}Logs", retention=logs.RetentionDays.THREE_MONTHS,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        # An explicit role: the default one carries the AWS-managed basic execution policy,
+        # which may write to every log group of the account.
+        role = iam.Role(
+            self, f"{id}Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"messenger ops Lambda {folder}",
+        )
+        log_group.grant_write(role)
+        function = lambda_.Function(
+            self,
+            id,
+            runtime=RUNTIME,
+            architecture=lambda_.Architecture.X86_64,
+            handler=f"lambdas.{folder}.handler.handler",
+            code=lambda_.Code.from_asset(str(lambda_bundle(folder))),
+            role=role,
+            log_group=log_group,
+            memory_size=256,
+            timeout=timeout,
+            environment={
+                **environment,
+                "POWERTOOLS_SERVICE_NAME": f"messenger-{folder}",
+                "POWERTOOLS_METRICS_NAMESPACE": "messenger",
+            },
+            tracing=lambda_.Tracing.ACTIVE,
+            description=f"messenger operations: {folder.replace('_', ' ')}",
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(actions=list(UNSCOPED_READ_ACTIONS), resources=["*"])
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(actions=list(queue_actions), resources=[self._name_pattern("sqs")])
+        )
+        if topic_actions:
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    actions=list(topic_actions), resources=[self._name_pattern("sns")]
+                )
+            )
+        self.secret.grant_read(role)
+        policy = role.node.find_child("DefaultPolicy")
+        acknowledge(
+            policy,
+            "AwsSolutions-IAM5[Resource::*]",
+            "tag:GetResources, sqs:ListQueues, sns:ListTopics and cloudwatch:GetMetricData "
+            "support no resource-level permissions; every other action is scoped.",
+        )
+        for service in ("sqs", "sns") if topic_actions else ("sqs",):
+            acknowledge_wildcard_resource(
+                policy, self._name_pattern(service),
+                "Channel resources are created by users at any time; the grant is limited to "
+                "the namespace's name prefix and the ops actions listed.",
+            )
+        acknowledge(
+            function,
+            "AwsSolutions-L1",
+            "Pinned to Python 3.11, the version the library, its bundled dependencies and the "
+            "tests use; upgraded together with the project's Python.",
+        )
+        return function
+
+    def _schedule(
+        self, id: str, schedule: events.Schedule, function: lambda_.IFunction, payload: dict
+    ) -> events.Rule:
+        return events.Rule(
+            self,
+            id,
+            schedule=schedule,
+            targets=[
+                targets.LambdaFunction(
+                    function, event=events.RuleTargetInput.from_object(payload), retry_attempts=2
+                )
+            ],
+        )
+

@@ -1,0 +1,77 @@
+"""`PlatformStack`: what every channel stack of a namespace shares.
+
+The platform key and offload bucket, the network and ECS cluster consumers run in, the consumer
+image, and the scheduled operations Lambdas. It holds no resource detail: the constructs do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import CfnOutput, RemovalPolicy, Stack, Tags
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from messenger.channel import TAG_MANAGED, TAG_NAMESPACE
+from stacks.bundle import REPO_ROOT
+from stacks.config import MessengerConfig
+from stacks.foundation import Foundation
+from stacks.ops import OpsFunctions
+
+CONSUMER_DOCKERFILE = "consumer_image/Dockerfile"
+
+
+class PlatformStack(Stack):
+    """Key, offload bucket, VPC + ECS cluster, consumer image, ops Lambdas of one namespace."""
+
+    def __init__(
+        self, scope: Construct, id: str, *, config: MessengerConfig, **kwargs: Any
+    ) -> None:
+        super().__init__(scope, id, **kwargs)
+        self.config = config
+        self.namespace = config.namespace
+        self.foundation = Foundation(self, "Foundation", namespace=config.namespace)
+
+        flow_logs = logs.LogGroup(
+            self, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        # Public subnets only, no NAT gateway: consumers need outbound HTTPS to AWS APIs and
+        # accept no inbound traffic (their security groups allow none).
+        self.vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            max_azs=2,
+            nat_gateways=0,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC,
+                                        cidr_mask=24)
+            ],
+            flow_logs={
+                "all": ec2.FlowLogOptions(
+                    destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs)
+                )
+            },
+        )
+        self.cluster = ecs.Cluster(
+            self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
+        )
+        # Staged from the repository root at synth (see .dockerignore); built at deploy.
+        self.consumer_image = ecs.ContainerImage.from_asset(
+            str(REPO_ROOT), file=CONSUMER_DOCKERFILE
+        )
+        self.ops = OpsFunctions(
+            self,
+            "Ops",
+            namespace=config.namespace,
+            slack_webhook_secret=config.slack_webhook_secret,
+            alarm_threshold=config.alarm_threshold,
+            cleaner_dry_run=config.cleaner_dry_run,
+        )
+        CfnOutput(self, "KeyArn", value=self.foundation.key.key_arn)
+        CfnOutput(self, "OffloadBucketName", value=self.foundation.offload_bucket.bucket_name)
+        Tags.of(self).add(TAG_MANAGED, "true")
+        if config.namespace:
+            Tags.of(self).add(TAG_NAMESPACE, config.namespace)
