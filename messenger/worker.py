@@ -155,6 +155,9 @@ class Runtime:
                 return
             if count <= 0:
                 continue
+            if self.consumer.ordered:
+                # A group stays locked until its message is deleted: delete before polling.
+                self.deleter.flush()
             try:
                 raw = self.mailbox.receive(count, self.config.wait_time_seconds, self.visibility)
             except Exception as error:

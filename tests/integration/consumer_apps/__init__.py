@@ -1,0 +1,1 @@
+"""Consumer classes that the subprocess tests run with `python -m messenger consume`."""

@@ -1,0 +1,57 @@
+"""Consumers run as real processes by tests/integration/test_consumer_process.py.
+
+Each handler appends one JSON line per start and per end to the file named by
+$CONSUMER_TEST_RECORD, so a test can see what ran, in which process, and how often.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from messenger import Consumer, ReceivedMessage
+
+CHANNEL = "consumer_test"
+
+
+def record(event: str, message: ReceivedMessage, **extra: Any) -> None:
+    line = {
+        "event": event, "body": message.body, "message_id": message.message_id,
+        "receive_count": message.receive_count, "pid": os.getpid(), "time": time.time(), **extra,
+    }
+    with open(os.environ["CONSUMER_TEST_RECORD"], "a") as out:
+        out.write(json.dumps(line) + "\n")
+
+
+class SleepyConsumer(Consumer):
+    """Sleeps body['sleep'] seconds; a 2 s lease that only the heartbeat keeps alive."""
+
+    channel = CHANNEL
+    visibility_timeout = 2
+    processing_timeout = 40
+
+    def handler(self, message: ReceivedMessage) -> None:
+        record("start", message)
+        time.sleep(float(message.body["sleep"]))
+        record("end", message)
+
+
+class TimeoutConsumer(SleepyConsumer):
+    """Like SleepyConsumer, with a 2 s processing timeout."""
+
+    processing_timeout = 2
+
+
+class StuckConsumer(Consumer):
+    """A handler that never returns and cannot be interrupted (blocked on a lock)."""
+
+    channel = CHANNEL
+    visibility_timeout = 2
+    processing_timeout = 2
+
+    def handler(self, message: ReceivedMessage) -> None:
+        record("start", message)
+        threading.Event().wait()

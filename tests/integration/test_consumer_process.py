@@ -1,0 +1,230 @@
+"""The consumer as ECS runs it: `python -m messenger consume module:Class` as a real process,
+stopped with real signals, against the moto server over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from messenger import Producer, Settings
+from messenger.aws import ClientFactory
+from messenger.channel import physical_name
+from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = "tests.integration.consumer_apps.apps"
+CHANNEL = "consumer_test"  # the channel of every consumer in APPS
+
+
+class ConsumerProcess:
+    """One `messenger consume` child process, its JSON log and its handler record."""
+
+    def __init__(self, app: str, env: dict[str, str], workdir: Path) -> None:
+        self.log_path = workdir / f"{app}.log"
+        self.record_path = Path(env["CONSUMER_TEST_RECORD"])
+        self.health_path = Path(env["MESSENGER_HEALTH_FILE"])
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "messenger", "consume", f"{APPS}:{app}"],
+            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        lines = self.log_path.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.record_path.exists():
+            return []
+        return [json.loads(line) for line in self.record_path.read_text().splitlines()]
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20.0
+                 ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.events():
+                if predicate(event):
+                    return event
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no such event; log:\n{self.log_path.read_text()[-3000:]}")
+
+    def wait_for_event(self, name: str, timeout: float = 20.0) -> dict[str, Any]:
+        return self.wait_for(lambda event: event.get("event") == name, timeout)
+
+    def wait_for_state(self, state: str, timeout: float = 20.0) -> dict[str, Any]:
+        return self.wait_for(
+            lambda event: event.get("event") == "state" and event.get("state") == state, timeout
+        )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+@pytest.fixture
+def start(settings: Settings, tmp_path: Path) -> Iterator[Callable[..., ConsumerProcess]]:
+    started: list[ConsumerProcess] = []
+
+    def run(app: str, **extra_env: str) -> ConsumerProcess:
+        env = {
+            **os.environ, **settings.as_env(),
+            "CONSUMER_TEST_RECORD": str(tmp_path / "record.jsonl"),
+            "MESSENGER_HEALTH_FILE": str(tmp_path / "health.json"),
+            "MESSENGER_SHUTDOWN_TIMEOUT": "10",
+            "PYTHONUNBUFFERED": "1",
+            **extra_env,
+        }
+        process = ConsumerProcess(app, env, tmp_path)
+        started.append(process)
+        return process
+
+    yield run
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture
+def producer(settings: Settings) -> Producer:
+    class TestProducer(Producer):
+        channel = CHANNEL
+
+    return TestProducer(settings=settings)
+
+
+def queue_url(clients: ClientFactory, settings: Settings, dlq: bool = False) -> str:
+    name = physical_name(CHANNEL + ("-dlq" if dlq else ""), settings.namespace)
+    return str(clients.client("sqs").get_queue_url(QueueName=name)["QueueUrl"])
+
+
+def messages_held(clients: ClientFactory, url: str) -> int:
+    """Messages in the queue, visible or not."""
+    attributes = clients.client("sqs").get_queue_attributes(
+        QueueUrl=url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"]) + int(
+        attributes["ApproximateNumberOfMessagesNotVisible"]
+    )
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_lets_the_running_handler_finish_then_exits_0(start, producer, clients, settings):
+    # Given a consumer in the middle of a 5 s handler
+    consumer = start("SleepyConsumer")
+    producer.push({"sleep": 5})
+    consumer.wait_for_event("started")
+    # When ECS stops the task
+    stopped_at = time.monotonic()
+    consumer.process.send_signal(signal.SIGTERM)
+    code = consumer.process.wait(timeout=20)
+    took = time.monotonic() - stopped_at
+    # Then the handler completed, the message is deleted and the exit is clean and in time
+    assert code == 0
+    assert took < 10, f"took {took:.1f} s, the shutdown timeout is 10 s"
+    assert [r["event"] for r in consumer.records()] == ["start", "end"]
+    names = [e.get("event") for e in consumer.events()]
+    assert "completed" in names
+    states = [e["state"] for e in consumer.events() if e.get("event") == "state"]
+    assert states[-2:] == ["EXITING", "EXITED"]
+    assert messages_held(clients, queue_url(clients, settings)) == 0
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_when_idle_stops_at_once_without_waiting_for_the_long_poll(start):
+    consumer = start("SleepyConsumer")
+    consumer.wait_for_state("LISTENING")
+    time.sleep(0.5)  # the 20 s long poll is outstanding now
+    stopped_at = time.monotonic()
+    consumer.process.send_signal(signal.SIGTERM)
+    assert consumer.process.wait(timeout=20) == 0
+    assert time.monotonic() - stopped_at < 3
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_during_processing_loses_nothing(start, producer, clients, settings):
+    # Given a consumer holding a message (2 s lease kept alive by the heartbeat)
+    consumer = start("SleepyConsumer")
+    producer.push({"sleep": 30})
+    consumer.wait_for_event("started")
+    time.sleep(1.0)  # the heartbeat has extended the lease at least once
+    # When the process dies without any chance to clean up
+    consumer.process.send_signal(signal.SIGKILL)
+    consumer.process.wait(timeout=10)
+    killed_at = time.monotonic()
+    # Then the message is delivered again once its lease runs out
+    response = clients.client("sqs").receive_message(
+        QueueUrl=queue_url(clients, settings), WaitTimeSeconds=10,
+        MessageSystemAttributeNames=["ApproximateReceiveCount"],
+    )
+    messages = response.get("Messages", [])
+    assert len(messages) == 1
+    assert json.loads(messages[0]["Body"]) == {"sleep": 30}
+    assert messages[0]["Attributes"]["ApproximateReceiveCount"] == "2"
+    assert time.monotonic() - killed_at < 6
+
+
+@pytest.mark.timeout(60)
+def test_handler_past_processing_timeout_goes_to_the_dlq_with_the_reason(
+    start, producer, clients, settings
+):
+    consumer = start("TimeoutConsumer", MESSENGER_CONCURRENCY="2")
+    producer.push({"sleep": 6})
+    consumer.wait_for_event("dead_lettered")
+    response = clients.client("sqs").receive_message(
+        QueueUrl=queue_url(clients, settings, dlq=True), WaitTimeSeconds=5,
+        MessageAttributeNames=["All"],
+    )
+    [dead] = response["Messages"]
+    assert json.loads(dead["Body"]) == {"sleep": 6}
+    reason = dead["MessageAttributes"][DEAD_LETTER_REASON_ATTRIBUTE]["StringValue"]
+    assert reason == "processing_timeout: exceeded 2 s"
+    assert messages_held(clients, queue_url(clients, settings)) == 0
+    # The consumer keeps running and takes the next message (on its other worker: the timed-out
+    # thread is still asleep and counted lost until it returns)
+    assert consumer.process.poll() is None
+    producer.push({"sleep": 0})
+    consumer.wait_for(lambda e: e.get("event") == "completed", timeout=15)
+
+
+@pytest.mark.timeout(60)
+def test_heartbeat_keeps_a_long_handler_from_being_delivered_twice(
+    start, producer, clients, settings
+):
+    # Given a 2 s queue lease, a 5 s handler and a free worker polling next to it
+    consumer = start("SleepyConsumer", MESSENGER_CONCURRENCY="2")
+    producer.push({"sleep": 5})
+    consumer.wait_for_event("completed", timeout=30)
+    time.sleep(1)
+    # Then it ran once: the lease was extended while it ran
+    assert [r["event"] for r in consumer.records()] == ["start", "end"]
+    assert [e.get("event") for e in consumer.events()].count("received") == 1
+    assert messages_held(clients, queue_url(clients, settings)) == 0
+
+
+@pytest.mark.timeout(60)
+def test_health_check_fails_for_a_consumer_stuck_in_processing(start, producer, tmp_path):
+    health = [sys.executable, "-m", "messenger.health", "--file", str(tmp_path / "health.json")]
+    consumer = start("StuckConsumer", MESSENGER_HEALTH_GRACE="1", MESSENGER_SHUTDOWN_TIMEOUT="30")
+    consumer.wait_for_state("LISTENING")
+    assert subprocess.run(health, capture_output=True).returncode == 0
+    # When its handler blocks past processing_timeout (2 s) + grace (1 s)
+    producer.push({"blocked": True})
+    consumer.wait_for_event("timed_out")
+    time.sleep(1.5)
+    # Then the health check reports it, with exit code 1
+    result = subprocess.run(health, capture_output=True, text=True)
+    assert result.returncode == 1, result.stdout
+    assert "stuck in PROCESSING" in result.stdout

@@ -1,0 +1,297 @@
+"""The consumer runtime in this process (a thread), against the moto server over HTTP:
+ordering, dead-lettering, retries, hooks, release at shutdown, offloaded payloads, deletes."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from messenger import (
+    Consumer,
+    ConsumerSettings,
+    LifecycleHooks,
+    Producer,
+    PushItem,
+    ReceivedMessage,
+    Settings,
+    register_hook,
+)
+from messenger.aws import ClientFactory, RequestCounter
+from messenger.lifecycle import LifecycleEvent
+from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
+from messenger.offload import OffloadPointer, pointer_attributes
+
+
+class Running:
+    """A consumer running `run()` in a thread; `stop()` asks for shutdown and joins it."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+        self.code: int | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.code = self.consumer.run()
+        except BaseException as error:  # noqa: BLE001 - reported to the test
+            self.error = error
+
+    def stop(self, timeout: float = 20) -> None:
+        self.consumer.request_shutdown()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the consumer did not shut down"
+        assert self.error is None, self.error
+        assert self.code == 0
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+class Recording(Consumer):
+    """Keeps its lifecycle events in memory (and still logs them)."""
+
+    channel = "runtime_test"
+    visibility_timeout = 30
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.events: list[LifecycleEvent] = []
+        self.handled: list[ReceivedMessage] = []
+
+    def on_event(self, event: LifecycleEvent) -> None:
+        self.events.append(event)
+        super().on_event(event)
+
+    def named(self, name: str) -> list[LifecycleEvent]:
+        return [event for event in self.events if event.name == name]
+
+    def handler(self, message: ReceivedMessage) -> None:
+        self.handled.append(message)
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> ConsumerSettings:
+    return ConsumerSettings(health_file=str(tmp_path / "health.json"), shutdown_timeout=10)
+
+
+@pytest.fixture
+def running(settings: Settings, clients: ClientFactory, runtime: ConsumerSettings
+            ) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def start(cls: type[Consumer], **runtime_changes: Any) -> Running:
+        from dataclasses import replace
+
+        consumer = cls(settings=settings, clients=clients,
+                       runtime=replace(runtime, **runtime_changes))
+        run = Running(consumer)
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        if run.thread.is_alive():
+            run.consumer.request_shutdown()
+            run.thread.join(20)
+
+
+def producer_for(settings: Settings, channel: str, ordered: bool = False) -> Producer:
+    cls = type("TestProducer", (Producer,), {"channel": channel, "ordered": ordered})
+    return cls(settings=settings)
+
+
+def dead_letters(clients: ClientFactory, consumer: Consumer, expected: int) -> list[dict[str, Any]]:
+    wait_until(lambda: consumer.resources)
+    assert consumer.resources is not None
+    sqs = clients.client("sqs")
+    found: list[dict[str, Any]] = []
+
+    def collect() -> bool:
+        response = sqs.receive_message(
+            QueueUrl=consumer.resources.dlq.url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
+            MessageAttributeNames=["All"], VisibilityTimeout=60,
+        )
+        found.extend(response.get("Messages", []))
+        return len(found) >= expected
+
+    wait_until(collect, timeout=20)
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_ordered_channel_keeps_each_group_in_order_with_concurrent_workers(settings, running):
+    class Ordered(Recording):
+        channel = "ordered_test"
+        ordered = True
+
+        def handler(self, message: ReceivedMessage) -> None:
+            time.sleep(random.uniform(0, 0.03))
+            super().handler(message)
+
+    producer = producer_for(settings, "ordered_test", ordered=True)
+    items = [PushItem({"group": g, "n": n}, group_id=g) for n in range(8) for g in ("a", "b", "c")]
+    producer.push_many(items).raise_for_failures()
+    # moto decides which groups are locked when a long poll starts and never revisits it: short
+    # polls keep the test from waiting 20 s for a group that unlocked meanwhile (SQS does not).
+    run = running(Ordered, concurrency=4, wait_time_seconds=1)
+    wait_until(lambda: len(run.consumer.handled) >= 24)
+    run.stop()
+    for group in ("a", "b", "c"):
+        seen = [m.body["n"] for m in run.consumer.handled if m.body["group"] == group]
+        assert seen == list(range(8)), (group, seen)
+        assert {m.group_id for m in run.consumer.handled if m.body["group"] == group} == {group}
+
+
+@pytest.mark.timeout(60)
+def test_undecodable_and_missing_payloads_are_dead_lettered_at_once(settings, clients, running):
+    producer = producer_for(settings, "runtime_test")
+    producer.push({"warm": "up"})  # creates the queue
+    run = running(Recording)
+    wait_until(lambda: run.consumer.handled)
+    queue = run.consumer.resources.queue.url
+    sqs = clients.client("sqs")
+    sqs.send_message(QueueUrl=queue, MessageBody="not json {")
+    pointer = OffloadPointer(bucket="no-such-bucket-for-messenger", key="payloads/gone")
+    sqs.send_message(QueueUrl=queue, MessageBody=pointer.encode(),
+                     MessageAttributes=pointer_attributes(300_000))
+    producer.push({"after": "them"})
+    dead = dead_letters(clients, run.consumer, expected=2)
+    wait_until(lambda: len(run.consumer.handled) == 2)
+    run.stop()
+    reasons = sorted(m["MessageAttributes"][DEAD_LETTER_REASON_ATTRIBUTE]["StringValue"]
+                     for m in dead)
+    assert reasons[0].startswith("payload_missing: offloaded payload s3://no-such-bucket")
+    assert reasons[1].startswith("undecodable: message body is not JSON")
+    assert sorted(m["Body"] for m in dead) == sorted(["not json {", pointer.encode()])
+    assert [m.body for m in run.consumer.handled] == [{"warm": "up"}, {"after": "them"}]
+    assert len(run.consumer.named("dead_lettered")) == 2
+
+
+@pytest.mark.timeout(60)
+def test_failing_handler_is_retried_then_moved_to_the_dlq_by_sqs(settings, clients, running):
+    errors: list[tuple[str, str]] = []
+
+    class Failing(Recording):
+        def handler(self, message: ReceivedMessage) -> None:
+            super().handler(message)
+            raise RuntimeError(f"attempt {message.receive_count}")
+
+        @register_hook(LifecycleHooks.ON_ERROR)
+        def note(self, message: ReceivedMessage, error: BaseException) -> None:
+            errors.append((message.message_id, str(error)))
+
+    message_id = producer_for(settings, "runtime_test").push({"doomed": True})
+    run = running(Failing, retry_delay=1)
+    [dead] = dead_letters(clients, run.consumer, expected=1)
+    run.stop()
+    assert [m.receive_count for m in run.consumer.handled] == [1, 2, 3]
+    assert errors == [(message_id, f"attempt {n}") for n in (1, 2, 3)]
+    assert json.loads(dead["Body"]) == {"doomed": True}
+    retried = run.consumer.named("retried")
+    assert [e.fields["receive_count"] for e in retried] == [1, 2, 3]
+    assert retried[-1].fields["next"] == "dead-letter queue (redrive)"
+
+
+@pytest.mark.timeout(60)
+def test_hooks_run_around_the_handler_and_a_failing_hook_is_only_logged(settings, running):
+    calls: list[tuple[str, Any]] = []
+
+    class Hooked(Recording):
+        @register_hook(LifecycleHooks.MSG_PROCESSING_START)
+        def activate_locale(self, message: ReceivedMessage) -> None:
+            calls.append(("start", threading.get_ident()))
+
+        @register_hook(LifecycleHooks.MSG_PROCESSING_START)
+        def broken(self, message: ReceivedMessage) -> None:
+            raise ValueError("hook bug")
+
+        def handler(self, message: ReceivedMessage) -> None:
+            calls.append(("handler", threading.get_ident()))
+            super().handler(message)
+
+        @register_hook(LifecycleHooks.MSG_PROCESSING_END)
+        def deactivate_locale(self, message: ReceivedMessage) -> None:
+            calls.append(("end", threading.get_ident()))
+
+        @register_hook(*[hook for hook in LifecycleHooks if hook.value.isupper()
+                         and not hook.value.startswith(("MSG_", "ON_"))])
+        def on_state(self, previous: Any) -> None:
+            calls.append(("state", self.state.value))
+
+    producer_for(settings, "runtime_test").push({"hello": "hooks"})
+    run = running(Hooked)
+    wait_until(lambda: run.consumer.handled)
+    run.stop()
+    message_calls = [c for c in calls if c[0] != "state"]
+    assert [c[0] for c in message_calls] == ["start", "handler", "end"]
+    assert len({c[1] for c in message_calls}) == 1  # all in the handler's own thread
+    states = [c[1] for c in calls if c[0] == "state"]
+    assert states[:3] == ["INITIALIZING", "INITIALIZED", "LISTENING"]
+    assert "PROCESSING" in states
+    assert states[-2:] == ["EXITING", "EXITED"]
+    [failure] = run.consumer.named("hook_failed")
+    assert failure.fields["method"] == "broken" and "hook bug" in failure.fields["error"]
+    assert run.consumer.named("completed")
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_releases_messages_not_started(settings, clients, running):
+    # Given an ordered group of three whose first message takes a while
+    class SlowFirst(Recording):
+        channel = "release_test"
+        ordered = True
+
+        def handler(self, message: ReceivedMessage) -> None:
+            super().handler(message)
+            time.sleep(1.0)
+
+    producer = producer_for(settings, "release_test", ordered=True)
+    producer.push_many([PushItem({"n": n}, group_id="g") for n in range(3)]).raise_for_failures()
+    run = running(SlowFirst)
+    wait_until(lambda: run.consumer.handled)
+    received = len(run.consumer.named("received"))
+    # When it is asked to stop during the first message
+    run.stop()
+    # Then the first completes and what was received but not started is visible again at once
+    # (the lease is 30 s: only the release makes it visible now)
+    assert [m.body["n"] for m in run.consumer.handled] == [0]
+    assert len(run.consumer.named("released")) == received - 1
+    sqs = clients.client("sqs")
+    response = sqs.receive_message(QueueUrl=run.consumer.resources.queue.url,
+                                   MaxNumberOfMessages=10, WaitTimeSeconds=2)
+    assert [json.loads(m["Body"])["n"] for m in response["Messages"]][0] == 1
+
+
+@pytest.mark.timeout(60)
+def test_offloaded_body_is_read_from_s3_and_deletes_are_batched(settings, clients, running):
+    counter = RequestCounter().attach(clients)
+    big = {"blob": "x" * 2000}
+    producer = producer_for(settings.with_changes(offload_threshold=1000), "runtime_test")
+    producer.push_many([big] + [{"n": n} for n in range(19)]).raise_for_failures()
+    run = running(Recording, concurrency=10)
+    wait_until(lambda: len(run.consumer.handled) == 20)
+    run.stop()
+    assert big in [m.body for m in run.consumer.handled]
+    assert counter.counts["sqs.DeleteMessage"] == 0
+    assert counter.counts["sqs.DeleteMessageBatch"] >= 2
+    queue = run.consumer.resources.queue.url
+    attributes = clients.client("sqs").get_queue_attributes(
+        QueueUrl=queue, AttributeNames=["All"])["Attributes"]
+    assert attributes["ApproximateNumberOfMessages"] == "0"
+    assert attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
