@@ -43,6 +43,11 @@ SNS_MAX_FILTER_VALUES = 150
 FIFO_SUFFIX = ".fifo"
 DLQ_SUFFIX = "-dlq"
 ROUTING_KEY_ATTRIBUTE = "routing_key"
+#: Message attribute naming a message's priority level on prioritized exchanges.
+PRIORITY_ATTRIBUTE = "priority"
+#: A prioritized channel has 2 to 10 levels named like 'high', 'default', 'low'.
+MAX_PRIORITY_LEVELS = 10
+_LEVEL_NAME = re.compile(r"^[a-z0-9_]{1,16}$")
 DEFAULT_RETENTION_SECONDS = SQS_MAX_RETENTION_SECONDS
 DEFAULT_VISIBILITY_TIMEOUT = 60
 DEFAULT_MAX_RECEIVES = 3
@@ -174,6 +179,12 @@ class ChannelSpec:
     visibility_timeout: seconds, 0-43200 (default 60).
     tags: ownership and alerting tags.
     namespace: physical name prefix (e.g. a stage), '' for none.
+    priorities: priority levels, highest first (e.g. ('high', 'default', 'low')); each level is
+        its own queue `<queue>-<level>` (+ DLQ) behind the channel name. () for none.
+    default_priority: the level of a message pushed without one (default: 'default' when
+        it is a level, else the lowest).
+    track_status: record each message's lifecycle in the status table (default False).
+    priority_level: set on the per-level specs `level_specs()` returns; not set by users.
     """
 
     name: str
@@ -185,6 +196,10 @@ class ChannelSpec:
     visibility_timeout: int = DEFAULT_VISIBILITY_TIMEOUT
     tags: ChannelTags = field(default_factory=ChannelTags)
     namespace: str = ""
+    priorities: tuple[str, ...] = ()
+    default_priority: str | None = None
+    track_status: bool = False
+    priority_level: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -232,6 +247,66 @@ class ChannelSpec:
                 )
         if not isinstance(self.tags, ChannelTags):
             raise InvalidChannelSpec("tags must be a ChannelTags")
+        self._check_priorities()
+
+    def _check_priorities(self) -> None:
+        levels = self.priorities
+        if not isinstance(levels, tuple):
+            raise InvalidChannelSpec(f"priorities must be a tuple of level names, got {levels!r}")
+        if levels:
+            if self.priority_level is not None:
+                raise InvalidChannelSpec("a level spec cannot declare priorities itself")
+            if not 2 <= len(levels) <= MAX_PRIORITY_LEVELS:
+                raise InvalidChannelSpec(
+                    f"priorities must name 2 to {MAX_PRIORITY_LEVELS} levels, got {len(levels)}"
+                )
+            for level in levels:
+                if not isinstance(level, str) or not _LEVEL_NAME.match(level):
+                    raise InvalidChannelSpec(
+                        f"priority level {level!r} must be 1-16 characters of a-z, 0-9, '_'"
+                    )
+            if len(set(levels)) != len(levels):
+                raise InvalidChannelSpec(f"priorities {levels!r} name a level twice")
+            if self.default_priority is not None and self.default_priority not in levels:
+                raise InvalidChannelSpec(
+                    f"default_priority {self.default_priority!r} is not one of {', '.join(levels)}"
+                )
+            self.level_specs()  # every level's queue name must fit too
+        elif self.default_priority is not None and self.priority_level is None:
+            raise InvalidChannelSpec("default_priority needs priorities")
+
+    # -- priority levels ------------------------------------------------------------------
+    @property
+    def default_level(self) -> str | None:
+        """The level of a message pushed without a priority (None: no priorities)."""
+        return default_level(self.priorities, self.default_priority)
+
+    def level_specs(self) -> list[ChannelSpec]:
+        """One spec per priority level (highest first), or [self] without priorities."""
+        if not self.priorities:
+            return [self]
+        prefix = f"{self.exchange}." if self.exchange else ""
+        # A level spec remembers the channel's default level: its queue also takes messages
+        # pushed without a priority.
+        return [
+            replace(
+                self,
+                name=f"{prefix}{self.queue}-{level}",
+                priorities=(),
+                default_priority=self.default_level,
+                priority_level=level,
+            )
+            for level in self.priorities
+        ]
+
+    def level_spec(self, level: str) -> ChannelSpec:
+        """The spec of one level; InvalidChannelSpec naming the levels for an unknown one."""
+        for spec in self.level_specs():
+            if spec.priority_level == level:
+                return spec
+        raise InvalidChannelSpec(
+            f"priority {level!r} is not one of {', '.join(self.priorities) or '(no priorities)'}"
+        )
 
     # -- naming ---------------------------------------------------------------------------
     @property
@@ -293,8 +368,19 @@ class ChannelSpec:
         return {}
 
     def filter_policy(self) -> dict[str, list[Any]] | None:
-        """The subscription's filter policy (message-attributes scope), or None for all messages."""
-        return self.message_filter.policy() if self.message_filter else None
+        """The subscription's filter policy (message-attributes scope), or None for all messages.
+
+        A priority level's queue admits its level; the default level also admits messages
+        without a priority attribute."""
+        policy: dict[str, list[Any]] = self.message_filter.policy() if self.message_filter else {}
+        if self.priority_level is not None:
+            admitted: list[Any] = [self.priority_level]
+            if self.priority_level == self.default_priority:
+                # First: moto stops at a string rule when the attribute is absent (SNS does not
+                # care about the order).
+                admitted.insert(0, {"exists": False})
+            policy[PRIORITY_ATTRIBUTE] = admitted
+        return policy or None
 
     def filter_policy_json(self) -> str | None:
         policy = self.filter_policy()
@@ -321,6 +407,15 @@ class ChannelSpec:
     def with_namespace(self, namespace: str) -> ChannelSpec:
         """The same channel in another namespace."""
         return replace(self, namespace=namespace)
+
+
+def default_level(priorities: tuple[str, ...], default_priority: str | None) -> str | None:
+    """The level a message without a priority goes to."""
+    if not priorities:
+        return None
+    if default_priority is not None:
+        return default_priority
+    return "default" if "default" in priorities else priorities[-1]
 
 
 def topic_name_for(exchange: str, namespace: str = "", ordered: bool = False) -> str:

@@ -22,10 +22,11 @@ from typing import Any, ClassVar
 from messenger.aws import ClientFactory, call_with_budget, error_code
 from messenger.channel import (
     MAX_BATCH_ENTRIES,
+    PRIORITY_ATTRIBUTE,
     SNS_MAX_MESSAGE_BYTES,
     SQS_MAX_MESSAGE_BYTES,
     ChannelSpec,
-    queue_name_for,
+    default_level,
 )
 from messenger.errors import (
     ChannelNotFound,
@@ -40,6 +41,7 @@ from messenger.message import EncodedMessage, Message
 from messenger.offload import PayloadStore, pointer_attributes
 from messenger.provision import Provisioner, is_missing_resource
 from messenger.settings import Settings
+from messenger.status import StatusEvent, StatusRecord, StatusStore
 from messenger.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 
 logger = logging.getLogger("messenger.producer")
@@ -57,6 +59,17 @@ class PushItem:
     group_id: str | None = None
     dedup_id: str | None = None
     meta_headers: Mapping[str, str] | None = None
+    priority: str | None = None
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """An item ready to send: its input index, wire form, id and priority level."""
+
+    index: int
+    outgoing: OutgoingMessage
+    message_id: str
+    level: str | None
 
 
 @dataclass(frozen=True)
@@ -97,6 +110,12 @@ class _BaseProducer:
     #: Message group of an ordered channel when a push names none (None: the channel name).
     group_id: ClassVar[str | None] = None
     max_payload_bytes: ClassVar[int] = MAX_OFFLOADED_BYTES
+    #: Priority levels, highest first (e.g. ('high', 'default', 'low')); () for none.
+    priorities: ClassVar[tuple[str, ...]] = ()
+    #: Level of a push without one (None: 'default' when a level, else the lowest).
+    default_priority: ClassVar[str | None] = None
+    #: Record QUEUED in the status table for every message sent.
+    track_status: ClassVar[bool] = False
 
     _instances: ClassVar[dict[type, _BaseProducer]] = {}
     _instances_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -136,8 +155,14 @@ class _BaseProducer:
         self.clients = clients or ClientFactory(self.settings.region)
         self.provisioner = Provisioner(self.clients, self.settings)
         self._lock = threading.Lock()
-        self._target: QueueTarget | TopicTarget | None = None
+        self._targets: dict[str | None, QueueTarget | TopicTarget] = {}
         self._store: PayloadStore | None = None
+        self.status: StatusStore | None = None
+        if self.priorities:
+            # Validates the levels with the channel's own rules (names, count, default).
+            self._spec(self.channel)
+        if self.track_status:
+            self.status = StatusStore(self.clients, self.settings)
         self.threshold = self._threshold()
 
     # -- to override ----------------------------------------------------------------------
@@ -147,8 +172,10 @@ class _BaseProducer:
 
     # -- channel specifics (subclasses) ---------------------------------------------------
     channel_limit: ClassVar[int]
+    #: Exchanges route a level by a message attribute; single queues by the level's queue.
+    routes_priority_by_attribute: ClassVar[bool]
 
-    def _make_target(self) -> QueueTarget | TopicTarget:
+    def _make_target(self, level: str | None) -> QueueTarget | TopicTarget:
         raise NotImplementedError
 
     # -- public API -----------------------------------------------------------------------
@@ -160,14 +187,15 @@ class _BaseProducer:
         group_id: str | None = None,
         dedup_id: str | None = None,
         meta_headers: Mapping[str, str] | None = None,
+        priority: str | None = None,
     ) -> str:
         """Send one message; returns its message id. Raises InvalidMessage, PayloadTooLarge,
         ChannelNotFound (verify mode) or PublishFailed (transient errors past the budget)."""
-        outgoing, message, _ = self._prepare(
-            PushItem(body, routing_key, group_id, dedup_id, meta_headers)
-        )
-        self._with_target(lambda target: target.send(outgoing), "push")
-        return message.message_id
+        item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority)
+        prepared, _ = self._prepare(0, item)
+        self._with_target(prepared.level, lambda target: target.send(prepared.outgoing), "push")
+        self._record_queued([prepared.message_id])
+        return prepared.message_id
 
     def push_many(self, items: Iterable[PushItem | Any]) -> PushManyResult:
         """Send many messages in batches of up to 10; items are PushItems or bare bodies.
@@ -178,17 +206,19 @@ class _BaseProducer:
         """
         items = [item if isinstance(item, PushItem) else PushItem(item) for item in items]
         result = PushManyResult(message_ids=[None] * len(items))
-        prepared: list[tuple[int, OutgoingMessage, str]] = []
+        by_level: dict[str | None, list[_Prepared]] = {}
         for index, item in enumerate(items):
             try:
-                outgoing, message, offloaded = self._prepare(item)
+                prepared, offloaded = self._prepare(index, item)
             except MessengerError as error:
                 result.failures.append(PushFailure(index, type(error).__name__, str(error)))
                 continue
             result.offloaded += offloaded
-            prepared.append((index, outgoing, message.message_id))
-        for batch in self._batches(prepared):
-            self._send_batch(batch, result)
+            by_level.setdefault(prepared.level, []).append(prepared)
+        for level, entries in by_level.items():
+            for batch in self._batches(entries):
+                self._send_batch(level, batch, result)
+        self._record_queued([i for i in result.message_ids if i is not None])
         result.failures.sort(key=lambda failure: failure.index)
         if result.failures:
             logger.warning(
@@ -211,15 +241,55 @@ class _BaseProducer:
             threshold = self.channel_limit
         return threshold
 
-    def _prepare(self, item: PushItem) -> tuple[OutgoingMessage, Message, int]:
+    def _spec(self, channel: str) -> ChannelSpec:
+        return ChannelSpec(
+            name=channel,
+            ordered=self.ordered,
+            namespace=self.settings.namespace,
+            priorities=tuple(self.priorities),
+            default_priority=self.default_priority,
+        )
+
+    def _level(self, priority: str | None) -> str | None:
+        """The priority level of a push; InvalidMessage naming the levels for an unknown one."""
+        if not self.priorities:
+            if priority is not None:
+                raise InvalidMessage(
+                    f"priority {priority!r} given, but channel {self.channel!r} declares no "
+                    f"priorities"
+                )
+            return None
+        if priority is None:
+            return default_level(tuple(self.priorities), self.default_priority)
+        if priority not in self.priorities:
+            raise InvalidMessage(
+                f"priority {priority!r} is not one of {', '.join(self.priorities)}"
+            )
+        return priority
+
+    def _prepare(self, index: int, item: PushItem) -> tuple[_Prepared, int]:
+        level = self._level(item.priority)
         headers = {**self.meta_headers(), **(item.meta_headers or {})}
         message = Message(body=item.body, routing_key=item.routing_key, meta_headers=headers)
         encoded = message.encode()
+        if level is not None and self.routes_priority_by_attribute:
+            attributes = {
+                **encoded.attributes,
+                PRIORITY_ATTRIBUTE: {"DataType": "String", "StringValue": level},
+            }
+            encoded = EncodedMessage(encoded.body, attributes)
         offloaded = 0
         if encoded.size > self.threshold:
             encoded = self._offload(encoded)
             offloaded = 1
-        return OutgoingMessage(encoded, *self._fifo_fields(item)), message, offloaded
+        outgoing = OutgoingMessage(encoded, *self._fifo_fields(item))
+        return _Prepared(index, outgoing, message.message_id, level), offloaded
+
+    def _record_queued(self, message_ids: list[str]) -> None:
+        if self.status is None:
+            return
+        for message_id in message_ids:
+            self.status.record(StatusRecord(message_id, StatusEvent.QUEUED, self.channel))
 
     def _fifo_fields(self, item: PushItem) -> tuple[str | None, str | None]:
         if not self.ordered:
@@ -260,16 +330,19 @@ class _BaseProducer:
                 )
             return self._store
 
-    def _get_target(self, refresh: bool = False) -> QueueTarget | TopicTarget:
+    def _get_target(self, level: str | None, refresh: bool = False) -> QueueTarget | TopicTarget:
         with self._lock:
-            if self._target is None or refresh:
-                self._target = self._make_target()
-            return self._target
+            target = self._targets.get(level)
+            if target is None or refresh:
+                target = self._targets[level] = self._make_target(level)
+            return target
 
-    def _with_target(self, action: Any, what: str) -> Any:
+    def _with_target(self, level: str | None, action: Any, what: str) -> Any:
         """Run `action(target)` within the retry budget; reprovision once if the target vanished."""
         budget = self.settings.retry_budget_seconds
-        target = call_with_budget(self._get_target, budget, f"locating channel {self.channel!r}")
+        target = call_with_budget(
+            lambda: self._get_target(level), budget, f"locating channel {self.channel!r}"
+        )
         try:
             return call_with_budget(lambda: action(target), budget, f"{what} to {self.channel!r}")
         except Exception as error:
@@ -282,17 +355,17 @@ class _BaseProducer:
                 ) from error
             logger.warning("channel %s is missing; reprovisioning it", self.channel)
             target = call_with_budget(
-                lambda: self._get_target(refresh=True), budget, f"reprovisioning {self.channel!r}"
+                lambda: self._get_target(level, refresh=True),
+                budget,
+                f"reprovisioning {self.channel!r}",
             )
             return call_with_budget(lambda: action(target), budget, f"{what} to {self.channel!r}")
 
-    def _batches(
-        self, prepared: list[tuple[int, OutgoingMessage, str]]
-    ) -> Iterable[list[tuple[int, OutgoingMessage, str]]]:
-        batch: list[tuple[int, OutgoingMessage, str]] = []
+    def _batches(self, prepared: list[_Prepared]) -> Iterable[list[_Prepared]]:
+        batch: list[_Prepared] = []
         size = 0
         for entry in prepared:
-            entry_size = entry[1].encoded.size
+            entry_size = entry.outgoing.encoded.size
             if batch and (
                 len(batch) == MAX_BATCH_ENTRIES or size + entry_size > self.channel_limit
             ):
@@ -304,30 +377,34 @@ class _BaseProducer:
             yield batch
 
     def _send_batch(
-        self, batch: list[tuple[int, OutgoingMessage, str]], result: PushManyResult
+        self, level: str | None, batch: list[_Prepared], result: PushManyResult
     ) -> None:
         pending = batch
 
         def send(target: QueueTarget | TopicTarget) -> list[EntryFailure]:
-            return target.send_batch([outgoing for _, outgoing, _ in pending])
+            return target.send_batch([entry.outgoing for entry in pending])
 
         deadline = time.monotonic() + self.settings.retry_budget_seconds
         attempt = 0
         while pending:
             try:
-                failures = self._with_target(send, "push_many")
+                failures = self._with_target(level, send, "push_many")
             except MessengerError as error:
-                for index, _, _ in pending:
-                    result.failures.append(PushFailure(index, type(error).__name__, str(error)))
+                for entry in pending:
+                    result.failures.append(
+                        PushFailure(entry.index, type(error).__name__, str(error))
+                    )
                 return
             failed = {failure.index: failure for failure in failures}
             retry = []
             for position, entry in enumerate(pending):
                 failure = failed.get(position)
                 if failure is None:
-                    result.message_ids[entry[0]] = entry[2]
+                    result.message_ids[entry.index] = entry.message_id
                 elif failure.sender_fault or time.monotonic() >= deadline:
-                    result.failures.append(PushFailure(entry[0], failure.code, failure.message))
+                    result.failures.append(
+                        PushFailure(entry.index, failure.code, failure.message)
+                    )
                 else:
                     retry.append(entry)
             pending = retry
@@ -340,16 +417,18 @@ class Producer(_BaseProducer):
     """Pushes to a single-consumer channel: one SQS queue (created with its DLQ in auto mode)."""
 
     channel_limit = SQS_MAX_MESSAGE_BYTES
+    routes_priority_by_attribute = False
 
-    def _make_target(self) -> QueueTarget:
-        name = queue_name_for(self.channel, self.settings.namespace, self.ordered)
-        queue = self.provisioner.find_queue(name)
+    def _make_target(self, level: str | None) -> QueueTarget:
+        spec = self._spec(self.channel)
+        if level is not None:
+            spec = spec.level_spec(level)
+        queue = self.provisioner.find_queue(spec.queue_name)
         if queue is None:
             if self.settings.provisioning != "auto":
-                raise ChannelNotFound(self.provisioner.describe_missing(f"queue {name!r}"))
-            spec = ChannelSpec(
-                name=self.channel, ordered=self.ordered, namespace=self.settings.namespace
-            )
+                raise ChannelNotFound(
+                    self.provisioner.describe_missing(f"queue {spec.queue_name!r}")
+                )
             queue = self.provisioner.ensure_channel(spec).queue
         return QueueTarget(self.clients.client("sqs"), queue.url)
 
@@ -358,7 +437,8 @@ class MultiProducer(_BaseProducer):
     """Publishes to an exchange: an SNS topic fanned out to its consumers' queues."""
 
     channel_limit = SNS_MAX_MESSAGE_BYTES
+    routes_priority_by_attribute = True
 
-    def _make_target(self) -> TopicTarget:
+    def _make_target(self, level: str | None) -> TopicTarget:
         arn = self.provisioner.ensure_exchange(self.channel, self.ordered)
         return TopicTarget(self.clients.client("sns"), arn)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -55,6 +55,9 @@ class ChannelResources:
     dlq: QueueRef
     topic_arn: str | None = None
     subscription_arn: str | None = None
+    #: For a prioritized channel: every level's resources, highest first (queue/dlq above are
+    #: the default level's).
+    levels: tuple[ChannelResources, ...] = ()
 
 
 def is_missing_resource(error: BaseException) -> bool:
@@ -317,7 +320,13 @@ class Provisioner:
 
     # -- whole channels -------------------------------------------------------------------
     def ensure_channel(self, spec: ChannelSpec) -> ChannelResources:
-        """Create (auto) or check (verify) everything the channel needs; idempotent."""
+        """Create (auto) or check (verify) everything the channel needs; idempotent.
+
+        A prioritized channel gets every level's queue, DLQ and subscription."""
+        if spec.priorities:
+            levels = tuple(self.ensure_channel(level) for level in spec.level_specs())
+            default = next(r for r in levels if r.spec.priority_level == spec.default_level)
+            return replace(default, spec=spec, levels=levels)
         try:
             topic_arn = None
             if spec.topic_name is not None:

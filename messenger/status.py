@@ -1,0 +1,279 @@
+"""Message status by id: lifecycle records in a DynamoDB table, written off the hot path.
+
+Producers, consumers and the requeuer `record()` events; a background thread writes them with
+BatchWriteItem (25 per request) from a bounded buffer. A status-store failure is logged and counted
+(`StatusStore.stats`), never a reason to fail or lose a message. Records expire with the channel's
+retention (DynamoDB TTL on `expires_at`).
+
+Table `<namespace->messenger-status`: partition key `message_id`, sort key `sk` = '<time>#<event>'.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from messenger.aws import ClientFactory, error_code
+from messenger.channel import DEFAULT_RETENTION_SECONDS, TAG_MANAGED
+from messenger.errors import ChannelNotFound
+from messenger.settings import Settings
+
+logger = logging.getLogger("messenger.status")
+
+#: BatchWriteItem takes at most 25 items.
+DYNAMODB_MAX_BATCH = 25
+#: Records kept in memory at most before new ones are dropped (and counted).
+DEFAULT_MAX_BUFFER = 10_000
+
+
+class StatusEvent(enum.StrEnum):
+    QUEUED = "QUEUED"
+    RECEIVED = "RECEIVED"
+    STARTED = "STARTED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    RETRIED = "RETRIED"
+    TIMED_OUT = "TIMED_OUT"
+    DEAD_LETTERED = "DEAD_LETTERED"
+    REQUEUED = "REQUEUED"
+
+
+@dataclass(frozen=True)
+class StatusRecord:
+    """One lifecycle event of one message."""
+
+    message_id: str
+    event: StatusEvent
+    channel: str
+    at: float = field(default_factory=time.time)
+    consumer_id: str = ""
+    receive_count: int = 0
+    duration: float | None = None
+    error_class: str = ""
+    error: str = ""
+
+    def item(self, retention_seconds: int) -> dict[str, Any]:
+        item: dict[str, Any] = {
+            "message_id": {"S": self.message_id},
+            "sk": {"S": f"{self.at:017.6f}#{self.event.value}"},
+            "event": {"S": self.event.value},
+            "at": {"N": repr(self.at)},
+            "channel": {"S": self.channel},
+            "receive_count": {"N": str(self.receive_count)},
+            "expires_at": {"N": str(int(self.at + retention_seconds))},
+        }
+        if self.consumer_id:
+            item["consumer_id"] = {"S": self.consumer_id}
+        if self.duration is not None:
+            item["duration"] = {"N": str(round(Decimal(self.duration), 6))}
+        if self.error_class:
+            item["error_class"] = {"S": self.error_class}
+        if self.error:
+            item["error"] = {"S": self.error[:1000]}
+        return item
+
+    @classmethod
+    def from_item(cls, item: dict[str, Any]) -> StatusRecord:
+        return cls(
+            message_id=item["message_id"]["S"],
+            event=StatusEvent(item["event"]["S"]),
+            channel=item["channel"]["S"],
+            at=float(item["at"]["N"]),
+            consumer_id=item.get("consumer_id", {}).get("S", ""),
+            receive_count=int(item.get("receive_count", {}).get("N", 0)),
+            duration=float(item["duration"]["N"]) if "duration" in item else None,
+            error_class=item.get("error_class", {}).get("S", ""),
+            error=item.get("error", {}).get("S", ""),
+        )
+
+
+def table_name(namespace: str) -> str:
+    return f"{namespace}-messenger-status" if namespace else "messenger-status"
+
+
+@dataclass
+class StatusStats:
+    recorded: int = 0
+    written: int = 0
+    dropped: int = 0
+    failed: int = 0
+    requests: int = 0
+
+
+class StatusStore:
+    """Buffered, asynchronous writer and reader of status records.
+
+    retention_seconds: record lifetime (TTL). flush_interval: seconds between background
+    flushes (0.5). max_buffer: records held at most; beyond, new records are dropped and counted.
+    """
+
+    def __init__(
+        self,
+        clients: ClientFactory,
+        settings: Settings,
+        retention_seconds: int = DEFAULT_RETENTION_SECONDS,
+        flush_interval: float = 0.5,
+        max_buffer: int = DEFAULT_MAX_BUFFER,
+    ) -> None:
+        self.clients = clients
+        self.settings = settings
+        self.table = table_name(settings.namespace)
+        self.retention_seconds = retention_seconds
+        self.flush_interval = flush_interval
+        self.stats = StatusStats()
+        self._buffer: deque[StatusRecord] = deque()
+        self._max_buffer = max_buffer
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._ready = False
+        self._thread: threading.Thread | None = None
+
+    # -- table ----------------------------------------------------------------------------
+    def ensure_table(self) -> None:
+        """Create the table with TTL (auto) or check that it exists (verify)."""
+        dynamodb = self.clients.client("dynamodb")
+        try:
+            dynamodb.describe_table(TableName=self.table)
+            return
+        except ClientError as error:
+            if error_code(error) != "ResourceNotFoundException":
+                raise
+        if self.settings.provisioning != "auto":
+            raise ChannelNotFound(
+                f"status table {self.table!r} does not exist (provisioning=verify: deploy it "
+                f"with the CDK app)"
+            )
+        try:
+            dynamodb.create_table(
+                TableName=self.table,
+                KeySchema=[
+                    {"AttributeName": "message_id", "KeyType": "HASH"},
+                    {"AttributeName": "sk", "KeyType": "RANGE"},
+                ],
+                AttributeDefinitions=[
+                    {"AttributeName": "message_id", "AttributeType": "S"},
+                    {"AttributeName": "sk", "AttributeType": "S"},
+                ],
+                BillingMode="PAY_PER_REQUEST",
+                SSESpecification={"Enabled": True, "SSEType": "KMS"},
+                Tags=[{"Key": TAG_MANAGED, "Value": "true"}],
+            )
+        except ClientError as error:
+            if error_code(error) != "ResourceInUseException":  # created meanwhile
+                raise
+        dynamodb.get_waiter("table_exists").wait(TableName=self.table)
+        dynamodb.update_time_to_live(
+            TableName=self.table,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"},
+        )
+
+    # -- writing --------------------------------------------------------------------------
+    def record(self, record: StatusRecord) -> None:
+        """Queue a record for writing; never blocks on the network, never raises."""
+        with self._lock:
+            self.stats.recorded += 1
+            if len(self._buffer) >= self._max_buffer:
+                self.stats.dropped += 1
+                return
+            self._buffer.append(record)
+            full = len(self._buffer) >= DYNAMODB_MAX_BATCH
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="messenger-status", daemon=True
+                )
+                self._thread.start()
+        if full:
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait(self.flush_interval)
+            self._wake.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        """Write everything buffered now (also called by close)."""
+        while True:
+            with self._lock:
+                batch = [
+                    self._buffer.popleft()
+                    for _ in range(min(DYNAMODB_MAX_BATCH, len(self._buffer)))
+                ]
+            if not batch:
+                return
+            self._write(batch)
+
+    def _write(self, batch: list[StatusRecord]) -> None:
+        try:
+            if not self._ready:
+                self.ensure_table()
+                self._ready = True
+            dynamodb = self.clients.client("dynamodb")
+            requests = [{"PutRequest": {"Item": r.item(self.retention_seconds)}} for r in batch]
+            for attempt in range(3):
+                self.stats.requests += 1
+                response = dynamodb.batch_write_item(RequestItems={self.table: requests})
+                requests = response.get("UnprocessedItems", {}).get(self.table, [])
+                if not requests:
+                    break
+                time.sleep(0.05 * 2**attempt)
+            self.stats.written += len(batch) - len(requests)
+            self.stats.failed += len(requests)
+        except (ClientError, BotoCoreError, ChannelNotFound) as error:
+            self.stats.failed += len(batch)
+            logger.warning("status store: %d record(s) not written: %s", len(batch), error)
+
+    def close(self) -> None:
+        """Stop the background writer after writing what is buffered."""
+        self._closed.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.flush()
+
+    # -- reading --------------------------------------------------------------------------
+    def timeline(self, message_id: str) -> list[StatusRecord]:
+        """Every record of a message, oldest first."""
+        dynamodb = self.clients.client("dynamodb")
+        paginator = dynamodb.get_paginator("query")
+        records = []
+        for page in paginator.paginate(
+            TableName=self.table,
+            KeyConditionExpression="message_id = :id",
+            ExpressionAttributeValues={":id": {"S": message_id}},
+        ):
+            records.extend(StatusRecord.from_item(item) for item in page.get("Items", []))
+        return sorted(records, key=lambda r: r.at)
+
+
+def render_timeline(message_id: str, records: list[StatusRecord]) -> str:
+    """The text `messenger status <id>` prints."""
+    if not records:
+        return f"no status records for message {message_id}"
+    lines = [f"message {message_id}"]
+    start = records[0].at
+    for r in records:
+        millis = int(r.at % 1 * 1000)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.at)) + f".{millis:03d}Z"
+        extra = []
+        if r.consumer_id:
+            extra.append(f"consumer={r.consumer_id}")
+        if r.receive_count:
+            extra.append(f"receive={r.receive_count}")
+        if r.duration is not None:
+            extra.append(f"duration={r.duration:.3f}s")
+        if r.error_class:
+            extra.append(f"error={r.error_class}: {r.error}")
+        lines.append(
+            f"  {stamp} +{r.at - start:8.3f}s  {r.event.value:<13} {r.channel}  {' '.join(extra)}"
+        )
+    return "\n".join(lines)
