@@ -1,0 +1,236 @@
+"""Consumer definition: class attributes, validation, settings, hooks, the JSON log."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from messenger import (
+    ChannelTags,
+    Consumer,
+    ConsumerSettings,
+    ConsumerState,
+    InvalidChannelSpec,
+    InvalidSettings,
+    LifecycleHooks,
+    MessageFilter,
+    Settings,
+    register_hook,
+)
+from messenger.consumer import load_consumer
+from messenger.lifecycle import JsonFormatter, LifecycleEvent, collect_hooks, log_event
+from messenger.mailbox import Delivery, Stage, sendable_attributes
+
+SETTINGS = Settings(namespace="unit")
+
+
+class MobileEvents(Consumer):
+    channel = "wishlist_events_exchange.process_mobile_events"
+    ordered = True
+    delay = 30
+    message_filter = MessageFilter(filter_type="prefix", values=["MOBILE."])
+    processing_timeout = 60
+    delay_tolerance = 120
+    tags = ChannelTags(owner="alice", team="wishlist")
+
+    def handler(self, message: Any) -> None:
+        pass
+
+
+def make(cls: type[Consumer], **runtime: Any) -> Consumer:
+    return cls(settings=SETTINGS, runtime=ConsumerSettings(**runtime))
+
+
+def test_channel_spec_comes_from_the_class_attributes_and_namespace():
+    spec = make(MobileEvents).spec
+    assert spec.name == "wishlist_events_exchange.process_mobile_events"
+    assert spec.ordered and spec.delay == 30 and spec.namespace == "unit"
+    assert spec.queue_name == "unit-process_mobile_events.fifo"
+    assert spec.topic_name == "unit-wishlist_events_exchange.fifo"
+    assert spec.filter_policy() == {"routing_key": [{"prefix": "MOBILE."}]}
+    assert spec.visibility_timeout == 30  # the consumer default, extended by the heartbeat
+    assert spec.tags.owner == "alice"
+
+
+@pytest.mark.parametrize("value", [0, 0.5, 1801, "60", None, True])
+def test_processing_timeout_outside_1_to_1800_is_refused_naming_the_field(value):
+    cls = type("Bad", (MobileEvents,), {"processing_timeout": value})
+    with pytest.raises(InvalidChannelSpec, match=r"Bad\.processing_timeout must be .* 1 to 1800"):
+        make(cls)
+
+
+def test_processing_timeout_bounds_are_accepted():
+    for value in (1, 1800, 2.5):
+        make(type("Ok", (MobileEvents,), {"processing_timeout": value}))
+
+
+@pytest.mark.parametrize("value", [1, 0, 43201, 2.5])
+def test_visibility_timeout_must_leave_room_for_the_heartbeat(value):
+    cls = type("Bad", (MobileEvents,), {"visibility_timeout": value})
+    with pytest.raises(InvalidChannelSpec, match=r"visibility_timeout must be a whole number"):
+        make(cls)
+
+
+def test_channel_and_handler_are_required():
+    class NoChannel(Consumer):
+        def handler(self, message: Any) -> None:
+            pass
+
+    class NoHandler(Consumer):
+        channel = "orders"
+
+    with pytest.raises(InvalidChannelSpec, match="channel must name a channel"):
+        make(NoChannel)
+    with pytest.raises(InvalidChannelSpec, match="must define handler"):
+        make(NoHandler)
+
+
+def test_channel_errors_come_from_the_channel_spec():
+    cls = type("Bad", (MobileEvents,), {"delay": 901})
+    with pytest.raises(InvalidChannelSpec, match="delay must be from 0 to 900"):
+        make(cls)
+
+
+@pytest.mark.parametrize(
+    ("changes", "pattern"),
+    [
+        ({"concurrency": 0}, r"concurrency \(MESSENGER_CONCURRENCY\) must be a whole number >= 1"),
+        ({"concurrency": 1.5}, "concurrency"),
+        ({"shutdown_timeout": 0}, r"shutdown_timeout \(MESSENGER_SHUTDOWN_TIMEOUT\) must be > 0"),
+        ({"startup_timeout": -1}, "startup_timeout"),
+        ({"health_grace": -1}, "health_grace"),
+        ({"wait_time_seconds": 21}, "wait_time_seconds must be from 0 to 20"),
+    ],
+)
+def test_runtime_settings_are_validated(changes, pattern):
+    with pytest.raises(InvalidSettings, match=pattern):
+        ConsumerSettings(**changes)
+
+
+def test_runtime_settings_from_environment_override_class_defaults():
+    env = {
+        "MESSENGER_CONCURRENCY": "8",
+        "MESSENGER_SHUTDOWN_TIMEOUT": "25",
+        "MESSENGER_HEALTH_FILE": "/var/run/h.json",
+        "MESSENGER_HEALTH_GRACE": "5",
+    }
+    settings = ConsumerSettings.from_env(env, concurrency=2, shutdown_timeout=None)
+    assert (settings.concurrency, settings.shutdown_timeout) == (8, 25.0)
+    assert settings.health_file == "/var/run/h.json" and settings.health_grace == 5.0
+    assert settings.stuck_after == 25.0
+    defaults = ConsumerSettings.from_env({}, concurrency=2, shutdown_timeout=None)
+    assert (defaults.concurrency, defaults.shutdown_timeout) == (2, 30.0)
+    assert defaults.health_file == "/tmp/messenger-health.json"
+    with pytest.raises(InvalidSettings, match="MESSENGER_CONCURRENCY must be a number"):
+        ConsumerSettings.from_env({"MESSENGER_CONCURRENCY": "many"})
+
+
+def test_health_timeouts_per_state():
+    consumer = make(MobileEvents, health_grace=10, shutdown_timeout=20, startup_timeout=90)
+    assert consumer.health_timeout(ConsumerState.INITIALIZING) == 90
+    assert consumer.health_timeout(ConsumerState.INITIALIZED) == 90
+    assert consumer.health_timeout(ConsumerState.PROCESSING) == 70
+    assert consumer.health_timeout(ConsumerState.EXITING) == 30
+    assert consumer.health_timeout(ConsumerState.LISTENING) is None
+    assert consumer.health_timeout(ConsumerState.IDLE) is None
+
+
+def test_hooks_are_collected_in_definition_order_including_base_classes():
+    class Base(MobileEvents):
+        @register_hook(LifecycleHooks.MSG_PROCESSING_START)
+        def first(self, message: Any) -> None:
+            pass
+
+    class Child(Base):
+        @register_hook(LifecycleHooks.MSG_PROCESSING_START, LifecycleHooks.MSG_PROCESSING_END)
+        def second(self, message: Any) -> None:
+            pass
+
+    hooks = collect_hooks(Child)
+    assert hooks[LifecycleHooks.MSG_PROCESSING_START] == ["first", "second"]
+    assert hooks[LifecycleHooks.MSG_PROCESSING_END] == ["second"]
+
+
+def test_register_hook_refuses_anything_but_lifecycle_hooks():
+    with pytest.raises(TypeError, match="LifecycleHooks members"):
+        register_hook("MSG_PROCESSING_START")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="at least one"):
+        register_hook()
+
+
+def test_transitions_write_the_health_file_and_run_state_hooks(tmp_path):
+    seen: list[tuple[str, Any]] = []
+
+    class Tracked(MobileEvents):
+        @register_hook(LifecycleHooks.PROCESSING, LifecycleHooks.EXITED)
+        def note(self, previous: Any) -> None:
+            seen.append((self.state.value, previous))
+
+        @register_hook(LifecycleHooks.LISTENING)
+        def broken(self, previous: Any) -> None:
+            raise RuntimeError("bad hook")
+
+    consumer = make(Tracked, health_file=str(tmp_path / "h.json"))
+    events: list[LifecycleEvent] = []
+    consumer.on_event = events.append  # type: ignore[method-assign]
+    for state in (ConsumerState.INITIALIZING, ConsumerState.LISTENING, ConsumerState.PROCESSING,
+                  ConsumerState.PROCESSING, ConsumerState.EXITING, ConsumerState.LISTENING,
+                  ConsumerState.EXITED):
+        consumer.transition(state)
+    written = json.loads((tmp_path / "h.json").read_text())
+    assert written["state"] == "EXITED" and written["timeout_seconds"] is None
+    assert written["consumer"].endswith("Tracked")
+    # PROCESSING entered once; nothing but EXITED follows EXITING; the broken hook is logged
+    assert seen == [("PROCESSING", ConsumerState.LISTENING), ("EXITED", ConsumerState.EXITING)]
+    states = [e.fields["state"] for e in events if e.name == "state"]
+    assert states == ["INITIALIZING", "LISTENING", "PROCESSING", "EXITING", "EXITED"]
+    [failure] = [e for e in events if e.name == "hook_failed"]
+    assert failure.fields["hook"] == "LISTENING" and "bad hook" in failure.fields["error"]
+
+
+def test_lifecycle_events_are_one_json_object_per_line(caplog):
+    formatter = JsonFormatter()
+    with caplog.at_level(logging.INFO, logger="messenger.consumer.events"):
+        log_event(LifecycleEvent("completed", "orders", "m-1", 0.25, {"receive_count": 2}))
+    line = formatter.format(caplog.records[-1])
+    assert "\n" not in line
+    record = json.loads(line)
+    assert record["event"] == "completed" and record["channel"] == "orders"
+    assert record["message_id"] == "m-1" and record["duration"] == 0.25
+    assert record["receive_count"] == 2 and record["level"] == "INFO"
+    assert LifecycleEvent("timed_out", "orders").level == logging.ERROR
+    assert LifecycleEvent("retried", "orders").level == logging.WARNING
+
+
+def test_load_consumer_names_what_is_wrong():
+    found = load_consumer("tests.integration.consumer_apps.apps:SleepyConsumer")
+    assert found.__name__ == "SleepyConsumer" and issubclass(found, Consumer)
+    with pytest.raises(InvalidSettings, match="must be 'package.module:ClassName'"):
+        load_consumer("tests.integration.consumer_apps.apps")
+    with pytest.raises(InvalidSettings, match="cannot import 'no_such_module_x'"):
+        load_consumer("no_such_module_x:C")
+    with pytest.raises(InvalidSettings, match="is not a Consumer subclass"):
+        load_consumer("tests.integration.consumer_apps.apps:record")
+
+
+def test_delivery_claim_lets_only_one_thread_finish_a_message():
+    delivery = Delivery({"ReceiptHandle": "r", "MessageId": "m"}, 0.0, 30.0, Stage.RUNNING)
+    assert delivery.claim(Stage.RUNNING, Stage.TIMED_OUT)
+    assert not delivery.claim(Stage.RUNNING, Stage.DONE)
+    assert delivery.stage is Stage.TIMED_OUT
+    assert delivery.log_id == "m"
+
+
+def test_received_attributes_are_sent_back_in_sendmessage_shape():
+    received = {
+        "routing_key": {"StringValue": "MOBILE.X", "DataType": "String",
+                        "StringListValues": [], "BinaryListValues": []},
+        "blob": {"BinaryValue": b"\x00", "DataType": "Binary"},
+    }
+    assert sendable_attributes(received) == {
+        "routing_key": {"DataType": "String", "StringValue": "MOBILE.X"},
+        "blob": {"DataType": "Binary", "BinaryValue": b"\x00"},
+    }

@@ -1,0 +1,78 @@
+"""The health file and `check_consumer_health`: stuck states fail for real, others pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from messenger.health import HealthFile, HealthRecord, main
+
+NOW = 1_000_000.0
+
+
+def write(path: Path, state: str, age: float, timeout: float | None) -> HealthFile:
+    health = HealthFile(str(path))
+    health.write(HealthRecord(state, NOW - age, timeout, 123, "app.Consumer"))
+    return health
+
+
+@pytest.mark.parametrize("state", ["INITIALIZING", "INITIALIZED", "PROCESSING", "EXITING"])
+def test_a_limited_state_past_its_limit_is_unhealthy(tmp_path, state):
+    health = write(tmp_path / "h.json", state, age=91, timeout=90)
+    verdict = health.check(now=NOW)
+    assert not verdict.healthy
+    assert f"stuck in {state} for 91.0 s (limit 90 s)" in verdict.reason
+    assert write(tmp_path / "h.json", state, age=89, timeout=90).check(now=NOW).healthy
+
+
+@pytest.mark.parametrize("state", ["LISTENING", "IDLE", "EXITED"])
+def test_waiting_states_have_no_limit(tmp_path, state):
+    assert write(tmp_path / "h.json", state, age=86_400, timeout=None).check(now=NOW).healthy
+
+
+def test_missing_file_is_healthy_while_starting(tmp_path):
+    verdict = HealthFile(str(tmp_path / "absent.json")).check(now=NOW)
+    assert verdict.healthy and "starting" in verdict.reason
+
+
+@pytest.mark.parametrize("content", ["not json", "{}", '{"state": "PROCESSING", "since": "x"}'])
+def test_a_malformed_file_is_unhealthy(tmp_path, content):
+    path = tmp_path / "h.json"
+    path.write_text(content)
+    assert not HealthFile(str(path)).check(now=NOW).healthy
+
+
+def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path):
+    health = write(tmp_path / "h.json", "PROCESSING", age=0, timeout=90)
+    record = health.read()
+    assert record == HealthRecord("PROCESSING", NOW, 90.0, 123, "app.Consumer")
+    assert json.loads((tmp_path / "h.json").read_text())["pid"] == 123
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json", "h.json.lock"]
+
+
+def test_main_exit_codes(tmp_path, capsys):
+    path = tmp_path / "h.json"
+    write(path, "PROCESSING", age=NOW, timeout=90)  # since the epoch: stuck
+    assert main(["--file", str(path)]) == 1
+    assert capsys.readouterr().out.startswith("unhealthy: app.Consumer stuck in PROCESSING")
+    write(path, "IDLE", age=NOW, timeout=None)
+    assert main(["--file", str(path)]) == 0
+    assert main(["--file", str(tmp_path / "missing.json")]) == 0
+
+
+def test_console_script_reads_the_file_named_by_the_environment(tmp_path):
+    # The HEALTHCHECK runs `check_consumer_health` with no arguments.
+    script = shutil.which("check_consumer_health", path=os.path.dirname(sys.executable))
+    command = [script] if script else [sys.executable, "-m", "messenger.health"]
+    path = tmp_path / "h.json"
+    write(path, "EXITING", age=NOW, timeout=45)
+    env = {**os.environ, "MESSENGER_HEALTH_FILE": str(path)}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "stuck in EXITING" in result.stdout
