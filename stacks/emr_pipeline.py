@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from aws_cdk import Aws, Duration, RemovalPolicy
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -159,7 +159,6 @@ class EmrPipeline(Construct):
             applications=[tasks.EmrCreateCluster.ApplicationConfigProperty(name="Spark")],
             instances=tasks.EmrCreateCluster.InstancesConfigProperty(
                 ec2_subnet_id=self.subnet_id,
-                keep_job_flow_alive_when_no_steps=True,
                 termination_protected=False,
                 instance_groups=[
                     tasks.EmrCreateCluster.InstanceGroupConfigProperty(
@@ -236,11 +235,32 @@ class EmrPipeline(Construct):
                                 include_execution_data=True),
         )
         # The step task is a raw JSONata state: grant what `addStep.sync` calls.
+        clusters = Stack.of(self).format_arn(
+            service="elasticmapreduce", resource="cluster", resource_name="*"
+        )
         machine.add_to_role_policy(iam.PolicyStatement(
             actions=["elasticmapreduce:AddJobFlowSteps", "elasticmapreduce:DescribeStep",
                      "elasticmapreduce:CancelSteps"],
-            resources=[_cluster_arn_pattern()],
+            resources=[clusters],
         ))
+        policy = machine.role.node.find_child("DefaultPolicy")
+        acknowledge_wildcard_resource(
+            policy, "*",
+            "RunJobFlow, X-Ray segments and the log-delivery APIs of state machine logging "
+            "support no resource-level permissions (added by the CDK tasks).",
+        )
+        acknowledge_wildcard_resource(
+            policy, clusters,
+            "The transient cluster's id exists only at run time; step and terminate calls are "
+            "limited to EMR clusters of this account and region.",
+        )
+        acknowledge_wildcard_resource(
+            policy,
+            f"arn:{Aws.PARTITION}:iam::{Stack.of(self).account}:role/aws-service-role/"
+            "elasticmapreduce.amazonaws.com*/AWSServiceRoleForEMRCleanup*",
+            "EmrCreateCluster may create EMR's cleanup service-linked role, whose name suffix "
+            "AWS chooses; the grant names that role only.",
+        )
         return machine
 
     def _acknowledge(self) -> None:
@@ -265,10 +285,6 @@ class EmrPipeline(Construct):
     @property
     def job_names(self) -> list[str]:
         return sorted(self.jobs)
-
-
-def _cluster_arn_pattern() -> str:
-    return f"arn:{Aws.PARTITION}:elasticmapreduce:{Aws.REGION}:{Aws.ACCOUNT_ID}:cluster/*"
 
 
 def _managed_policy_names(role: iam.Role) -> list[str]:
