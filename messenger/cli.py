@@ -25,6 +25,17 @@ def _requeue(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def _status(args: argparse.Namespace) -> int:
+    from messenger.aws import ClientFactory
+    from messenger.settings import Settings
+    from messenger.status import StatusStore, render_timeline
+
+    settings = Settings.from_env()
+    records = StatusStore(ClientFactory(settings.region), settings).timeline(args.message_id)
+    print(render_timeline(args.message_id, records))
+    return 0 if records else 1
+
+
 def _consume(args: argparse.Namespace) -> int:
     from messenger.consumer import run_cli
 
@@ -40,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     local.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     local.set_defaults(run=_local)
+
+    status = commands.add_parser("status", help="print a message's lifecycle timeline")
+    status.add_argument("message_id", help="the id push() returned")
+    status.set_defaults(run=_status)
 
     requeue = commands.add_parser("requeue", help="move messages from a DLQ back to a channel")
     requeue.add_argument("source_queue", help="physical name of the queue to drain (usually a DLQ)")

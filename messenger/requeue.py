@@ -27,9 +27,14 @@ from messenger.channel import (
     queue_name_for,
 )
 from messenger.errors import ChannelNotFound, InvalidSettings
-from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE, EncodedMessage
+from messenger.message import (
+    DEAD_LETTER_REASON_ATTRIBUTE,
+    MESSAGE_ID_ATTRIBUTE,
+    EncodedMessage,
+)
 from messenger.provision import Provisioner, QueueRef
 from messenger.settings import Settings
+from messenger.status import StatusEvent, StatusRecord, StatusStore
 from messenger.transport import OutgoingMessage, QueueTarget, TopicTarget
 
 logger = logging.getLogger("messenger.requeue")
@@ -78,6 +83,7 @@ class Requeuer:
         settings: Settings | None = None,
         clients: ClientFactory | None = None,
         progress: Callable[[int, int], None] | None = None,
+        track_status: bool | None = None,
     ) -> None:
         if not isinstance(destination_type, SubscriberTypes):
             raise InvalidSettings(
@@ -97,6 +103,11 @@ class Requeuer:
         self.max_messages = max_messages
         self.dry_run = dry_run
         self.progress = progress
+        # None: record REQUEUED when the namespace has a status table.
+        self.status: StatusStore | None = None
+        store = StatusStore(self.clients, self.settings)
+        if track_status or (track_status is None and store.exists()):
+            self.status = store
 
     def _find_source(self, name: str) -> QueueRef:
         candidates = [name]
@@ -151,6 +162,8 @@ class Requeuer:
                     self.progress(report.moved, max(total, report.moved))
         finally:
             self._release(held)
+            if self.status is not None:
+                self.status.close()
         logger.info(
             "requeue %s -> %s: %d %s, %d failed",
             report.source_queue,
@@ -201,6 +214,7 @@ class Requeuer:
         report.moved += len(sent)
         if sent:
             self._delete(sent)
+            self._record_requeued(sent)
         # Failed ones stay in the source and come back after the visibility timeout.
         self._release([m["ReceiptHandle"] for i, m in enumerate(messages) if i in failed])
 
@@ -217,6 +231,17 @@ class Requeuer:
             # The DLQ copy's id is unique per copy: a second requeue of a new copy is not deduped.
             dedup_id = message["MessageId"]
         return OutgoingMessage(EncodedMessage(message["Body"], attributes), group_id, dedup_id)
+
+    def _record_requeued(self, messages: list[dict[str, Any]]) -> None:
+        if self.status is None:
+            return
+        for message in messages:
+            attributes = message.get("MessageAttributes", {})
+            message_id = attributes.get(MESSAGE_ID_ATTRIBUTE, {}).get("StringValue")
+            self.status.record(
+                StatusRecord(message_id or message["MessageId"], StatusEvent.REQUEUED,
+                             self.destination_channel)
+            )
 
     def _delete(self, messages: list[dict[str, Any]]) -> None:
         entries = [

@@ -246,13 +246,30 @@ class StatusStore:
         dynamodb = self.clients.client("dynamodb")
         paginator = dynamodb.get_paginator("query")
         records = []
-        for page in paginator.paginate(
-            TableName=self.table,
-            KeyConditionExpression="message_id = :id",
-            ExpressionAttributeValues={":id": {"S": message_id}},
-        ):
-            records.extend(StatusRecord.from_item(item) for item in page.get("Items", []))
+        try:
+            for page in paginator.paginate(
+                TableName=self.table,
+                KeyConditionExpression="message_id = :id",
+                ExpressionAttributeValues={":id": {"S": message_id}},
+            ):
+                records.extend(StatusRecord.from_item(item) for item in page.get("Items", []))
+        except ClientError as error:
+            if error_code(error) != "ResourceNotFoundException":
+                raise
+            raise ChannelNotFound(
+                f"status table {self.table!r} does not exist: no channel in namespace "
+                f"{self.settings.namespace or '(none)'!r} has track_status on"
+            ) from None
         return sorted(records, key=lambda r: r.at)
+
+    def exists(self) -> bool:
+        try:
+            self.clients.client("dynamodb").describe_table(TableName=self.table)
+        except ClientError as error:
+            if error_code(error) == "ResourceNotFoundException":
+                return False
+            raise
+        return True
 
 
 def render_timeline(message_id: str, records: list[StatusRecord]) -> str:

@@ -1,0 +1,89 @@
+"""Message status by id: buffered DynamoDB records, the timeline, failure tolerance."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from messenger import ChannelSpec, Producer
+from messenger.aws import ClientFactory, RequestCounter
+from messenger.status import StatusEvent, StatusRecord, StatusStore, table_name
+
+
+class TrackedOrders(Producer):
+    channel = "orders"
+    track_status = True
+
+
+def test_push_records_queued_and_the_timeline_is_ordered(settings, clients):
+    producer = TrackedOrders(settings=settings, clients=clients)
+    message_id = producer.push({"n": 1})
+    store = producer.status
+    store.record(StatusRecord(message_id, StatusEvent.RECEIVED, "orders", consumer_id="c1",
+                              receive_count=1))
+    store.record(StatusRecord(message_id, StatusEvent.FAILED, "orders", consumer_id="c1",
+                              receive_count=1, duration=0.25, error_class="ValueError",
+                              error="bad sku"))
+    store.close()
+    timeline = StatusStore(clients, settings).timeline(message_id)
+    assert [r.event for r in timeline] == [StatusEvent.QUEUED, StatusEvent.RECEIVED,
+                                           StatusEvent.FAILED]
+    assert timeline[-1].error_class == "ValueError" and timeline[-1].duration == 0.25
+    ttl = clients.client("dynamodb").describe_time_to_live(TableName=table_name(settings.namespace))
+    assert ttl["TimeToLiveDescription"]["AttributeName"] == "expires_at"
+
+
+def test_records_are_written_in_batches(settings, clients):
+    store = StatusStore(clients, settings)
+    store.ensure_table()
+    counter = RequestCounter().attach(clients)
+    for n in range(100):
+        store.record(StatusRecord(f"m{n}", StatusEvent.COMPLETED, "orders"))
+    store.close()
+    assert store.stats.written == 100
+    assert counter.counts["dynamodb.BatchWriteItem"] == 4
+
+
+def test_a_failing_status_store_never_fails_the_push(settings, clients):
+    # The status table lives on a dead endpoint; the queue on the real one.
+    producer = TrackedOrders(settings=settings, clients=clients)
+    producer.status = StatusStore(ClientFactory("us-east-1", endpoint_url="http://127.0.0.1:9"),
+                                  settings)
+    message_id = producer.push({"n": 1})
+    producer.status.close()
+    assert message_id and producer.status.stats.failed == 1
+    assert producer.status.stats.written == 0
+
+
+def test_status_cli_prints_the_timeline(settings, clients, local_endpoint):
+    producer = TrackedOrders(settings=settings, clients=clients)
+    message_id = producer.push({"n": 1})
+    producer.status.close()
+    env = {**os.environ, **local_endpoint.env(), "MESSENGER_NAMESPACE": settings.namespace}
+    done = subprocess.run([sys.executable, "-m", "messenger", "status", message_id],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert f"message {message_id}" in done.stdout and "QUEUED" in done.stdout
+    missing = subprocess.run([sys.executable, "-m", "messenger", "status", "nope"],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no status records for message nope" in missing.stdout
+
+
+def test_requeue_records_requeued_when_tracking_is_on(settings, clients):
+    from messenger.provision import Provisioner
+    from messenger.requeue import Requeuer
+    from tests.integration.helpers import drain
+
+    resources = Provisioner(clients, settings).ensure_channel(
+        ChannelSpec("orders", namespace=settings.namespace))
+    producer = TrackedOrders(settings=settings, clients=clients)
+    message_id = producer.push({"n": 1})
+    producer.status.close()
+    sqs = clients.client("sqs")
+    for raw in drain(sqs, resources.queue.url):
+        sqs.send_message(QueueUrl=resources.dlq.url, MessageBody=raw["Body"],
+                         MessageAttributes=raw["MessageAttributes"])
+    Requeuer("orders-dlq", "orders", settings=settings, clients=clients).start()
+    events = [r.event for r in StatusStore(clients, settings).timeline(message_id)]
+    assert events == [StatusEvent.QUEUED, StatusEvent.REQUEUED]
