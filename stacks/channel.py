@@ -131,27 +131,17 @@ class ExchangeTopic(Construct):
         return cls(stack, construct_id, spec=spec, key=key)
 
 
-class Channel(Construct):
-    """One channel, built from its `ChannelSpec`.
+class ChannelQueue(Construct):
+    """The queue and DLQ of one spec (a channel, or one priority level of it), their TLS-only
+    policies, tags and, for an exchange, the subscription with the spec's filter policy."""
 
-    spec: the channel (its namespace is part of every physical name).
-    key: the platform CMK; encrypts queue, DLQ and topic (the key policy must let SNS use it).
-
-    Exposes `.queue`, `.dlq` (`sqs.IQueue`), `.topic` (`sns.ITopic` or None for a single-consumer
-    channel), the L1 resources (`.queue_resource`, `.dlq_resource`, `.topic_resource`,
-    `.subscription`), and `grant_publish` / `grant_consume`.
-    """
-
-    def __init__(self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey) -> None:
+    def __init__(
+        self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey,
+        exchange: ExchangeTopic | None,
+    ) -> None:
         super().__init__(scope, id)
-        if not isinstance(spec, ChannelSpec):
-            raise TypeError(
-                f"Channel {id!r}: spec must be a ChannelSpec, got {type(spec).__name__}"
-            )
         self.spec = spec
         self.key = key
-
-        self.exchange = ExchangeTopic.of(self, spec, key) if spec.exchange else None
         self.dlq_resource = sqs.CfnQueue(
             self,
             "DeadLetterQueue",
@@ -175,21 +165,16 @@ class Channel(Construct):
         self._tag(self.dlq_resource, "dlq")
         self._tag(self.queue_resource, "queue")
 
-        self.topic: sns.ITopic | None = None
-        self.topic_resource: sns.CfnTopic | None = None
         self.subscription: sns.CfnSubscription | None = None
-        if self.exchange is not None:
-            self.topic = self.exchange.topic
-            self.topic_resource = self.exchange.resource
-            queue_policy = self._queue_policy(
-                "QueuePolicy", self.queue_resource, topic_arn=self.topic.topic_arn
-            )
+        if exchange is not None:
+            topic_arn = exchange.topic.topic_arn
+            queue_policy = self._queue_policy("QueuePolicy", self.queue_resource, topic_arn)
             policy = spec.filter_policy()
             self.subscription = sns.CfnSubscription(
                 self,
                 "Subscription",
                 protocol="sqs",
-                topic_arn=self.topic.topic_arn,
+                topic_arn=topic_arn,
                 endpoint=self.queue_resource.attr_arn,
                 raw_message_delivery=True,
                 filter_policy=policy,
@@ -199,41 +184,7 @@ class Channel(Construct):
             self.subscription.add_dependency(queue_policy)
         else:
             self._queue_policy("QueuePolicy", self.queue_resource, topic_arn=None)
-
         self.node.add_validation(_FifoPairValidation(self))
-
-    # -- grants -----------------------------------------------------------------------------
-    def grant_publish(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Let `grantee` publish: to the topic of an exchange, else to the queue; plus the key."""
-        if self.topic is not None:
-            grant = iam.Grant.add_to_principal(
-                grantee=grantee, actions=list(TOPIC_ACTIONS_PUBLISH),
-                resource_arns=[self.topic.topic_arn],
-            )
-        else:
-            grant = iam.Grant.add_to_principal(
-                grantee=grantee, actions=list(QUEUE_ACTIONS_SEND),
-                resource_arns=[self.queue.queue_arn],
-            )
-        self.key.grant(grantee, *KEY_ACTIONS_PUBLISH)
-        return grant
-
-    def grant_consume(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Let `grantee` consume the queue, forward to the DLQ and check the channel exists."""
-        grant = iam.Grant.add_to_principal(
-            grantee=grantee, actions=list(QUEUE_ACTIONS_CONSUME),
-            resource_arns=[self.queue.queue_arn],
-        )
-        iam.Grant.add_to_principal(
-            grantee=grantee, actions=list(QUEUE_ACTIONS_SEND), resource_arns=[self.dlq.queue_arn]
-        )
-        if self.topic is not None:
-            iam.Grant.add_to_principal(
-                grantee=grantee, actions=list(TOPIC_ACTIONS_VERIFY),
-                resource_arns=[self.topic.topic_arn],
-            )
-        self.key.grant(grantee, *KEY_ACTIONS_CONSUME)
-        return grant
 
     # -- helpers ----------------------------------------------------------------------------
     def _import_queue(self, id: str, resource: sqs.CfnQueue) -> sqs.IQueue:
@@ -271,11 +222,90 @@ class Channel(Construct):
             Tags.of(resource).add(key_name, value)
 
 
+class Channel(Construct):
+    """One channel, built from its `ChannelSpec`.
+
+    spec: the channel (its namespace is part of every physical name).
+    key: the platform CMK; encrypts queues, DLQs and topic (the key policy lets SNS use it).
+
+    A channel with priorities gets one `ChannelQueue` per level (`spec.level_specs()`, highest
+    first), each with its own DLQ and subscription. Exposes `.levels` (every `ChannelQueue`),
+    `.queue`, `.dlq` (`sqs.IQueue` of the first level: the only one without priorities),
+    `.queues` / `.dlqs` (all levels), `.topic` (`sns.ITopic`, None for a single-consumer channel),
+    `.topic_resource`, and `grant_publish` / `grant_consume` covering every level.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey) -> None:
+        super().__init__(scope, id)
+        if not isinstance(spec, ChannelSpec):
+            raise TypeError(
+                f"Channel {id!r}: spec must be a ChannelSpec, got {type(spec).__name__}"
+            )
+        self.spec = spec
+        self.key = key
+        self.exchange = ExchangeTopic.of(self, spec, key) if spec.exchange else None
+        self.topic: sns.ITopic | None = self.exchange.topic if self.exchange else None
+        self.topic_resource = self.exchange.resource if self.exchange else None
+        self.levels = [
+            ChannelQueue(
+                self,
+                f"Level{_construct_id(level.priority_level)}" if level.priority_level else "Queue",
+                spec=level, key=key, exchange=self.exchange,
+            )
+            for level in spec.level_specs()
+        ]
+        first = self.levels[0]
+        self.queue, self.dlq = first.queue, first.dlq
+        self.queue_resource, self.dlq_resource = first.queue_resource, first.dlq_resource
+        self.subscription = first.subscription
+
+    @property
+    def queues(self) -> list[sqs.IQueue]:
+        return [level.queue for level in self.levels]
+
+    @property
+    def dlqs(self) -> list[sqs.IQueue]:
+        return [level.dlq for level in self.levels]
+
+    # -- grants -----------------------------------------------------------------------------
+    def grant_publish(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let `grantee` publish: to the topic of an exchange, else to the queue(s); and the key."""
+        if self.topic is not None:
+            grant = iam.Grant.add_to_principal(
+                grantee=grantee, actions=list(TOPIC_ACTIONS_PUBLISH),
+                resource_arns=[self.topic.topic_arn],
+            )
+        else:
+            grant = iam.Grant.add_to_principal(
+                grantee=grantee, actions=list(QUEUE_ACTIONS_SEND),
+                resource_arns=[queue.queue_arn for queue in self.queues],
+            )
+        self.key.grant(grantee, *KEY_ACTIONS_PUBLISH)
+        return grant
+
+    def grant_consume(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let `grantee` consume every level, forward to the DLQs and check the channel exists."""
+        grant = iam.Grant.add_to_principal(
+            grantee=grantee, actions=list(QUEUE_ACTIONS_CONSUME),
+            resource_arns=[queue.queue_arn for queue in self.queues],
+        )
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=list(QUEUE_ACTIONS_SEND),
+            resource_arns=[dlq.queue_arn for dlq in self.dlqs],
+        )
+        if self.topic is not None:
+            iam.Grant.add_to_principal(
+                grantee=grantee, actions=list(TOPIC_ACTIONS_VERIFY),
+                resource_arns=[self.topic.topic_arn],
+            )
+        self.key.grant(grantee, *KEY_ACTIONS_CONSUME)
+        return grant
+
 @jsii.implements(IValidation)
 class _FifoPairValidation:
     """Fails synthesis when a queue and its DLQ differ in FIFO-ness (SQS rejects the redrive)."""
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: ChannelQueue) -> None:
         self.channel = channel
 
     def validate(self) -> list[str]:

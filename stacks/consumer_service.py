@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import jsii
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_applicationautoscaling as autoscaling
+from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
@@ -171,9 +172,7 @@ class ConsumerService(Construct):
         )
         self.scaling.scale_on_metric(
             "QueueDepth",
-            metric=channel.queue.metric_approximate_number_of_messages_visible(
-                period=Duration.minutes(1)
-            ),
+            metric=_visible_messages(channel),
             scaling_steps=list(scaling_steps),
             adjustment_type=autoscaling.AdjustmentType.CHANGE_IN_CAPACITY,
             cooldown=Duration.minutes(2),
@@ -199,6 +198,23 @@ class ConsumerService(Construct):
     @property
     def task_role(self) -> iam.IRole:
         return self.task_definition.task_role
+
+
+def _visible_messages(channel: Channel) -> cloudwatch.IMetric:
+    """Visible messages of the channel: its queue's, or the sum over its priority levels."""
+    metrics = [
+        queue.metric_approximate_number_of_messages_visible(
+            period=Duration.minutes(1), statistic="Maximum"
+        )
+        for queue in channel.queues
+    ]
+    if len(metrics) == 1:
+        return metrics[0]
+    names = {f"m{i}": metric for i, metric in enumerate(metrics)}
+    return cloudwatch.MathExpression(
+        expression=" + ".join(names), using_metrics=names, label="visible (all levels)",
+        period=Duration.minutes(1),
+    )
 
 
 @jsii.implements(IValidation)

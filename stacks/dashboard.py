@@ -23,29 +23,30 @@ class ChannelDashboard(Construct):
         self.channels: list[str] = []
 
     def add_channel(self, channel: Channel) -> None:
-        """Append the channel's row."""
-        name = channel.spec.name
-        self.channels.append(name)
-        self.dashboard.add_widgets(
-            cloudwatch.GraphWidget(
-                title=f"{name}: depth",
-                left=[channel.queue.metric_approximate_number_of_messages_visible(
-                    period=PERIOD, statistic="Maximum", label="visible"
-                )],
-                width=8,
-            ),
-            cloudwatch.GraphWidget(
-                title=f"{name}: age of oldest message (s)",
-                left=[channel.queue.metric_approximate_age_of_oldest_message(
-                    period=PERIOD, statistic="Maximum", label="age"
-                )],
-                width=8,
-            ),
-            cloudwatch.GraphWidget(
-                title=f"{name}: DLQ depth",
-                left=[channel.dlq.metric_approximate_number_of_messages_visible(
-                    period=PERIOD, statistic="Maximum", label="dead letters"
-                )],
-                width=8,
-            ),
-        )
+        """Append the channel's row (one row per priority level)."""
+        self.channels.append(channel.spec.name)
+        for level in channel.levels:
+            name = level.spec.name
+            self.dashboard.add_widgets(
+                cloudwatch.GraphWidget(
+                    title=f"{name}: depth",
+                    left=[level.queue.metric_approximate_number_of_messages_visible(
+                        period=PERIOD, statistic="Maximum", label="visible"
+                    )],
+                    width=8,
+                ),
+                cloudwatch.GraphWidget(
+                    title=f"{name}: age of oldest message (s)",
+                    left=[level.queue.metric_approximate_age_of_oldest_message(
+                        period=PERIOD, statistic="Maximum", label="age"
+                    )],
+                    width=8,
+                ),
+                cloudwatch.GraphWidget(
+                    title=f"{name}: DLQ depth",
+                    left=[level.dlq.metric_approximate_number_of_messages_visible(
+                        period=PERIOD, statistic="Maximum", label="dead letters"
+                    )],
+                    width=8,
+                ),
+            )
