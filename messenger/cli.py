@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     local.set_defaults(run=_local)
 
+    from messenger.top import add_parser as add_top
+
+    add_top(commands)
+
     status = commands.add_parser("status", help="print a message's lifecycle timeline")
     status.add_argument("message_id", help="the id push() returned")
     status.set_defaults(run=_status)

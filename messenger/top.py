@@ -1,0 +1,219 @@
+"""`messenger top`: a live view of the channels of a namespace.
+
+    messenger top                 # refreshing table (Ctrl-C quits)
+    messenger top --once          # one snapshot, for scripts and tests
+    messenger top --json          # one snapshot as JSON
+    messenger top --requeue orders [--yes]   # move a channel's DLQ back (asks first)
+
+Per channel queue: visible, in flight, delayed, DLQ depth (from queue attributes), age of the oldest
+message, messages/min in and out, and whether consumers received in the last 5 minutes (from
+CloudWatch; '-' when CloudWatch has no datapoint, as on the local endpoint), critical flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from messenger.aws import ClientFactory
+from messenger.channel import DLQ_SUFFIX, FIFO_SUFFIX
+from messenger.errors import ChannelNotFound
+from messenger.ops.inventory import list_platform_resources
+from messenger.ops.metrics import fetch_series, latest, sqs_metric, total
+from messenger.settings import Settings
+
+#: Window of the rate and consumer columns.
+WINDOW_MINUTES = 5
+
+
+@dataclass(frozen=True)
+class ChannelRow:
+    """One line of the view."""
+
+    channel: str
+    queue: str
+    visible: int
+    in_flight: int
+    delayed: int
+    dlq: str | None
+    dlq_depth: int | None
+    oldest_age_seconds: float | None
+    in_per_minute: float | None
+    out_per_minute: float | None
+    consumers_active: bool | None
+    critical: bool
+
+
+def snapshot(clients: ClientFactory, settings: Settings) -> list[ChannelRow]:
+    """Collect the rows: one tag query, one GetQueueAttributes per queue, one GetMetricData."""
+    resources = list_platform_resources(clients, settings.namespace, roles=("queue", "dlq"))
+    queues = [r for r in resources if r.role == "queue"]
+    dlqs = {r.name: r for r in resources if r.role == "dlq"}
+    sqs = clients.client("sqs")
+    end = datetime.now(UTC)
+    start = end - timedelta(minutes=WINDOW_MINUTES)
+    requests = []
+    for queue in queues:
+        requests += [
+            sqs_metric(queue.name, "ApproximateAgeOfOldestMessage", "Maximum"),
+            sqs_metric(queue.name, "NumberOfMessagesSent", "Sum"),
+            sqs_metric(queue.name, "NumberOfMessagesDeleted", "Sum"),
+            sqs_metric(queue.name, "NumberOfMessagesReceived", "Sum"),
+            sqs_metric(queue.name, "NumberOfEmptyReceives", "Sum"),
+        ]
+    series = fetch_series(clients.client("cloudwatch"), requests, start, end, 60) if queues else []
+    rows = []
+    for i, queue in enumerate(queues):
+        age, sent, deleted, received, empty = series[i * 5 : i * 5 + 5]
+        attributes = _attributes(sqs, queue.name)
+        dlq_name = _dlq_name(queue.name)
+        dlq_depth = _attributes(sqs, dlq_name).get("ApproximateNumberOfMessages") if (
+            dlq_name in dlqs
+        ) else None
+        receives = [v for v in (total(received), total(empty)) if v is not None]
+        rows.append(
+            ChannelRow(
+                channel=queue.channel or queue.name,
+                queue=queue.name,
+                visible=int(attributes.get("ApproximateNumberOfMessages", 0)),
+                in_flight=int(attributes.get("ApproximateNumberOfMessagesNotVisible", 0)),
+                delayed=int(attributes.get("ApproximateNumberOfMessagesDelayed", 0)),
+                dlq=dlq_name if dlq_name in dlqs else None,
+                dlq_depth=None if dlq_depth is None else int(dlq_depth),
+                oldest_age_seconds=latest(age),
+                in_per_minute=_rate(total(sent)),
+                out_per_minute=_rate(total(deleted)),
+                consumers_active=(sum(receives) > 0) if receives else None,
+                critical=queue.channel_tags.critical,
+            )
+        )
+    # Critical first, then the deepest backlog.
+    return sorted(rows, key=lambda r: (not r.critical, -(r.dlq_depth or 0) - r.visible, r.queue))
+
+
+def _attributes(sqs: Any, name: str) -> dict[str, str]:
+    try:
+        url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+        return dict(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"])
+    except sqs.exceptions.QueueDoesNotExist:
+        return {}
+
+
+def _dlq_name(queue_name: str) -> str:
+    if queue_name.endswith(FIFO_SUFFIX):
+        return queue_name[: -len(FIFO_SUFFIX)] + DLQ_SUFFIX + FIFO_SUFFIX
+    return queue_name + DLQ_SUFFIX
+
+
+def _rate(count: float | None) -> float | None:
+    return None if count is None else round(count / WINDOW_MINUTES, 1)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def render(rows: list[ChannelRow], namespace: str) -> Any:
+    """A rich Table of the rows."""
+    from rich.table import Table
+
+    stamp = datetime.now(UTC).strftime("%H:%M:%S")
+    table = Table(title=f"messenger top: namespace {namespace or '(none)'} at {stamp} UTC")
+    for column in ("channel", "queue", "visible", "in flight", "delayed", "DLQ", "oldest s",
+                   "in/min", "out/min", "consumers", "critical"):
+        table.add_column(column, justify="left" if column in ("channel", "queue") else "right")
+    for row in rows:
+        dlq_style = "bold red" if row.dlq_depth else ""
+        table.add_row(
+            row.channel, row.queue, _fmt(row.visible), _fmt(row.in_flight), _fmt(row.delayed),
+            f"[{dlq_style}]{_fmt(row.dlq_depth)}[/]" if dlq_style else _fmt(row.dlq_depth),
+            _fmt(row.oldest_age_seconds), _fmt(row.in_per_minute), _fmt(row.out_per_minute),
+            _fmt(row.consumers_active), "[bold red]CRITICAL[/]" if row.critical else "",
+        )
+    if not rows:
+        table.caption = "no platform-owned queues in this namespace"
+    return table
+
+
+def requeue_channel(
+    clients: ClientFactory,
+    settings: Settings,
+    channel: str,
+    confirm: Callable[[str], bool],
+) -> int:
+    """Move a channel's DLQ back to it (through the Requeuer) after `confirm(question)`."""
+    from messenger.requeue import Requeuer, SubscriberTypes
+
+    rows = [r for r in snapshot(clients, settings) if channel in (r.channel, r.queue)]
+    if not rows or rows[0].dlq is None:
+        raise ChannelNotFound(f"no channel {channel!r} with a DLQ in namespace "
+                              f"{settings.namespace or '(none)'!r}")
+    row = rows[0]
+    exchange = row.channel.split(".")[0] if "." in row.channel else None
+    question = (f"Requeue {row.dlq_depth} message(s) from {row.dlq} to "
+                f"{exchange or row.channel}{' (exchange)' if exchange else ''}? [y/N] ")
+    if not confirm(question):
+        print("nothing moved")
+        return 1
+    report = Requeuer(
+        source_queue=row.dlq,
+        destination_channel=exchange or row.channel,
+        destination_type=(
+            SubscriberTypes.MultiConsumer if exchange else SubscriberTypes.SingleConsumer
+        ),
+        ordered=row.queue.endswith(FIFO_SUFFIX),
+        settings=settings,
+        clients=clients,
+    ).start()
+    print(f"moved {report.moved} message(s) from {row.dlq}"
+          f"{f', {report.failed} failed' if report.failed else ''}")
+    return 1 if report.failed else 0
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    settings = Settings.from_env()
+    clients = ClientFactory(settings.region)
+    console = Console()
+    if args.requeue:
+        def confirm(question: str) -> bool:
+            return bool(args.yes) or input(question).strip().lower() in ("y", "yes")
+
+        return requeue_channel(clients, settings, args.requeue, confirm)
+    if args.json:
+        print(json.dumps([asdict(row) for row in snapshot(clients, settings)], indent=2))
+        return 0
+    if args.once:
+        console.print(render(snapshot(clients, settings), settings.namespace))
+        return 0
+    with Live(render(snapshot(clients, settings), settings.namespace), console=console,
+              refresh_per_second=1) as live:
+        try:
+            while True:
+                time.sleep(args.interval)
+                live.update(render(snapshot(clients, settings), settings.namespace))
+        except KeyboardInterrupt:
+            return 0
+
+
+def add_parser(commands: Any) -> None:
+    top = commands.add_parser("top", help="live view of the channels of the namespace")
+    top.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    top.add_argument("--json", action="store_true", help="print one snapshot as JSON")
+    top.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
+    top.add_argument("--requeue", metavar="CHANNEL", help="requeue CHANNEL's DLQ (asks first)")
+    top.add_argument("--yes", action="store_true", help="do not ask before requeueing")
+    top.set_defaults(run=run_cli)

@@ -1,0 +1,71 @@
+"""`messenger top`: snapshot rows from queue attributes and CloudWatch, JSON, requeue with a prompt."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+from messenger import ChannelSpec, ChannelTags, MessageFilter, Producer
+from messenger.provision import Provisioner
+from messenger.top import requeue_channel, snapshot
+
+
+def make_channels(clients, settings):
+    provisioner = Provisioner(clients, settings)
+    orders = provisioner.ensure_channel(ChannelSpec(
+        "orders", namespace=settings.namespace, tags=ChannelTags(critical=True)))
+    audit = provisioner.ensure_channel(ChannelSpec(
+        "shop.audit", namespace=settings.namespace, message_filter=MessageFilter("exact", ["A"])))
+    return orders, audit
+
+
+def test_snapshot_lists_depths_dlq_rates_and_critical_first(settings, clients):
+    orders, audit = make_channels(clients, settings)
+    sqs = clients.client("sqs")
+
+    class Orders(Producer):
+        channel = "orders"
+
+    Orders(settings=settings, clients=clients).push_many([{"n": n} for n in range(3)])
+    sqs.send_message(QueueUrl=orders.dlq.url, MessageBody="{}")
+    sqs.send_message(QueueUrl=audit.queue.url, MessageBody="{}", DelaySeconds=60)
+    # CloudWatch: seeded, as moto emits no SQS metrics.
+    clients.client("cloudwatch").put_metric_data(Namespace="AWS/SQS", MetricData=[
+        {"MetricName": "NumberOfMessagesSent", "Value": 50, "Timestamp": datetime.now(UTC),
+         "Dimensions": [{"Name": "QueueName", "Value": orders.queue.name}]},
+        {"MetricName": "NumberOfMessagesReceived", "Value": 5, "Timestamp": datetime.now(UTC),
+         "Dimensions": [{"Name": "QueueName", "Value": orders.queue.name}]},
+    ])
+    rows = snapshot(clients, settings)
+    assert [r.queue for r in rows] == [orders.queue.name, audit.queue.name]
+    first, second = rows
+    assert (first.visible, first.dlq_depth, first.critical) == (3, 1, True)
+    assert (first.in_per_minute, first.consumers_active) == (10.0, True)
+    assert (second.delayed, second.channel, second.consumers_active) == (1, "shop.audit", None)
+
+
+def test_cli_once_json_and_requeue_with_confirmation(settings, clients, local_endpoint):
+    orders, _ = make_channels(clients, settings)
+    sqs = clients.client("sqs")
+    sqs.send_message(QueueUrl=orders.dlq.url, MessageBody='{"n": 1}')
+    env = {**os.environ, **local_endpoint.env(), "MESSENGER_NAMESPACE": settings.namespace,
+           "COLUMNS": "200"}
+
+    def messenger(*args, stdin=""):
+        return subprocess.run([sys.executable, "-m", "messenger", *args], env=env, input=stdin,
+                              capture_output=True, text=True, timeout=60)
+
+    once = messenger("top", "--once")
+    assert once.returncode == 0, once.stderr
+    assert orders.queue.name in once.stdout and "CRITICAL" in once.stdout
+    rows = json.loads(messenger("top", "--json").stdout)
+    assert {r["queue"]: r["dlq_depth"] for r in rows}[orders.queue.name] == 1
+    declined = messenger("top", "--requeue", "orders", stdin="n\n")
+    assert declined.returncode == 1 and "nothing moved" in declined.stdout
+    accepted = messenger("top", "--requeue", "orders", stdin="y\n")
+    assert accepted.returncode == 0, accepted.stderr
+    assert f"moved 1 message(s) from {orders.dlq.name}" in accepted.stdout
+    assert requeue_channel(clients, settings, "orders", lambda question: True) == 0  # now empty
