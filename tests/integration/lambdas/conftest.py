@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import importlib
-import json
 import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import ModuleType
-from typing import Any
 
 import pytest
 
@@ -19,6 +15,7 @@ from messenger.aws import ClientFactory
 from messenger.local import LocalProcess
 from messenger.ops.runtime import OpsRuntime
 from messenger.ops.settings import OpsSettings
+from messenger.ops.sink import WebhookSink
 from messenger.settings import Settings
 
 # Powertools reads these when a handler module is imported: set them before that happens.
@@ -27,50 +24,6 @@ os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "messenger-ops")
 os.environ.setdefault("POWERTOOLS_TRACE_DISABLED", "true")
 
 SECRET_NAME = "messenger/slack-webhook"
-
-
-class WebhookSink:
-    """A tiny Slack incoming webhook on 127.0.0.1: records each posted JSON body.
-
-    fail_status: answer every request with this status (e.g. 500) instead of 200 'ok'.
-    """
-
-    def __init__(self) -> None:
-        self.posts: list[dict[str, Any]] = []
-        self.requests = 0
-        self.fail_status: int | None = None
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                sink.requests += 1
-                status = sink.fail_status or 200
-                if status == 200:
-                    sink.posts.append(json.loads(body))
-                reply = b"ok" if status == 200 else b"server_error"
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        host, port = self._server.server_address[:2]
-        self.url = f"http://{host}:{port}/services/T000/B000/XXXX"
-        threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-
-    def texts(self) -> list[str]:
-        """Every text of every block of every post, joined per post."""
-        return [json.dumps(post["blocks"], ensure_ascii=False) for post in self.posts]
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
 
 @pytest.fixture

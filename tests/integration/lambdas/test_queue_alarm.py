@@ -13,9 +13,10 @@ import pytest
 from messenger.aws import RequestCounter
 from messenger.channel import ChannelSpec, ChannelTags
 from messenger.ops.queue_alarm import InvalidEvent, check_queues
+from messenger.ops.sink import WebhookSink
 from messenger.provision import Provisioner
 
-from .conftest import FakeContext, LambdaEnv, WebhookSink, load_handler, seed
+from .conftest import FakeContext, LambdaEnv, load_handler, seed
 
 DEPTH = "ApproximateNumberOfMessagesVisible"
 AGE = "ApproximateAgeOfOldestMessage"

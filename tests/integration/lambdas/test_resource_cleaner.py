@@ -12,10 +12,11 @@ from botocore.exceptions import ClientError
 from messenger.channel import ChannelSpec
 from messenger.ops.cleaner import run_resource_cleaner
 from messenger.ops.inventory import CLOUDFORMATION_STACK_TAG
+from messenger.ops.sink import WebhookSink
 from messenger.ops.slack import SlackNotifier
 from messenger.provision import ChannelResources, Provisioner
 
-from .conftest import FakeContext, LambdaEnv, WebhookSink, load_handler, seed
+from .conftest import FakeContext, LambdaEnv, load_handler, seed
 
 #: The plain function runs "four days from now": every queue made by the test is old enough
 #: to be judged (a queue created or changed within the 3-day window never is).

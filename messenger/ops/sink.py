@@ -1,0 +1,67 @@
+"""A local stand-in for a Slack incoming webhook: records what the ops Lambdas post.
+
+    with WebhookSink() as sink:          # http://127.0.0.1:<free port>/services/...
+        ...store sink.url in the webhook secret, run a handler...
+        print(render_text(sink.posts[-1]))
+
+Used by the tests and the local demo (stdlib only). `fail_status` makes it answer every post
+with that status (e.g. 500), to exercise retries.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from messenger.local import LOOPBACK
+
+
+class WebhookSink:
+    """An HTTP server on loopback that stores each posted JSON body in `posts`."""
+
+    def __init__(self, host: str = LOOPBACK, port: int = 0) -> None:
+        self.posts: list[dict[str, Any]] = []
+        self.requests = 0
+        self.fail_status: int | None = None
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status = sink.fail_status or 200
+                with sink._lock:
+                    sink.requests += 1
+                    if status == 200:
+                        sink.posts.append(json.loads(body))
+                reply = b"ok" if status == 200 else b"server_error"
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass  # no access log
+
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        bound_host, bound_port = self._server.server_address[:2]
+        self.url = f"http://{bound_host}:{bound_port}/services/T000/B000/XXXX"
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+
+    def texts(self) -> list[str]:
+        """The blocks of each post as JSON text (for 'is this name in it' checks)."""
+        return [json.dumps(post.get("blocks", []), ensure_ascii=False) for post in self.posts]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> WebhookSink:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
