@@ -243,6 +243,8 @@ class _Run:
         dlq_state = self.state(dlq)
         if dlq_state is None:
             return ""
+        if dlq.channel != source.channel:
+            return f"DLQ {dlq.name} kept: it belongs to channel {dlq.channel or '?'}"
         if dlq_state.messages > 0:
             self.found["stale"].append(Finding(
                 dlq.name,
