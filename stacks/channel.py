@@ -180,8 +180,9 @@ class ChannelQueue(Construct):
                 filter_policy=policy,
                 filter_policy_scope="MessageAttributes" if policy is not None else None,
             )
-            # The topic may deliver only once the queue policy lets it.
-            self.subscription.add_dependency(queue_policy)
+            self.subscription.add_resource_dependency(
+                queue_policy, "the topic may deliver only once the queue policy lets it"
+            )
         else:
             self._queue_policy("QueuePolicy", self.queue_resource, topic_arn=None)
         self.node.add_validation(_FifoPairValidation(self))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, RemovalPolicy, Stack, Tags
+from aws_cdk import CfnOutput, Fn, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
@@ -75,3 +75,9 @@ class PlatformStack(Stack):
         Tags.of(self).add(TAG_MANAGED, "true")
         if config.namespace:
             Tags.of(self).add(TAG_NAMESPACE, config.namespace)
+
+    @property
+    def availability_zones(self) -> list[str]:
+        """Two AZs resolved at deploy time (Fn::GetAZs), as for an environment-agnostic stack:
+        synthesis never looks AZs up, so it needs no credentials even with account/region set."""
+        return [Fn.select(0, Fn.get_azs()), Fn.select(1, Fn.get_azs())]
