@@ -165,6 +165,8 @@ class Consumer:
     tags: ClassVar[ChannelTags] = ChannelTags()
     concurrency: ClassVar[int | None] = None
     shutdown_timeout: ClassVar[float | None] = None
+    #: The runtime engine; a subclass of `Runtime` may poll other sources (override `poll`).
+    runtime_class: ClassVar[type[Runtime]] = Runtime
 
     def __init__(
         self,
@@ -320,7 +322,9 @@ class Consumer:
                 self.clients.client("sqs"), self.resources.queue.url, self.resources.dlq.url,
                 self.ordered, self.settings.retry_budget_seconds,
             )
-            runtime = Runtime(self, mailbox, PayloadStore(self.clients.client("s3"), ""))
+            runtime = self.runtime_class(
+                self, mailbox, PayloadStore(self.clients.client("s3"), "")
+            )
             self._runtime = runtime
             self.transition(ConsumerState.LISTENING)
             runtime.start()

@@ -159,7 +159,7 @@ class Runtime:
                 # A group stays locked until its message is deleted: delete before polling.
                 self.deleter.flush()
             try:
-                raw = self.mailbox.receive(count, self.config.wait_time_seconds, self.visibility)
+                raw = self.poll(count)
             except Exception as error:
                 if is_missing_resource(error):
                     self.fail(error)
@@ -172,6 +172,10 @@ class Runtime:
                 self.stopping.wait(RECEIVE_BACKOFF_SECONDS)
                 continue
             self._dispatch(raw)
+
+    def poll(self, count: int) -> list[dict[str, Any]]:
+        """One long poll for at most `count` messages (the place to add more sources)."""
+        return self.mailbox.receive(count, self.config.wait_time_seconds, self.visibility)
 
     def _dispatch(self, raw: list[dict[str, Any]]) -> None:
         now = time.monotonic()

@@ -213,6 +213,8 @@ def test_hooks_run_around_the_handler_and_a_failing_hook_is_only_logged(settings
     calls: list[tuple[str, Any]] = []
 
     class Hooked(Recording):
+        delay_tolerance = 0  # every message is "late": the delayed event is reported
+
         @register_hook(LifecycleHooks.MSG_PROCESSING_START)
         def activate_locale(self, message: ReceivedMessage) -> None:
             calls.append(("start", threading.get_ident()))
@@ -248,6 +250,8 @@ def test_hooks_run_around_the_handler_and_a_failing_hook_is_only_logged(settings
     [failure] = run.consumer.named("hook_failed")
     assert failure.fields["method"] == "broken" and "hook bug" in failure.fields["error"]
     assert run.consumer.named("completed")
+    [delayed] = run.consumer.named("delayed")
+    assert delayed.fields["lag"] > 0 and delayed.fields["delay_tolerance"] == 0
 
 
 @pytest.mark.timeout(60)
@@ -295,3 +299,29 @@ def test_offloaded_body_is_read_from_s3_and_deletes_are_batched(settings, client
         QueueUrl=queue, AttributeNames=["All"])["Attributes"]
     assert attributes["ApproximateNumberOfMessages"] == "0"
     assert attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
+
+
+@pytest.mark.timeout(60)
+def test_timeout_without_a_dlq_raises_and_keeps_the_message(settings, clients, running):
+    from messenger.consumer import ProcessingTimeout
+
+    class NoDlq(Recording):
+        visibility_timeout = 2
+        processing_timeout = 1
+
+        def handler(self, message: ReceivedMessage) -> None:
+            super().handler(message)
+            time.sleep(2)
+
+    producer_for(settings, "runtime_test").push({"slow": True})
+    run = running(NoDlq)
+    wait_until(lambda: run.consumer.handled)
+    # When the DLQ is gone by the time the handler times out
+    clients.client("sqs").delete_queue(QueueUrl=run.consumer.resources.dlq.url)
+    run.thread.join(20)
+    # Then run() raises the timeout (the process exits non-zero) and the message is not lost
+    assert isinstance(run.error, ProcessingTimeout), run.error
+    assert "processing_timeout: exceeded 1 s" in str(run.error)
+    response = clients.client("sqs").receive_message(
+        QueueUrl=run.consumer.resources.queue.url, WaitTimeSeconds=5)
+    assert [json.loads(m["Body"]) for m in response["Messages"]] == [{"slow": True}]
