@@ -246,8 +246,9 @@ class EmrPipeline(Construct):
         policy = machine.role.node.find_child("DefaultPolicy")
         acknowledge_wildcard_resource(
             policy, "*",
-            "RunJobFlow, X-Ray segments and the log-delivery APIs of state machine logging "
-            "support no resource-level permissions (added by the CDK tasks).",
+            "The cluster does not exist before RunJobFlow (the CDK createCluster task also "
+            "tags, describes and terminates it), and X-Ray and the log-delivery APIs of state "
+            "machine logging support no resource-level permissions.",
         )
         acknowledge_wildcard_resource(
             policy, clusters,

@@ -141,8 +141,9 @@ class OpsFunctions(Construct):
         acknowledge(
             policy,
             "AwsSolutions-IAM5[Resource::*]",
-            "tag:GetResources, sqs:ListQueues, sns:ListTopics and cloudwatch:GetMetricData "
-            "support no resource-level permissions; every other action is scoped.",
+            "tag:GetResources, sqs:ListQueues, sns:ListTopics, cloudwatch:GetMetricData and "
+            "the X-Ray tracing calls support no resource-level permissions; every other action "
+            "is scoped.",
         )
         for service in ("sqs", "sns") if topic_actions else ("sqs",):
             acknowledge_wildcard_resource(

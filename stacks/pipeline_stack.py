@@ -40,7 +40,6 @@ class PipelineStack(Stack):
         CfnOutput(self, "JobRoleArn", value=self.pipeline.job_role.role_arn)
         CfnOutput(self, "InstanceProfileName", value=self.pipeline.job_role.role_name)
         CfnOutput(self, "ServiceRoleName", value=self.pipeline.service_role.role_name)
-        CfnOutput(self, "SubnetId", value=self.pipeline.subnet_id)
         if self.pipeline.state_machine is not None:
             CfnOutput(self, "StateMachineArn",
                       value=self.pipeline.state_machine.state_machine_arn)

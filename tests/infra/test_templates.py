@@ -1,0 +1,389 @@
+"""Fine-grained assertions on the templates the real CLI synthesized (one synth per session)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Match
+
+from examples.channels import example_channels, wishlist_channels
+from messenger.channel import DEFAULT_MAX_RECEIVES, TAG_CHANNEL, TAG_ROLE
+from messenger.offload import OFFLOAD_PREFIX, lifecycle_days
+from messenger.settings import Settings
+from stacks.messenger_app import EXAMPLE_CONSUMERS
+from tests.infra.conftest import ACCOUNT, NAMESPACE, REGION, CloudAssembly
+
+SPECS = [level for spec in example_channels(NAMESPACE) for level in spec.level_specs()]
+
+
+def _by_name(assembly: CloudAssembly, resource_type: str, name_key: str) -> dict[str, dict]:
+    return {
+        resource["Properties"][name_key]: resource
+        for resource in assembly.resources(resource_type).values()
+    }
+
+
+def _tags(resource: dict[str, Any]) -> dict[str, str]:
+    return {tag["Key"]: tag["Value"] for tag in resource["Properties"].get("Tags", [])}
+
+
+def _statements(assembly: CloudAssembly) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    for path, policy in assembly.resources("AWS::IAM::Policy").items():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            found.append((path, statement))
+    return found
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+# -- the CLI run -------------------------------------------------------------------------------
+def test_synth_reports_no_unacknowledged_nag_findings(assembly: CloudAssembly) -> None:
+    report = json.loads((assembly.outdir / "validation-report.json").read_text())
+    violations = [
+        (plugin["pluginName"], violation["ruleName"])
+        for plugin in report["pluginReports"]
+        for violation in plugin["violations"]
+    ]
+    assert violations == []
+    assert set(assembly.templates) == {
+        f"{NAMESPACE}-MessengerPlatform", f"{NAMESPACE}-MessengerExamples",
+        f"{NAMESPACE}-MessengerPipeline",
+    }
+
+
+def test_cfn_lint_passes_on_every_template(assembly: CloudAssembly) -> None:
+    templates = sorted(str(p) for p in assembly.outdir.glob("*.template.json"))
+    result = subprocess.run(
+        # W3005 (DependsOn also implied by a GetAtt) is how the CDK orders a role's policy
+        # before the Lambda function or state machine that uses it: harmless and generated.
+        [str(Path(sys.executable).parent / "cfn-lint"), "--regions", REGION,
+         "--ignore-checks", "W3005", "--", *templates],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- channels ----------------------------------------------------------------------------------
+def test_every_queue_and_topic_is_encrypted_with_the_platform_key(assembly: CloudAssembly) -> None:
+    queues = assembly.resources("AWS::SQS::Queue")
+    topics = assembly.resources("AWS::SNS::Topic")
+    assert len(queues) == 2 * len(SPECS)
+    assert topics
+    for resource in [*queues.values(), *topics.values()]:
+        key = resource["Properties"]["KmsMasterKeyId"]
+        assert "Fn::ImportValue" in key and "FoundationKey" in key["Fn::ImportValue"]
+    for resource in queues.values():
+        assert resource["Properties"]["KmsDataKeyReusePeriodSeconds"] == 300
+
+
+def test_every_bucket_is_encrypted_private_and_tls_only(assembly: CloudAssembly) -> None:
+    buckets = assembly.resources("AWS::S3::Bucket")
+    assert len(buckets) >= 4
+    for path, bucket in buckets.items():
+        properties = bucket["Properties"]
+        rule = properties["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
+        assert rule["ServerSideEncryptionByDefault"]["SSEAlgorithm"] in ("aws:kms", "AES256")
+        assert properties["PublicAccessBlockConfiguration"] == {
+            "BlockPublicAcls": True, "BlockPublicPolicy": True,
+            "IgnorePublicAcls": True, "RestrictPublicBuckets": True,
+        }, path
+    policies = [
+        p["Properties"]["PolicyDocument"]["Statement"]
+        for p in assembly.resources("AWS::S3::BucketPolicy").values()
+    ]
+    tls_denials = [
+        s for statements in policies for s in statements
+        if s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    ]
+    assert len(tls_denials) == len(buckets)
+
+
+def test_offload_bucket_matches_the_runtime(assembly: CloudAssembly) -> None:
+    # Given the runtime's defaults for the namespace
+    settings = Settings(namespace=NAMESPACE)
+    template = assembly.assertions("platform")
+    # Then the bucket has the runtime's name, SSE-KMS and the runtime's expiry
+    template.has_resource_properties("AWS::S3::Bucket", {
+        "BucketName": {"Fn::Join": ["", [settings.bucket_name(""), {"Ref": "AWS::AccountId"}]]},
+        "BucketEncryption": {"ServerSideEncryptionConfiguration": [{
+            "ServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms",
+                                              "KMSMasterKeyID": Match.any_value()},
+            "BucketKeyEnabled": True,
+        }]},
+        "LifecycleConfiguration": {"Rules": [Match.object_like({
+            "Prefix": OFFLOAD_PREFIX, "Status": "Enabled",
+            "ExpirationInDays": lifecycle_days(14 * 86_400),
+        })]},
+        "LoggingConfiguration": {"DestinationBucketName": Match.any_value(),
+                                 "LogFilePrefix": "offload/"},
+    })
+    template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
+    template.has_resource_properties("AWS::KMS::Alias", {"AliasName": settings.kms_alias})
+
+
+def test_key_policy_lets_sns_deliver_to_encrypted_queues(assembly: CloudAssembly) -> None:
+    (key,) = assembly.resources("AWS::KMS::Key", "platform").values()
+    statements = key["Properties"]["KeyPolicy"]["Statement"]
+    sns = [s for s in statements if s["Principal"] == {"Service": "sns.amazonaws.com"}]
+    assert len(sns) == 1
+    assert set(sns[0]["Action"]) == {"kms:GenerateDataKey*", "kms:Decrypt"}
+    assert sns[0]["Condition"]["StringEquals"]["aws:SourceAccount"] == ACCOUNT
+
+
+def test_queues_have_runtime_names_attributes_and_redrive(assembly: CloudAssembly) -> None:
+    queues = _by_name(assembly, "AWS::SQS::Queue", "QueueName")
+    for spec in SPECS:
+        queue = queues[spec.queue_name]["Properties"]
+        dlq = queues[spec.dlq_name]["Properties"]
+        # Then every attribute of the spec is the template's (CloudFormation types).
+        for name, value in spec.queue_attributes().items():
+            assert str(queue[name]).lower() == value.lower(), (spec.name, name)
+        for name, value in spec.dlq_attributes().items():
+            assert str(dlq[name]).lower() == value.lower(), (spec.name, name)
+        assert queue["RedrivePolicy"]["maxReceiveCount"] == DEFAULT_MAX_RECEIVES == 3
+        target = queue["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0]
+        assert queues[spec.dlq_name] is assembly.template("examples")["Resources"][target]
+        assert "RedrivePolicy" not in dlq
+        assert queue["MessageRetentionPeriod"] == dlq["MessageRetentionPeriod"] == 14 * 86_400
+        assert _tags(queues[spec.queue_name])[TAG_ROLE] == "queue"
+        assert _tags(queues[spec.dlq_name])[TAG_ROLE] == "dlq"
+        assert _tags(queues[spec.queue_name])[TAG_CHANNEL] == spec.name
+
+
+def test_ordered_channels_are_fifo_pairs(assembly: CloudAssembly) -> None:
+    queues = _by_name(assembly, "AWS::SQS::Queue", "QueueName")
+    ordered = [spec for spec in SPECS if spec.ordered]
+    assert ordered, "the examples include an ordered exchange"
+    for spec in SPECS:
+        fifo = spec.ordered
+        for name in (spec.queue_name, spec.dlq_name):
+            assert name.endswith(".fifo") is fifo
+            assert queues[name]["Properties"].get("FifoQueue", False) is fifo
+    topics = _by_name(assembly, "AWS::SNS::Topic", "TopicName")
+    assert topics[ordered[0].topic_name]["Properties"]["FifoTopic"] is True
+
+
+def test_one_topic_per_exchange_shared_by_its_channels(assembly: CloudAssembly) -> None:
+    topics = _by_name(assembly, "AWS::SNS::Topic", "TopicName")
+    exchanges = {spec.topic_name for spec in SPECS if spec.topic_name}
+    assert set(topics) == exchanges
+    (topic_id,) = [k.split("/")[1] for k in assembly.resources("AWS::SNS::Topic", "examples")]
+    subscriptions = assembly.resources("AWS::SNS::Subscription")
+    assert len(subscriptions) == len(wishlist_channels())
+    assert {json.dumps(s["Properties"]["TopicArn"]) for s in subscriptions.values()} == {
+        json.dumps({"Ref": topic_id})
+    }
+
+
+def test_subscriptions_carry_the_spec_filter_policy(assembly: CloudAssembly) -> None:
+    template = assembly.template("examples")["Resources"]
+    by_queue = {}
+    for subscription in assembly.resources("AWS::SNS::Subscription").values():
+        queue_id = subscription["Properties"]["Endpoint"]["Fn::GetAtt"][0]
+        by_queue[template[queue_id]["Properties"]["QueueName"]] = subscription["Properties"]
+    for spec in SPECS:
+        if spec.exchange is None:
+            assert spec.queue_name not in by_queue
+            continue
+        properties = by_queue[spec.queue_name]
+        assert properties["RawMessageDelivery"] is True
+        assert properties["Protocol"] == "sqs"
+        assert properties.get("FilterPolicy") == spec.filter_policy()
+        if spec.filter_policy() is not None:
+            assert properties["FilterPolicyScope"] == "MessageAttributes"
+
+
+def test_queue_policies_are_tls_only_and_admit_only_their_topic(assembly: CloudAssembly) -> None:
+    policies = assembly.resources("AWS::SQS::QueuePolicy")
+    assert len(policies) == 2 * len(SPECS)
+    for policy in policies.values():
+        statements = policy["Properties"]["PolicyDocument"]["Statement"]
+        deny = statements[0]
+        assert deny["Effect"] == "Deny" and deny["Action"] == "sqs:*"
+        assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+        for allow in statements[1:]:
+            assert allow["Principal"] == {"Service": "sns.amazonaws.com"}
+            assert allow["Action"] == "sqs:SendMessage"
+            assert "aws:SourceArn" in allow["Condition"]["ArnEquals"]
+    for policy in assembly.resources("AWS::SNS::TopicPolicy").values():
+        (deny,) = policy["Properties"]["PolicyDocument"]["Statement"]
+        assert deny["Effect"] == "Deny"
+        assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
+# -- consumers ---------------------------------------------------------------------------------
+def test_consumer_tasks_have_health_check_stop_timeout_and_settings(
+    assembly: CloudAssembly,
+) -> None:
+    tasks = assembly.resources("AWS::ECS::TaskDefinition", "examples")
+    assert len(tasks) == len(EXAMPLE_CONSUMERS)
+    commands = set()
+    for task in tasks.values():
+        (container,) = task["Properties"]["ContainerDefinitions"]
+        assert container["HealthCheck"] == {
+            "Command": ["CMD", "check_consumer_health"],
+            "Interval": 30, "Timeout": 10, "Retries": 5, "StartPeriod": 300,
+        }
+        assert container["StopTimeout"] == 120
+        assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+        env = {e["Name"]: e["Value"] for e in container["Environment"]}
+        assert env["MESSENGER_PROVISIONING"] == "verify"
+        assert env["MESSENGER_NAMESPACE"] == NAMESPACE
+        assert env["MESSENGER_SHUTDOWN_TIMEOUT"] == "30"
+        assert int(env["MESSENGER_SHUTDOWN_TIMEOUT"]) < container["StopTimeout"]
+        assert env["MESSENGER_CONCURRENCY"] == "1"
+        assert "FoundationKey" in json.dumps(env["MESSENGER_KMS_KEY"])
+        assert env["MESSENGER_OFFLOAD_BUCKET"] == {"Fn::Join": ["", [
+            Settings(namespace=NAMESPACE).bucket_name(""), {"Ref": "AWS::AccountId"}]]}
+        commands.add(tuple(container["Command"]))
+    assert commands == {("messenger", "consume", c) for c in EXAMPLE_CONSUMERS.values()}
+
+
+def test_consumers_scale_in_steps_on_queue_depth(assembly: CloudAssembly) -> None:
+    policies = assembly.resources("AWS::ApplicationAutoScaling::ScalingPolicy", "examples")
+    step_policies = [p for p in policies.values() if p["Properties"]["PolicyType"] == "StepScaling"]
+    assert len(step_policies) == 2 * len(EXAMPLE_CONSUMERS)  # one to scale out, one to scale in
+    alarms = assembly.resources("AWS::CloudWatch::Alarm", "examples").values()
+    depth_alarms = [a for a in alarms
+                    if a["Properties"].get("MetricName") == "ApproximateNumberOfMessagesVisible"]
+    assert sorted(a["Properties"]["Threshold"] for a in depth_alarms) == sorted(
+        [0, 100] * len(EXAMPLE_CONSUMERS)
+    )
+
+
+def test_consumer_grants_are_scoped_to_its_channel(assembly: CloudAssembly) -> None:
+    resources = assembly.template("examples")["Resources"]
+    queue_ids = {r["Properties"]["QueueName"]: k for k, r in resources.items()
+                 if r["Type"] == "AWS::SQS::Queue"}
+    tasks = {k: r for k, r in resources.items() if r["Type"] == "AWS::ECS::TaskDefinition"}
+    for task in tasks.values():
+        (container,) = task["Properties"]["ContainerDefinitions"]
+        consumer = container["Command"][2]
+        (channel,) = [n for n, c in EXAMPLE_CONSUMERS.items() if c == consumer]
+        (spec,) = [s for s in SPECS if s.name == channel]
+        role_id = task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0]
+        (policy,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Policy"
+                     and {"Ref": role_id} in r["Properties"]["Roles"]]
+        statements = policy["Properties"]["PolicyDocument"]["Statement"]
+        receive = [s for s in statements if "sqs:ReceiveMessage" in _as_list(s["Action"])]
+        assert [s["Resource"] for s in receive] == [
+            {"Fn::GetAtt": [queue_ids[spec.queue_name], "Arn"]}
+        ]
+        send = [s for s in statements if "sqs:SendMessage" in _as_list(s["Action"])]
+        assert [s["Resource"] for s in send] == [
+            {"Fn::GetAtt": [queue_ids[spec.dlq_name], "Arn"]}
+        ]
+        touched = json.dumps(statements)
+        others = [q for n, q in queue_ids.items() if n not in (spec.queue_name, spec.dlq_name)]
+        assert not any(f'"{other}"' in touched for other in others)
+
+
+def test_no_iam_statement_allows_every_action(assembly: CloudAssembly) -> None:
+    # Resource "*" only where IAM has no resource scope for the action (acknowledged in nag).
+    unscoped_allowed = {
+        "tag:GetResources", "sqs:ListQueues", "sns:ListTopics", "cloudwatch:GetMetricData",
+        "ecr:GetAuthorizationToken", "xray:PutTraceSegments", "xray:PutTelemetryRecords",
+        "xray:GetSamplingRules", "xray:GetSamplingTargets",
+        "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery",
+        "logs:DeleteLogDelivery", "logs:ListLogDeliveries", "logs:PutResourcePolicy",
+        "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
+        "elasticmapreduce:RunJobFlow", "elasticmapreduce:DescribeCluster",
+        "elasticmapreduce:AddTags",
+        "elasticmapreduce:TerminateJobFlows",
+    }
+    statements = _statements(assembly)
+    assert statements
+    for path, statement in statements:
+        actions = _as_list(statement["Action"])
+        assert "*" not in actions, path
+        assert not any(a.endswith(":*") for a in actions), (path, actions)
+        if "*" in _as_list(statement["Resource"]):
+            assert set(actions) <= unscoped_allowed, (path, actions)
+
+
+# -- operations --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("expression", "payload", "function"),
+    [
+        ("rate(15 minutes)", {"scope": "source"}, "QueueAlarm"),
+        ("rate(12 hours)", {"scope": "dlq"}, "QueueAlarm"),
+        ("rate(1 day)", {}, "ResourceCleaner"),
+    ],
+)
+def test_ops_schedules(
+    assembly: CloudAssembly, expression: str, payload: dict, function: str
+) -> None:
+    rules = [r["Properties"] for r in assembly.resources("AWS::Events::Rule", "platform").values()
+             if r["Properties"]["ScheduleExpression"] == expression]
+    assert len(rules) == 1
+    (target,) = rules[0]["Targets"]
+    assert json.loads(target["Input"]) == payload
+    assert target["Arn"]["Fn::GetAtt"][0].startswith(f"Ops{function}")
+
+
+def test_ops_functions_environment_and_bundle(assembly: CloudAssembly) -> None:
+    functions = assembly.resources("AWS::Lambda::Function", "platform")
+    handlers = {f["Properties"]["Handler"]: f["Properties"] for f in functions.values()}
+    assert set(handlers) == {"lambdas.queue_alarm.handler.handler",
+                             "lambdas.resource_cleaner.handler.handler"}
+    for properties in handlers.values():
+        env = properties["Environment"]["Variables"]
+        assert env["SLACK_WEBHOOK_SECRET"] == "messenger/slack-webhook"
+        assert env["MESSENGER_NAMESPACE"] == NAMESPACE
+        assert env["MESSENGER_ALARM_THRESHOLD"] == "100"
+        assert env["CLEANER_DRY_RUN"] in ("true", "false")
+        assert env["POWERTOOLS_SERVICE_NAME"].startswith("messenger-")
+        asset = assembly.outdir / f"asset.{properties['Code']['S3Key'].split('.')[0]}"
+        folder = properties["Handler"].split(".")[1]
+        for module in (f"lambdas/{folder}/handler.py", "messenger/channel.py",
+                       "slack_sdk/__init__.py", "aws_lambda_powertools/__init__.py"):
+            assert (asset / module).is_file(), module
+
+
+def test_ops_permissions_are_limited_to_the_namespace(assembly: CloudAssembly) -> None:
+    resources = assembly.template("platform")["Resources"]
+    deletes = [s for _, s in _statements(assembly)
+               if {"sqs:DeleteQueue", "sns:DeleteTopic"} & set(_as_list(s["Action"]))]
+    assert len(deletes) == 2
+    for statement in deletes:
+        pattern = json.dumps(statement["Resource"])
+        assert f":{NAMESPACE}-*" in pattern
+    secrets = [s for _, s in _statements(assembly)
+               if "secretsmanager:GetSecretValue" in _as_list(s["Action"])]
+    assert secrets and all("messenger/slack-webhook-" in json.dumps(s["Resource"])
+                           for s in secrets)
+    assert resources
+
+
+# -- dashboard and pipeline --------------------------------------------------------------------
+def test_dashboard_shows_depth_age_and_dlq_depth_per_channel(assembly: CloudAssembly) -> None:
+    (dashboard,) = assembly.resources("AWS::CloudWatch::Dashboard", "examples").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for spec in SPECS:
+        for title in (": depth", ": age of oldest message", ": DLQ depth"):
+            assert f"{spec.name}{title}" in body
+    assert body.count("ApproximateAgeOfOldestMessage") == len(SPECS)
+    assert body.count("ApproximateNumberOfMessagesVisible") == 2 * len(SPECS)
+
+
+def test_pipeline_provides_code_bucket_roles_and_job_runner(assembly: CloudAssembly) -> None:
+    template = assembly.template("pipeline")
+    assert {"CodeBucketName", "JobRoleArn", "InstanceProfileName", "StateMachineArn"} <= set(
+        template["Outputs"]
+    )
+    (machine,) = assembly.resources("AWS::StepFunctions::StateMachine", "pipeline").values()
+    definition = json.dumps(machine["Properties"]["DefinitionString"])
+    for resource in ("createCluster.sync", "addStep.sync", "terminateCluster"):
+        assert resource in definition
+    job_policy = [s for _, s in _statements(assembly) if "sns:Publish" in _as_list(s["Action"])]
+    assert job_policy, "the EMR job role may publish to the example exchange"
+    profiles = assembly.resources("AWS::IAM::InstanceProfile", "pipeline")
+    assert len(profiles) == 1

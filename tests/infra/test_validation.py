@@ -1,0 +1,157 @@
+"""In-process synthesis of small apps: validation errors, priority levels, acknowledgements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+
+import stacks.nag
+from messenger.channel import ChannelSpec, MessageFilter
+from stacks.channel import Channel
+from stacks.config import MessengerConfig
+from stacks.consumer_service import ConsumerService
+from stacks.foundation import Foundation
+from stacks.messenger_app import build_app
+from tests.infra.conftest import ACCOUNT, REGION
+
+REPO = Path(__file__).resolve().parents[2]
+CONTEXT = json.loads((REPO / "cdk.json").read_text())["context"]
+
+
+def _app(outdir: Path) -> cdk.App:
+    return cdk.App(outdir=str(outdir), context=CONTEXT, builtin_cloud_formation_validation=False)
+
+
+def _consumer_stack(
+    outdir: Path, spec: ChannelSpec, **options: Any
+) -> tuple[cdk.App, Channel]:
+    app = _app(outdir)
+    stack = cdk.Stack(app, "Small", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    foundation = Foundation(stack, "Foundation", namespace=spec.namespace)
+    channel = Channel(stack, "Channel", spec=spec, key=foundation.key)
+    cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(stack, "Vpc", nat_gateways=0,
+                                                          availability_zones=["eu-west-1a"]))
+    ConsumerService(
+        stack, "Consumer", channel=channel, foundation=foundation, cluster=cluster,
+        image=ecs.ContainerImage.from_registry("public.ecr.aws/docker/library/python:3.11"),
+        consumer_class="examples.wishlist:AllEventsConsumer", namespace=spec.namespace,
+        **options,
+    )
+    return app, channel
+
+
+def test_visibility_timeout_shorter_than_processing_fails_synthesis(tmp_path: Path) -> None:
+    # Given a channel whose messages become visible again after 30 s
+    app, _ = _consumer_stack(tmp_path, ChannelSpec("orders", visibility_timeout=30),
+                             processing_timeout=cdk.Duration.seconds(60))
+    # When the consumer may process one for 60 s, Then synthesis fails and says what to raise
+    with pytest.raises(Exception) as failure:
+        app.synth()
+    message = str(failure.value)
+    assert "Small/Consumer" in message
+    assert "visibility_timeout (30 s) is shorter than the consumer's processing_timeout (60 s)" \
+        in message
+    assert "Raise ChannelSpec.visibility_timeout to at least 60" in message
+
+
+def test_fifo_queue_with_a_standard_dead_letter_queue_fails_synthesis(tmp_path: Path) -> None:
+    # Given an ordered channel whose DLQ was made standard through the L1 escape hatch
+    app, channel = _consumer_stack(tmp_path, ChannelSpec("orders", ordered=True))
+    channel.dlq_resource.fifo_queue = False
+    with pytest.raises(Exception) as failure:
+        app.synth()
+    message = str(failure.value)
+    assert "the FIFO queue 'orders.fifo' has a standard dead-letter queue" in message
+    assert "both to be FIFO or both standard" in message
+
+
+def test_stop_timeout_must_exceed_the_shutdown_timeout(tmp_path: Path) -> None:
+    app, _ = _consumer_stack(tmp_path, ChannelSpec("orders"),
+                             shutdown_timeout=cdk.Duration.seconds(60),
+                             stop_timeout=cdk.Duration.seconds(60))
+    with pytest.raises(Exception, match=r"stop_timeout \(60 s\) must be above shutdown_timeout"):
+        app.synth()
+
+
+def test_consumer_class_must_be_a_module_path(tmp_path: Path) -> None:
+    app = _app(tmp_path)
+    stack = cdk.Stack(app, "Bad")
+    foundation = Foundation(stack, "Foundation", namespace="")
+    channel = Channel(stack, "Channel", spec=ChannelSpec("orders"), key=foundation.key)
+    cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(stack, "Vpc", nat_gateways=0))
+    with pytest.raises(ValueError, match="consumer_class must be 'package.module:Class'"):
+        ConsumerService(
+            stack, "Consumer", channel=channel, foundation=foundation, cluster=cluster,
+            image=ecs.ContainerImage.from_registry("python"),
+            consumer_class="examples.wishlist", namespace="",
+        )
+
+
+def test_priority_levels_get_their_own_queues_and_filters(tmp_path: Path) -> None:
+    # Given a prioritized exchange channel and a consumer of it
+    spec = ChannelSpec("jobs.worker", priorities=("high", "default", "low"), namespace="p",
+                       message_filter=MessageFilter("prefix", ["JOB."]))
+    app, channel = _consumer_stack(tmp_path, spec)
+    # When synthesized
+    template = app.synth().get_stack_by_name("Small").template
+    resources = template["Resources"].values()
+    queues = {r["Properties"]["QueueName"] for r in resources if r["Type"] == "AWS::SQS::Queue"}
+    # Then every level has a queue and a DLQ named like the runtime's
+    levels = spec.level_specs()
+    assert queues == {name for level in levels for name in (level.queue_name, level.dlq_name)}
+    policies = [r["Properties"]["FilterPolicy"] for r in resources
+                if r["Type"] == "AWS::SNS::Subscription"]
+    assert sorted(map(json.dumps, policies)) == sorted(
+        json.dumps(level.filter_policy()) for level in levels
+    )
+    # And the consumer reads every level
+    (task_policy,) = [r for r in resources if r["Type"] == "AWS::IAM::Policy"
+                      and "sqs:ReceiveMessage" in json.dumps(r)]
+    receive = [s for s in task_policy["Properties"]["PolicyDocument"]["Statement"]
+               if "sqs:ReceiveMessage" in s["Action"]]
+    assert len(receive[0]["Resource"]) == len(levels)
+
+
+def test_every_acknowledgement_answers_a_real_finding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the whole app with the acknowledgements recorded instead of applied
+    recorded: list[tuple[str, str]] = []
+
+    class Recorder:
+        def __init__(self, scope: Any) -> None:
+            self.path = scope.node.path
+
+        def acknowledge(self, acknowledgment: cdk.Acknowledgment) -> None:
+            recorded.append((self.path, acknowledgment.id))
+
+    class RecordingValidations:
+        of = Recorder
+
+    monkeypatch.setattr(stacks.nag, "Validations", RecordingValidations)
+    app = _app(tmp_path)
+    build_app(app, MessengerConfig(namespace="nag", account=ACCOUNT, region=REGION))
+    # When synthesized, cdk-nag reports every finding
+    with pytest.raises(Exception, match="ValidationFailed"):
+        app.synth()
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    findings = {
+        (construct["constructPath"], violation["ruleName"])
+        for plugin in report["pluginReports"]
+        for violation in plugin["violations"]
+        for construct in violation["violatingConstructs"]
+    }
+    # Then each acknowledgement covers at least one finding, and every finding is acknowledged
+    assert recorded
+    for path, rule in recorded:
+        assert any(f_rule == rule and f_path.startswith(path) for f_path, f_rule in findings), \
+            (path, rule)
+    for path, rule in findings:
+        assert any(rule == a_rule and path.startswith(a_path) for a_path, a_rule in recorded), \
+            (path, rule)
