@@ -326,10 +326,10 @@ class Consumer:
                 self, mailbox, PayloadStore(self.clients.client("s3"), "")
             )
             self._runtime = runtime
+            if self._stop_requested.is_set():  # SIGTERM while initializing
+                runtime.stop()
             self.transition(ConsumerState.LISTENING)
             runtime.start()
-            if self._stop_requested.is_set():
-                runtime.stop()
             runtime.wait()
             if runtime.fatal is not None:
                 raise runtime.fatal

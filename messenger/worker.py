@@ -29,7 +29,6 @@ from messenger.errors import MessageDecodeError, MessengerError, PayloadMissing
 from messenger.lifecycle import ConsumerState, LifecycleHooks
 from messenger.mailbox import DeleteBatcher, Delivery, EntryError, Mailbox, Stage
 from messenger.offload import PayloadStore
-from messenger.provision import is_missing_resource
 
 if TYPE_CHECKING:
     from messenger.consumer import Consumer
@@ -124,7 +123,8 @@ class Runtime:
         self.refresh_state()
         deadline = time.monotonic() + self.config.shutdown_timeout
         with self._cond:
-            while self._running() and time.monotonic() < deadline:
+            # Held: queued, running, or being dead-lettered by the watchdog.
+            while self._held and time.monotonic() < deadline:
                 self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             left = [d for d in self._held.values() if d.stage in (Stage.QUEUED, Stage.RUNNING)]
         abandoned = [d for d in left if d.claim(d.stage, Stage.DONE)]
@@ -134,11 +134,6 @@ class Runtime:
             self._work.put(None)
         self.deleter.flush()
         self._watchdog_stop.set()
-
-    def _running(self) -> bool:
-        return any(d.stage is Stage.RUNNING for d in self._held.values()) or any(
-            d.stage is Stage.QUEUED for d in self._held.values()
-        )
 
     # -- receiving --------------------------------------------------------------------------
     def _receive_loop(self) -> None:
@@ -161,7 +156,7 @@ class Runtime:
             try:
                 raw = self.poll(count)
             except Exception as error:
-                if is_missing_resource(error):
+                if not is_transient(error):  # queue gone, access denied: let ECS see it
                     self.fail(error)
                     return
                 self.consumer.emit(
@@ -254,6 +249,8 @@ class Runtime:
         error: BaseException | None = None
         try:
             with delivery.lock:
+                if delivery.stage is not Stage.RUNNING:  # timed out in a START hook
+                    raise ProcessingTimeout("timed out before the handler started")
                 delivery.in_handler = True
             try:
                 consumer.handler(message)
