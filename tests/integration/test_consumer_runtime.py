@@ -325,3 +325,28 @@ def test_timeout_without_a_dlq_raises_and_keeps_the_message(settings, clients, r
     response = clients.client("sqs").receive_message(
         QueueUrl=run.consumer.resources.queue.url, WaitTimeSeconds=5)
     assert [json.loads(m["Body"]) for m in response["Messages"]] == [{"slow": True}]
+
+
+@pytest.mark.timeout(60)
+def test_a_spinning_handler_is_interrupted_at_its_timeout_and_frees_its_worker(
+    settings, clients, running
+):
+    class Spinning(Recording):
+        processing_timeout = 1
+
+        def handler(self, message: ReceivedMessage) -> None:
+            super().handler(message)
+            end = time.monotonic() + 30
+            while message.body == "spin" and time.monotonic() < end:
+                pass  # pure Python: interruptible at the next instruction
+
+    producer = producer_for(settings, "runtime_test")
+    producer.push("spin")
+    run = running(Spinning, concurrency=1)
+    wait_until(lambda: run.consumer.named("timed_out"))
+    producer.push("next")
+    # The only worker is back well before the 30 s loop would have ended
+    wait_until(lambda: [m.body for m in run.consumer.handled] == ["spin", "next"], timeout=10)
+    run.stop()
+    [dead] = dead_letters(clients, run.consumer, expected=1)
+    assert json.loads(dead["Body"]) == "spin"
