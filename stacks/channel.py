@@ -86,7 +86,7 @@ class ExchangeTopic(Construct):
     """The SNS topic of one exchange, shared by every channel of that exchange in a stack.
 
     Use `ExchangeTopic.of(scope, spec, key)`: the first channel of an exchange creates the topic,
-    the others subscribe to the same one. An exchange lives in one stack (its name is fixed).
+    the others (in any stack of the app) subscribe to the same one.
     """
 
     def __init__(self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey) -> None:
@@ -121,13 +121,17 @@ class ExchangeTopic(Construct):
 
     @classmethod
     def of(cls, scope: Construct, spec: ChannelSpec, key: kms.IKey) -> ExchangeTopic:
-        """The stack's topic for `spec`'s exchange, created on first use."""
+        """The app's topic for `spec`'s exchange, created in `scope`'s stack on first use.
+
+        Channels of one exchange in other stacks of the app subscribe to that same topic (a
+        cross-stack reference), so an exchange may span stacks without a second topic."""
         assert spec.topic_name is not None
         stack = Stack.of(scope)
         construct_id = f"Exchange{_construct_id(spec.topic_name)}"
-        existing = stack.node.try_find_child(construct_id)
-        if isinstance(existing, ExchangeTopic):
-            return existing
+        for candidate in (stack, *stack.node.root.node.children):
+            existing = candidate.node.try_find_child(construct_id)
+            if isinstance(existing, ExchangeTopic):
+                return existing
         return cls(stack, construct_id, spec=spec, key=key)
 
 

@@ -5,6 +5,11 @@ stack = ChannelStack(app, "Orders", platform=platform)
 orders = stack.add_channel(ChannelSpec("orders"))                       # one line per channel
 stack.add_consumer(orders, "orders.consumers:OrderConsumer")          # one line per consumer
 ```
+
+CloudFormation allows 500 resources per stack. A channel is 5 resources (queue, DLQ, two
+TLS-only queue policies, subscription; times its priority levels), a consumer about 10: keep a
+stack to about 80 channels and split larger sets into several ChannelStacks (by team or domain).
+Channels of one exchange may live in different stacks; they share the exchange's topic.
 """
 
 from __future__ import annotations
