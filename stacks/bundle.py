@@ -3,7 +3,7 @@
 A Lambda bundle is the function's folder (kept as the package `lambdas.<name>`) plus the
 `messenger` library and the pure-Python packages it needs, copied from the virtualenv the app runs
 in, so the deployed code is exactly the code the tests ran against (versions pinned in
-requirements.txt). The EMR library bundle is `messenger` alone (executors get boto3 from EMR).
+requirements.txt). The EMR library bundle is `messenger` and `spark_jobs` (boto3 comes with EMR).
 """
 
 from __future__ import annotations
@@ -77,16 +77,23 @@ def lambda_bundle(function: str, packages: Sequence[str] = LAMBDA_PACKAGES) -> P
 
 
 def library_bundle() -> Path:
-    """A directory holding only `messenger/` (zipped by its asset: the EMR steps' --py-files)."""
+    """A directory holding `messenger/` and `spark_jobs/` (zipped by its asset: the EMR steps'
+    --py-files, so a job may import the library and its sibling modules)."""
     cache_key = ("library",)
     if cache_key not in _staged:
         target = _staging_root() / "library"
         shutil.copytree(REPO_ROOT / "messenger", target / "messenger", ignore=_IGNORE)
+        jobs = REPO_ROOT / "spark_jobs"
+        if jobs.is_dir():
+            shutil.copytree(jobs, target / "spark_jobs", ignore=_IGNORE)
         _staged[cache_key] = target
     return _staged[cache_key]
 
 
 def spark_job_scripts() -> list[Path]:
-    """The EMR step scripts: `spark_jobs/*.py` except private modules."""
+    """The EMR step scripts: `spark_jobs/*.py` with a `__main__` block (not `_private.py`)."""
     folder = REPO_ROOT / "spark_jobs"
-    return sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
+    return sorted(
+        path for path in folder.glob("*.py")
+        if not path.name.startswith("_") and "__main__" in path.read_text(encoding="utf-8")
+    )

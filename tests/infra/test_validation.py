@@ -155,3 +155,29 @@ def test_every_acknowledgement_answers_a_real_finding(
     for path, rule in findings:
         assert any(rule == a_rule and path.startswith(a_path) for a_path, a_rule in recorded), \
             (path, rule)
+
+
+def test_an_exchange_spanning_two_stacks_has_one_topic(tmp_path: Path) -> None:
+    # Given two stacks with channels of the same exchange
+    app = _app(tmp_path)
+    env = cdk.Environment(account=ACCOUNT, region=REGION)
+    first = cdk.Stack(app, "First", env=env)
+    second = cdk.Stack(app, "Second", env=env)
+    foundation = Foundation(first, "Foundation", namespace="x")
+    Channel(first, "A", spec=ChannelSpec("events.a", namespace="x"), key=foundation.key)
+    Channel(second, "B", spec=ChannelSpec("events.b", namespace="x"), key=foundation.key)
+    # When synthesized
+    assembly = app.synth()
+    topics = [
+        resource
+        for name in ("First", "Second")
+        for resource in assembly.get_stack_by_name(name).template["Resources"].values()
+        if resource["Type"] == "AWS::SNS::Topic"
+    ]
+    # Then there is one topic, and the second stack's queue subscribes to it
+    assert [t["Properties"]["TopicName"] for t in topics] == ["x-events"]
+    (subscription,) = [
+        r for r in assembly.get_stack_by_name("Second").template["Resources"].values()
+        if r["Type"] == "AWS::SNS::Subscription"
+    ]
+    assert "Fn::ImportValue" in subscription["Properties"]["TopicArn"]
