@@ -92,6 +92,8 @@ class EmrPipeline(Construct):
         )
         for channel in channels:
             channel.grant_publish(self.job_role)
+            if channel.spec.track_status:
+                foundation.grant_status_write(self.job_role)
         foundation.grant_offload_write(self.job_role)
         foundation.key.grant(self.job_role, "kms:DescribeKey", "kms:Decrypt")
         readable = [self.library.bucket.arn_for_objects(self.library.s3_object_key)]

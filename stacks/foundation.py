@@ -8,6 +8,7 @@ that is given only `MESSENGER_NAMESPACE` finds them.
 from __future__ import annotations
 
 from aws_cdk import Aws, Duration, RemovalPolicy, Stack, Tags
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
@@ -27,6 +28,11 @@ ACCESS_LOG_EXPIRY_DAYS = 90
 def kms_alias(namespace: str) -> str:
     """The platform key's alias, as `Settings.kms_alias` derives it."""
     return f"alias/{namespace}-messenger" if namespace else "alias/messenger"
+
+
+def status_table_name(namespace: str) -> str:
+    """The message status table, as `messenger.status.table_name` derives it."""
+    return f"{namespace}-messenger-status" if namespace else "messenger-status"
 
 
 def offload_bucket_name(namespace: str, account: str) -> str:
@@ -104,9 +110,34 @@ class Foundation(Construct):
             ],
             removal_policy=removal_policy,
         )
+        # Lifecycle records of channels with track_status (messenger.status); they expire by TTL.
+        self.status_table = dynamodb.Table(
+            self,
+            "StatusTable",
+            table_name=status_table_name(namespace),
+            partition_key=dynamodb.Attribute(name="message_id", type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name="sk", type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
+            encryption_key=self.key,
+            time_to_live_attribute="expires_at",
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            removal_policy=removal_policy,
+        )
         Tags.of(self).add(TAG_MANAGED, "true")
         if namespace:
             Tags.of(self).add(TAG_NAMESPACE, namespace)
+
+    def grant_status_write(self, grantee: iam.IGrantable) -> None:
+        """Record message status (messenger.status.StatusStore): check the table, write batches."""
+        iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["dynamodb:DescribeTable", "dynamodb:BatchWriteItem", "dynamodb:PutItem"],
+            resource_arns=[self.status_table.table_arn],
+        )
+        self.key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
 
     @property
     def offload_bucket_arn(self) -> str:

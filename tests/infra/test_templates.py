@@ -15,6 +15,7 @@ from examples.channels import example_channels, wishlist_channels
 from messenger.channel import DEFAULT_MAX_RECEIVES, TAG_CHANNEL, TAG_ROLE
 from messenger.offload import OFFLOAD_PREFIX, lifecycle_days
 from messenger.settings import Settings
+from messenger.status import table_name as status_table_name
 from stacks.messenger_app import EXAMPLE_CONSUMERS
 from tests.infra.conftest import ACCOUNT, NAMESPACE, REGION, CloudAssembly
 
@@ -127,6 +128,18 @@ def test_offload_bucket_matches_the_runtime(assembly: CloudAssembly) -> None:
     })
     template.has_resource_properties("AWS::KMS::Key", {"EnableKeyRotation": True})
     template.has_resource_properties("AWS::KMS::Alias", {"AliasName": settings.kms_alias})
+
+
+def test_status_table_matches_the_runtime(assembly: CloudAssembly) -> None:
+    assembly.assertions("platform").has_resource_properties("AWS::DynamoDB::Table", {
+        "TableName": status_table_name(NAMESPACE),
+        "KeySchema": [{"AttributeName": "message_id", "KeyType": "HASH"},
+                      {"AttributeName": "sk", "KeyType": "RANGE"}],
+        "BillingMode": "PAY_PER_REQUEST",
+        "TimeToLiveSpecification": {"AttributeName": "expires_at", "Enabled": True},
+        "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+        "SSESpecification": Match.object_like({"SSEEnabled": True, "SSEType": "KMS"}),
+    })
 
 
 def test_key_policy_lets_sns_deliver_to_encrypted_queues(assembly: CloudAssembly) -> None:

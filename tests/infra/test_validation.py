@@ -96,7 +96,7 @@ def test_consumer_class_must_be_a_module_path(tmp_path: Path) -> None:
 def test_priority_levels_get_their_own_queues_and_filters(tmp_path: Path) -> None:
     # Given a prioritized exchange channel and a consumer of it
     spec = ChannelSpec("jobs.worker", priorities=("high", "default", "low"), namespace="p",
-                       message_filter=MessageFilter("prefix", ["JOB."]))
+                       message_filter=MessageFilter("prefix", ["JOB."]), track_status=True)
     app, channel = _consumer_stack(tmp_path, spec)
     # When synthesized
     template = app.synth().get_stack_by_name("Small").template
@@ -116,6 +116,10 @@ def test_priority_levels_get_their_own_queues_and_filters(tmp_path: Path) -> Non
     receive = [s for s in task_policy["Properties"]["PolicyDocument"]["Statement"]
                if "sqs:ReceiveMessage" in s["Action"]]
     assert len(receive[0]["Resource"]) == len(levels)
+    # And, tracking status, may write to the status table
+    status = [s for s in task_policy["Properties"]["PolicyDocument"]["Statement"]
+              if "dynamodb:BatchWriteItem" in s["Action"]]
+    assert len(status) == 1
 
 
 def test_every_acknowledgement_answers_a_real_finding(
