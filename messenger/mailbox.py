@@ -180,21 +180,27 @@ class Mailbox:
         )
         return list(response.get("Messages", []))
 
-    def _visibility_batch(self, deliveries: Sequence[Delivery], seconds: int) -> list[EntryError]:
+    def _batch(
+        self, what: str, call: Callable[..., Any], deliveries: Sequence[Delivery], **entry: Any
+    ) -> list[EntryError]:
+        """One batch call per 10 deliveries; returns the entries SQS refused."""
         errors: list[EntryError] = []
         for chunk in _chunks(deliveries):
             entries = [
-                {"Id": str(i), "ReceiptHandle": d.receipt_handle, "VisibilityTimeout": seconds}
+                {"Id": str(i), "ReceiptHandle": d.receipt_handle, **entry}
                 for i, d in enumerate(chunk)
             ]
             response = self._call(
-                "ChangeMessageVisibilityBatch",
-                lambda entries=entries: self.sqs.change_message_visibility_batch(
-                    QueueUrl=self.queue_url, Entries=entries
-                ),
+                what, lambda entries=entries: call(QueueUrl=self.queue_url, Entries=entries)
             )
             errors.extend(_entry_errors(chunk, response))
         return errors
+
+    def _visibility_batch(self, deliveries: Sequence[Delivery], seconds: int) -> list[EntryError]:
+        return self._batch(
+            "ChangeMessageVisibilityBatch", self.sqs.change_message_visibility_batch,
+            deliveries, VisibilityTimeout=seconds,
+        )
 
     def extend(self, deliveries: Sequence[Delivery], seconds: int) -> list[EntryError]:
         """Heartbeat: keep the messages invisible for `seconds` more."""
@@ -215,19 +221,7 @@ class Mailbox:
         )
 
     def delete_batch(self, deliveries: Sequence[Delivery]) -> list[EntryError]:
-        errors: list[EntryError] = []
-        for chunk in _chunks(deliveries):
-            entries = [
-                {"Id": str(i), "ReceiptHandle": d.receipt_handle} for i, d in enumerate(chunk)
-            ]
-            response = self._call(
-                "DeleteMessageBatch",
-                lambda entries=entries: self.sqs.delete_message_batch(
-                    QueueUrl=self.queue_url, Entries=entries
-                ),
-            )
-            errors.extend(_entry_errors(chunk, response))
-        return errors
+        return self._batch("DeleteMessageBatch", self.sqs.delete_message_batch, deliveries)
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Forward to the DLQ with the reason, then delete from the queue.
