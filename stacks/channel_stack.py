@@ -57,8 +57,7 @@ class ChannelStack(Stack):
         if spec.name in self.channels:
             raise ValueError(f"channel {spec.name!r} is already in stack {self.stack_name}")
         channel = Channel(
-            self, f"Channel{_construct_id(spec.queue_name)}", spec=spec,
-            key=self.platform.foundation.key,
+            self, f"Channel{_channel_id(spec)}", spec=spec, key=self.platform.foundation.key
         )
         self.channels[spec.name] = channel
         self.dashboard.add_channel(channel)
@@ -70,7 +69,7 @@ class ChannelStack(Stack):
         """Run `consumer_class` ('package.module:Class') on Fargate; options: ConsumerService's."""
         service = ConsumerService(
             self,
-            f"Consumer{_construct_id(channel.spec.queue_name)}",
+            f"Consumer{_channel_id(channel.spec)}",
             channel=channel,
             foundation=self.platform.foundation,
             cluster=self.platform.cluster,
@@ -81,3 +80,8 @@ class ChannelStack(Stack):
         )
         self.consumers[channel.spec.name] = service
         return service
+
+
+def _channel_id(spec: ChannelSpec) -> str:
+    """A construct id independent of the namespace, so logical ids are the same in every stage."""
+    return _construct_id(spec.name) + ("Fifo" if spec.ordered else "")
