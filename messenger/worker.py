@@ -127,7 +127,9 @@ class Runtime:
             while self._held and time.monotonic() < deadline:
                 self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             left = [d for d in self._held.values() if d.stage in (Stage.QUEUED, Stage.RUNNING)]
-        abandoned = [d for d in left if d.claim(d.stage, Stage.DONE)]
+        # Claim from the stage seen: a handler that finished meanwhile keeps its delete.
+        abandoned = [d for d in left
+                     if d.claim(Stage.QUEUED, Stage.DONE) or d.claim(Stage.RUNNING, Stage.DONE)]
         if abandoned:
             self._release(abandoned, reason="shutdown_timeout")
         for _ in range(self.config.concurrency):
