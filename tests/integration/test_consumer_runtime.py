@@ -350,3 +350,31 @@ def test_a_spinning_handler_is_interrupted_at_its_timeout_and_frees_its_worker(
     run.stop()
     [dead] = dead_letters(clients, run.consumer, expected=1)
     assert json.loads(dead["Body"]) == "spin"
+
+
+def test_delete_batches_report_each_entry_sqs_refuses(clients, endpoint):
+    from messenger.mailbox import DeleteBatcher, Delivery, Mailbox
+
+    sqs = clients.client("sqs")
+    url = sqs.create_queue(QueueName="delete_batch_test")["QueueUrl"]
+    for first in (0, 6):
+        sqs.send_message_batch(QueueUrl=url, Entries=[
+            {"Id": str(n), "MessageBody": json.dumps(n)} for n in range(first, first + 6)
+        ])
+    received: list[dict[str, Any]] = []
+    while len(received) < 12:
+        received += sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    bogus = {"ReceiptHandle": "not-a-receipt-handle", "MessageId": "bogus"}
+    refused = []
+    mailbox = Mailbox(sqs, url, url, ordered=False, budget=5.0)
+    batcher = DeleteBatcher(mailbox, linger=60, on_failure=refused.append)
+    for raw in [*received[:5], bogus, *received[5:]]:
+        batcher.add(Delivery(raw, 0.0, 30.0))
+    assert batcher.pending == 3  # the first 10 went out as soon as the batch was full
+    batcher.flush()
+    assert [(e.delivery.sqs_message_id, e.code) for e in refused] == [
+        ("bogus", "ReceiptHandleIsInvalid")
+    ]
+    attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attributes["ApproximateNumberOfMessages"] == "0"
+    assert attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
