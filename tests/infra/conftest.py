@@ -100,3 +100,16 @@ def assembly(tmp_path_factory: pytest.TempPathFactory) -> CloudAssembly:
             path.read_text()
         )
     return synthesized
+
+
+def policy_statements(assembly: CloudAssembly) -> list[tuple[str, dict[str, Any]]]:
+    """Every IAM policy statement of every template, with its policy's path."""
+    found = []
+    for path, policy in assembly.resources("AWS::IAM::Policy").items():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            found.append((path, statement))
+    return found
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]

@@ -1,0 +1,185 @@
+"""Consumers, operations Lambdas, dashboard, pipeline and IAM in the session synth."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from examples.channels import example_channels
+from messenger.settings import Settings
+from stacks.messenger_app import EXAMPLE_CONSUMERS
+from tests.infra.conftest import NAMESPACE, CloudAssembly, as_list, policy_statements
+
+SPECS = [level for spec in example_channels(NAMESPACE) for level in spec.level_specs()]
+
+
+# -- consumers ---------------------------------------------------------------------------------
+def test_consumer_tasks_have_health_check_stop_timeout_and_settings(
+    assembly: CloudAssembly,
+) -> None:
+    tasks = assembly.resources("AWS::ECS::TaskDefinition", "examples")
+    assert len(tasks) == len(EXAMPLE_CONSUMERS)
+    commands = set()
+    for task in tasks.values():
+        (container,) = task["Properties"]["ContainerDefinitions"]
+        assert container["HealthCheck"] == {
+            "Command": ["CMD", "check_consumer_health"],
+            "Interval": 30, "Timeout": 10, "Retries": 5, "StartPeriod": 300,
+        }
+        assert container["StopTimeout"] == 120
+        assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+        env = {e["Name"]: e["Value"] for e in container["Environment"]}
+        assert env["MESSENGER_PROVISIONING"] == "verify"
+        assert env["MESSENGER_NAMESPACE"] == NAMESPACE
+        assert env["MESSENGER_SHUTDOWN_TIMEOUT"] == "30"
+        assert int(env["MESSENGER_SHUTDOWN_TIMEOUT"]) < container["StopTimeout"]
+        assert env["MESSENGER_CONCURRENCY"] == "1"
+        assert "FoundationKey" in json.dumps(env["MESSENGER_KMS_KEY"])
+        assert env["MESSENGER_OFFLOAD_BUCKET"] == {"Fn::Join": ["", [
+            Settings(namespace=NAMESPACE).bucket_name(""), {"Ref": "AWS::AccountId"}]]}
+        commands.add(tuple(container["Command"]))
+    assert commands == {("messenger", "consume", c) for c in EXAMPLE_CONSUMERS.values()}
+
+
+def test_consumers_scale_in_steps_on_queue_depth(assembly: CloudAssembly) -> None:
+    policies = assembly.resources("AWS::ApplicationAutoScaling::ScalingPolicy", "examples")
+    step_policies = [p for p in policies.values() if p["Properties"]["PolicyType"] == "StepScaling"]
+    assert len(step_policies) == 2 * len(EXAMPLE_CONSUMERS)  # one to scale out, one to scale in
+    alarms = assembly.resources("AWS::CloudWatch::Alarm", "examples").values()
+    depth_alarms = [a for a in alarms
+                    if a["Properties"].get("MetricName") == "ApproximateNumberOfMessagesVisible"]
+    assert sorted(a["Properties"]["Threshold"] for a in depth_alarms) == sorted(
+        [0, 100] * len(EXAMPLE_CONSUMERS)
+    )
+
+
+def test_consumer_grants_are_scoped_to_its_channel(assembly: CloudAssembly) -> None:
+    resources = assembly.template("examples")["Resources"]
+    queue_ids = {r["Properties"]["QueueName"]: k for k, r in resources.items()
+                 if r["Type"] == "AWS::SQS::Queue"}
+    tasks = {k: r for k, r in resources.items() if r["Type"] == "AWS::ECS::TaskDefinition"}
+    for task in tasks.values():
+        (container,) = task["Properties"]["ContainerDefinitions"]
+        consumer = container["Command"][2]
+        (channel,) = [n for n, c in EXAMPLE_CONSUMERS.items() if c == consumer]
+        (spec,) = [s for s in SPECS if s.name == channel]
+        role_id = task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0]
+        (policy,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Policy"
+                     and {"Ref": role_id} in r["Properties"]["Roles"]]
+        statements = policy["Properties"]["PolicyDocument"]["Statement"]
+        receive = [s for s in statements if "sqs:ReceiveMessage" in as_list(s["Action"])]
+        assert [s["Resource"] for s in receive] == [
+            {"Fn::GetAtt": [queue_ids[spec.queue_name], "Arn"]}
+        ]
+        send = [s for s in statements if "sqs:SendMessage" in as_list(s["Action"])]
+        assert [s["Resource"] for s in send] == [
+            {"Fn::GetAtt": [queue_ids[spec.dlq_name], "Arn"]}
+        ]
+        touched = json.dumps(statements)
+        others = [q for n, q in queue_ids.items() if n not in (spec.queue_name, spec.dlq_name)]
+        assert not any(f'"{other}"' in touched for other in others)
+
+
+def test_no_iam_statement_allows_every_action(assembly: CloudAssembly) -> None:
+    # Resource "*" only where IAM has no resource scope for the action (acknowledged in nag).
+    unscoped_allowed = {
+        "tag:GetResources", "sqs:ListQueues", "sns:ListTopics", "cloudwatch:GetMetricData",
+        "ecr:GetAuthorizationToken", "xray:PutTraceSegments", "xray:PutTelemetryRecords",
+        "xray:GetSamplingRules", "xray:GetSamplingTargets",
+        "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery",
+        "logs:DeleteLogDelivery", "logs:ListLogDeliveries", "logs:PutResourcePolicy",
+        "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
+        "elasticmapreduce:RunJobFlow", "elasticmapreduce:DescribeCluster",
+        "elasticmapreduce:AddTags",
+        "elasticmapreduce:TerminateJobFlows",
+    }
+    statements = policy_statements(assembly)
+    assert statements
+    for path, statement in statements:
+        actions = as_list(statement["Action"])
+        assert "*" not in actions, path
+        assert not any(a.endswith(":*") for a in actions), (path, actions)
+        if "*" in as_list(statement["Resource"]):
+            assert set(actions) <= unscoped_allowed, (path, actions)
+
+
+# -- operations --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("expression", "payload", "function"),
+    [
+        ("rate(15 minutes)", {"scope": "source"}, "QueueAlarm"),
+        ("rate(12 hours)", {"scope": "dlq"}, "QueueAlarm"),
+        ("rate(1 day)", {}, "ResourceCleaner"),
+    ],
+)
+def test_ops_schedules(
+    assembly: CloudAssembly, expression: str, payload: dict, function: str
+) -> None:
+    rules = [r["Properties"] for r in assembly.resources("AWS::Events::Rule", "platform").values()
+             if r["Properties"]["ScheduleExpression"] == expression]
+    assert len(rules) == 1
+    (target,) = rules[0]["Targets"]
+    assert json.loads(target["Input"]) == payload
+    assert target["Arn"]["Fn::GetAtt"][0].startswith(f"Ops{function}")
+
+
+def test_ops_functions_environment_and_bundle(assembly: CloudAssembly) -> None:
+    functions = assembly.resources("AWS::Lambda::Function", "platform")
+    handlers = {f["Properties"]["Handler"]: f["Properties"] for f in functions.values()}
+    assert set(handlers) == {"lambdas.queue_alarm.handler.handler",
+                             "lambdas.resource_cleaner.handler.handler"}
+    for properties in handlers.values():
+        env = properties["Environment"]["Variables"]
+        assert env["SLACK_WEBHOOK_SECRET"] == "messenger/slack-webhook"
+        assert env["MESSENGER_NAMESPACE"] == NAMESPACE
+        assert env["MESSENGER_ALARM_THRESHOLD"] == "100"
+        assert env["CLEANER_DRY_RUN"] in ("true", "false")
+        assert env["POWERTOOLS_SERVICE_NAME"].startswith("messenger-")
+        asset = assembly.outdir / f"asset.{properties['Code']['S3Key'].split('.')[0]}"
+        folder = properties["Handler"].split(".")[1]
+        for module in (f"lambdas/{folder}/handler.py", "messenger/channel.py",
+                       "slack_sdk/__init__.py", "aws_lambda_powertools/__init__.py"):
+            assert (asset / module).is_file(), module
+
+
+def test_ops_permissions_are_limited_to_the_namespace(assembly: CloudAssembly) -> None:
+    resources = assembly.template("platform")["Resources"]
+    deletes = [s for _, s in policy_statements(assembly)
+               if {"sqs:DeleteQueue", "sns:DeleteTopic"} & set(as_list(s["Action"]))]
+    assert len(deletes) == 2
+    for statement in deletes:
+        pattern = json.dumps(statement["Resource"])
+        assert f":{NAMESPACE}-*" in pattern
+    secrets = [s for _, s in policy_statements(assembly)
+               if "secretsmanager:GetSecretValue" in as_list(s["Action"])]
+    assert secrets and all("messenger/slack-webhook-" in json.dumps(s["Resource"])
+                           for s in secrets)
+    assert resources
+
+
+# -- dashboard and pipeline --------------------------------------------------------------------
+def test_dashboard_shows_depth_age_and_dlq_depth_per_channel(assembly: CloudAssembly) -> None:
+    (dashboard,) = assembly.resources("AWS::CloudWatch::Dashboard", "examples").values()
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for spec in SPECS:
+        for title in (": depth", ": age of oldest message", ": DLQ depth"):
+            assert f"{spec.name}{title}" in body
+    assert body.count("ApproximateAgeOfOldestMessage") == len(SPECS)
+    assert body.count("ApproximateNumberOfMessagesVisible") == 2 * len(SPECS)
+
+
+def test_pipeline_provides_code_bucket_roles_and_job_runner(assembly: CloudAssembly) -> None:
+    template = assembly.template("pipeline")
+    assert {"CodeBucketName", "JobRoleArn", "InstanceProfileName", "StateMachineArn"} <= set(
+        template["Outputs"]
+    )
+    (machine,) = assembly.resources("AWS::StepFunctions::StateMachine", "pipeline").values()
+    definition = json.dumps(machine["Properties"]["DefinitionString"])
+    for resource in ("createCluster.sync", "addStep.sync", "terminateCluster"):
+        assert resource in definition
+    job_policy = [s for _, s in policy_statements(assembly)
+                  if "sns:Publish" in as_list(s["Action"])]
+    assert job_policy, "the EMR job role may publish to the example exchange"
+    profiles = assembly.resources("AWS::IAM::InstanceProfile", "pipeline")
+    assert len(profiles) == 1
