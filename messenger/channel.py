@@ -91,6 +91,18 @@ def validate_namespace(namespace: str) -> str:
     return namespace
 
 
+# Platform resource names shared by the runtime defaults (Settings) and the CDK app.
+def platform_key_alias(namespace: str = "") -> str:
+    """The platform KMS key's alias: 'alias/<namespace->messenger'."""
+    return f"alias/{namespace}-messenger" if namespace else "alias/messenger"
+
+
+def offload_bucket_name(namespace: str, account_id: str) -> str:
+    """The offload bucket: '<namespace->messenger-offload-<account>' (S3 names are lower case)."""
+    prefix = f"{namespace.lower().replace('_', '-')}-" if namespace else ""
+    return f"{prefix}messenger-offload-{account_id}"
+
+
 @dataclass(frozen=True)
 class MessageFilter:
     """Which routing keys a consumer's subscription receives.

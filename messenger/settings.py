@@ -22,7 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from messenger.channel import SQS_MAX_MESSAGE_BYTES, validate_namespace
+from messenger.channel import (
+    SQS_MAX_MESSAGE_BYTES,
+    offload_bucket_name,
+    platform_key_alias,
+    validate_namespace,
+)
 from messenger.errors import InvalidChannelSpec, InvalidSettings
 
 PROVISIONING_MODES = ("auto", "verify")
@@ -112,14 +117,13 @@ class Settings:
         """The key to use: the configured one, else 'alias/<namespace->messenger'."""
         if self.kms_key:
             return self.kms_key
-        return f"alias/{self.namespace}-messenger" if self.namespace else "alias/messenger"
+        return platform_key_alias(self.namespace)
 
     def bucket_name(self, account_id: str) -> str:
         """The offload bucket: the configured one, else '<ns->messenger-offload-<account>'."""
         if self.offload_bucket:
             return self.offload_bucket
-        prefix = f"{self.namespace.lower().replace('_', '-')}-" if self.namespace else ""
-        return f"{prefix}messenger-offload-{account_id}"
+        return offload_bucket_name(self.namespace, account_id)
 
     def as_env(self) -> dict[str, str]:
         """The settings as environment variables (to hand to a subprocess or a Spark executor)."""

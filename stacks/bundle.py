@@ -66,9 +66,9 @@ def lambda_bundle(function: str, packages: Sequence[str] = LAMBDA_PACKAGES) -> P
         raise BundleError(f"Lambda function folder {source} has no handler.py")
     target = _staging_root() / f"lambda-{function}"
     shutil.copytree(source, target / "lambdas" / function, ignore=_IGNORE)
-    for init in (REPO_ROOT / "lambdas" / "__init__.py",):
-        if init.is_file():
-            shutil.copy2(init, target / "lambdas" / "__init__.py")
+    package_init = REPO_ROOT / "lambdas" / "__init__.py"
+    if package_init.is_file():
+        shutil.copy2(package_init, target / "lambdas" / "__init__.py")
     shutil.copytree(REPO_ROOT / "messenger", target / "messenger", ignore=_IGNORE)
     for package in packages:
         _copy_package(package, target)

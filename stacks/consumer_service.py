@@ -143,8 +143,6 @@ class ConsumerService(Construct):
         foundation.grant_offload_read(self.task_definition.task_role)
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.task_definition.task_role)
-        # The runtime resolves the key in verify mode (DescribeKey) before it trusts it.
-        foundation.key.grant(self.task_definition.task_role, "kms:DescribeKey")
 
         self.security_group = ec2.SecurityGroup(
             self,

@@ -1,8 +1,8 @@
 """`Foundation`: the platform CMK, the offload bucket and its access-log bucket.
 
-Names follow the runtime's defaults (`messenger.settings.Settings`): key alias
-`alias/<namespace->messenger`, bucket `<namespace->messenger-offload-<account>`, so a producer
-that is given only `MESSENGER_NAMESPACE` finds them.
+Names are the runtime's defaults (`messenger.channel.platform_key_alias` /
+`offload_bucket_name`, which `Settings` uses too): a producer given only `MESSENGER_NAMESPACE`
+finds them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from messenger.channel import SQS_MAX_RETENTION_SECONDS, TAG_MANAGED, TAG_NAMESPACE
+from messenger.channel import (
+    SQS_MAX_RETENTION_SECONDS,
+    TAG_MANAGED,
+    TAG_NAMESPACE,
+    offload_bucket_name,
+    platform_key_alias,
+)
 from stacks.nag import acknowledge_wildcard_resource
 
 #: Offloaded payloads live as long as the longest possible retention (14 days) plus one day
@@ -25,20 +31,9 @@ OFFLOAD_PREFIX = "payloads/"
 ACCESS_LOG_EXPIRY_DAYS = 90
 
 
-def kms_alias(namespace: str) -> str:
-    """The platform key's alias, as `Settings.kms_alias` derives it."""
-    return f"alias/{namespace}-messenger" if namespace else "alias/messenger"
-
-
 def status_table_name(namespace: str) -> str:
     """The message status table, as `messenger.status.table_name` derives it."""
     return f"{namespace}-messenger-status" if namespace else "messenger-status"
-
-
-def offload_bucket_name(namespace: str, account: str) -> str:
-    """The offload bucket's name, as `Settings.bucket_name` derives it."""
-    prefix = f"{namespace.lower().replace('_', '-')}-" if namespace else ""
-    return f"{prefix}messenger-offload-{account}"
 
 
 class Foundation(Construct):
@@ -61,7 +56,7 @@ class Foundation(Construct):
         self.key = kms.Key(
             self,
             "Key",
-            alias=kms_alias(namespace),
+            alias=platform_key_alias(namespace),
             description=f"messenger platform key ({namespace or 'default'})",
             enable_key_rotation=True,
             removal_policy=removal_policy,
