@@ -78,12 +78,13 @@ def _tls_only(resource: str, action: str) -> iam.PolicyStatement:
     )
 
 
-def _construct_id(physical_name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]", "", physical_name.title())
+def construct_id(name: str, ordered: bool = False) -> str:
+    """A construct id for a channel or exchange name, the same in every namespace."""
+    return re.sub(r"[^A-Za-z0-9]", "", name.title()) + ("Fifo" if ordered else "")
 
 
 class ExchangeTopic(Construct):
-    """The SNS topic of one exchange, shared by every channel of that exchange in a stack.
+    """The SNS topic of one exchange, shared by every channel of that exchange in the app.
 
     Use `ExchangeTopic.of(scope, spec, key)`: the first channel of an exchange creates the topic,
     the others (in any stack of the app) subscribe to the same one.
@@ -93,7 +94,6 @@ class ExchangeTopic(Construct):
         super().__init__(scope, id)
         assert spec.exchange is not None and spec.topic_name is not None
         self.name = spec.topic_name
-        self.ordered = spec.ordered
         self.resource = sns.CfnTopic(
             self,
             "Resource",
@@ -125,14 +125,14 @@ class ExchangeTopic(Construct):
 
         Channels of one exchange in other stacks of the app subscribe to that same topic (a
         cross-stack reference), so an exchange may span stacks without a second topic."""
-        assert spec.topic_name is not None
+        assert spec.exchange is not None
         stack = Stack.of(scope)
-        construct_id = f"Exchange{_construct_id(spec.topic_name)}"
+        topic_id = f"Exchange{construct_id(spec.exchange, spec.ordered)}"
         for candidate in (stack, *stack.node.root.node.children):
-            existing = candidate.node.try_find_child(construct_id)
+            existing = candidate.node.try_find_child(topic_id)
             if isinstance(existing, ExchangeTopic):
                 return existing
-        return cls(stack, construct_id, spec=spec, key=key)
+        return cls(stack, topic_id, spec=spec, key=key)
 
 
 class ChannelQueue(Construct):
@@ -254,7 +254,7 @@ class Channel(Construct):
         self.levels = [
             ChannelQueue(
                 self,
-                f"Level{_construct_id(level.priority_level)}" if level.priority_level else "Queue",
+                f"Level{construct_id(level.priority_level)}" if level.priority_level else "Queue",
                 spec=level, key=key, exchange=self.exchange,
             )
             for level in spec.level_specs()

@@ -20,7 +20,7 @@ from aws_cdk import Stack, Tags
 from constructs import Construct
 
 from messenger.channel import TAG_MANAGED, ChannelSpec
-from stacks.channel import Channel, _construct_id
+from stacks.channel import Channel, construct_id
 from stacks.consumer_service import ConsumerService
 from stacks.dashboard import ChannelDashboard
 from stacks.platform_stack import PlatformStack
@@ -57,7 +57,8 @@ class ChannelStack(Stack):
         if spec.name in self.channels:
             raise ValueError(f"channel {spec.name!r} is already in stack {self.stack_name}")
         channel = Channel(
-            self, f"Channel{_channel_id(spec)}", spec=spec, key=self.platform.foundation.key
+            self, f"Channel{construct_id(spec.name, spec.ordered)}", spec=spec,
+            key=self.platform.foundation.key,
         )
         self.channels[spec.name] = channel
         self.dashboard.add_channel(channel)
@@ -69,7 +70,7 @@ class ChannelStack(Stack):
         """Run `consumer_class` ('package.module:Class') on Fargate; options: ConsumerService's."""
         service = ConsumerService(
             self,
-            f"Consumer{_channel_id(channel.spec)}",
+            f"Consumer{construct_id(channel.spec.name, channel.spec.ordered)}",
             channel=channel,
             foundation=self.platform.foundation,
             cluster=self.platform.cluster,
@@ -81,7 +82,3 @@ class ChannelStack(Stack):
         self.consumers[channel.spec.name] = service
         return service
 
-
-def _channel_id(spec: ChannelSpec) -> str:
-    """A construct id independent of the namespace, so logical ids are the same in every stage."""
-    return _construct_id(spec.name) + ("Fifo" if spec.ordered else "")
