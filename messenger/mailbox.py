@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from messenger.aws import call_with_budget
@@ -190,9 +191,7 @@ class Mailbox:
                 {"Id": str(i), "ReceiptHandle": d.receipt_handle, **entry}
                 for i, d in enumerate(chunk)
             ]
-            response = self._call(
-                what, lambda entries=entries: call(QueueUrl=self.queue_url, Entries=entries)
-            )
+            response = self._call(what, partial(call, QueueUrl=self.queue_url, Entries=entries))
             errors.extend(_entry_errors(chunk, response))
         return errors
 

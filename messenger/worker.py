@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any
 from messenger.aws import is_transient
 from messenger.errors import MessageDecodeError, MessengerError, PayloadMissing
 from messenger.lifecycle import ConsumerState, LifecycleHooks
-from messenger.mailbox import DeleteBatcher, Delivery, EntryError, Mailbox, Stage
+from messenger.mailbox import (
+    DeleteBatcher,
+    Delivery,
+    EntryError,
+    Mailbox,
+    ReceivedMessage,
+    Stage,
+)
 from messenger.offload import PayloadStore
 
 if TYPE_CHECKING:
@@ -240,40 +247,44 @@ class Runtime:
         consumer.emit("started", delivery.log_id, fields={"receive_count": delivery.receive_count})
         try:
             message = delivery.decode(self.store, self.mailbox.budget)
-        except (MessageDecodeError, PayloadMissing) as error:
-            kind = "undecodable" if isinstance(error, MessageDecodeError) else "payload_missing"
-            return self._dead_letter(delivery, f"{kind}: {error}", Stage.RUNNING)
-        except Exception as error:  # S3 unreachable past the budget: try again later
-            return self._failed(delivery, None, error)
+        except (MessageDecodeError, PayloadMissing) as bad:
+            kind = "undecodable" if isinstance(bad, MessageDecodeError) else "payload_missing"
+            return self._dead_letter(delivery, f"{kind}: {bad}", Stage.RUNNING)
+        except Exception as unreadable:  # S3 unreachable past the budget: try again later
+            return self._failed(delivery, None, unreadable)
         delivery.message = message
         consumer.check_delay(message)
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)
-        error: BaseException | None = None
-        try:
-            with delivery.lock:
-                if delivery.stage is not Stage.RUNNING:  # timed out in a START hook
-                    raise ProcessingTimeout("timed out before the handler started")
-                delivery.in_handler = True
-            try:
-                consumer.handler(message)
-            finally:
-                with delivery.lock:
-                    delivery.in_handler = False
-                    if delivery.stage is Stage.TIMED_OUT:
-                        _interrupt(threading.get_ident(), None)
-        except ProcessingTimeout:
-            pass
-        except Exception as caught:
-            error = caught
+        failure = self._call_handler(delivery, message)
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
-        if error is not None:
-            return self._failed(delivery, message, error)
+        if failure is not None:
+            return self._failed(delivery, message, failure)
         if not delivery.claim(Stage.RUNNING, Stage.DONE):
             return False  # timed out meanwhile: the watchdog dead-lettered it
         self.deleter.add(delivery)
         consumer.emit("completed", delivery.log_id, duration=self._duration(delivery))
         self._finish(delivery, progress=True)
         return True
+
+    def _call_handler(self, delivery: Delivery, message: ReceivedMessage) -> Exception | None:
+        """Run the handler: what it raised, or None (also on a timeout: the watchdog has it)."""
+        try:
+            with delivery.lock:
+                if delivery.stage is not Stage.RUNNING:  # timed out in a START hook
+                    return None
+                delivery.in_handler = True
+            try:
+                self.consumer.handler(message)
+            finally:
+                with delivery.lock:
+                    delivery.in_handler = False
+                    if delivery.stage is Stage.TIMED_OUT:  # drop an interruption not yet raised
+                        _interrupt(threading.get_ident(), None)
+        except ProcessingTimeout:
+            return None
+        except Exception as error:
+            return error
+        return None
 
     def _failed(self, delivery: Delivery, message: Any, error: BaseException) -> bool:
         if not delivery.claim(Stage.RUNNING, Stage.DONE):
