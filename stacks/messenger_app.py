@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aws_cdk import App, Environment, Validations
+from aws_cdk import App, Duration, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
 from examples.channels import example_channels
@@ -13,12 +13,15 @@ from stacks.config import MessengerConfig
 from stacks.pipeline_stack import PipelineStack
 from stacks.platform_stack import PlatformStack
 
-#: The example consumer classes (module `examples.wishlist`) per wishlist queue.
+#: The example consumer classes (module `examples.wishlist`) per example channel.
 EXAMPLE_CONSUMERS = {
     "wishlist_events.all_events": "examples.wishlist:AllEventsConsumer",
     "wishlist_events.mobile_events": "examples.wishlist:MobileEventsConsumer",
     "wishlist_events.apple_events": "examples.wishlist:AppleEventsConsumer",
+    "orders": "examples.wishlist:OrdersConsumer",
 }
+#: The example classes' `processing_timeout`.
+EXAMPLE_PROCESSING_TIMEOUT = Duration.seconds(30)
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,9 @@ def build_app(app: App, config: MessengerConfig) -> MessengerStacks:
             channel = examples.add_channel(spec)
             consumer = EXAMPLE_CONSUMERS.get(spec.name)
             if consumer is not None:
-                examples.add_consumer(channel, consumer)
+                examples.add_consumer(
+                    channel, consumer, processing_timeout=EXAMPLE_PROCESSING_TIMEOUT
+                )
     pipeline = None
     if config.pipeline:
         publishes_to = list(examples.channels.values()) if examples else []
