@@ -8,8 +8,9 @@ Context (cdk.json or `-c key=value`):
   messenger:alarm-threshold       default queue depth that raises an alert
   messenger:cleaner-dry-run       the resource cleaner only reports (true/false)
   messenger:pipeline              deploy the EMR pipeline stack (true/false)
+  messenger:account / :region     pin the target environment (else CDK_DEFAULT_ACCOUNT/REGION)
 Environment: CDK_DEFAULT_ACCOUNT / CDK_DEFAULT_REGION (set by the CLI when credentials exist);
-without them the stacks are environment-agnostic and synthesis needs no AWS access.
+without either, the stacks are environment-agnostic. Synthesis needs no AWS access either way.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def read_config(app: App) -> MessengerConfig:
         ) from None
     return MessengerConfig(
         namespace=str(context("namespace", "")),
-        account=os.environ.get("CDK_DEFAULT_ACCOUNT") or None,
-        region=os.environ.get("CDK_DEFAULT_REGION") or None,
+        account=str(context("account", "")) or os.environ.get("CDK_DEFAULT_ACCOUNT") or None,
+        region=str(context("region", "")) or os.environ.get("CDK_DEFAULT_REGION") or None,
         slack_webhook_secret=str(context("slack-webhook-secret", DEFAULT_SLACK_WEBHOOK_SECRET)),
         example_channels=_flag(context("example-channels", True), "messenger:example-channels"),
         alarm_threshold=threshold,
