@@ -97,6 +97,10 @@ class Delivery:
         value = self.raw.get("MessageAttributes", {}).get("message_id", {}).get("StringValue")
         return str(value or self.sqs_message_id)
 
+    def running_for(self) -> float | None:
+        """Seconds since the handler started, None before."""
+        return None if self.started_at is None else time.monotonic() - self.started_at
+
     def claim(self, expected: Stage, new: Stage) -> bool:
         """Move from `expected` to `new` atomically; False when another thread got there first."""
         with self.lock:

@@ -7,17 +7,11 @@
 - A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
   for deletion (success), makes it visible again after `retry_delay` (error) or forwards it to the
   DLQ (undecodable, payload missing).
-- The watchdog, every 0.1 s: extends the visibility of held messages in batches (heartbeat)
-  once a third of their lease is gone, until their processing timeout; times out handlers past
-  `processing_timeout` (DLQ with the reason, the handler thread is interrupted at its next
-  Python instruction and its slot counted lost until it returns; a thread still stuck after
-  `stuck_grace` makes the consumer exit non-zero so that ECS replaces the task); flushes the
-  delete batches; refreshes the health file while progress is made.
+- The watchdog (`messenger.watchdog`) extends leases, times out handlers, flushes deletes.
 """
 
 from __future__ import annotations
 
-import ctypes
 import queue
 import threading
 import time
@@ -25,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from messenger.aws import is_transient
-from messenger.errors import MessageDecodeError, MessengerError, PayloadMissing
+from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.lifecycle import ConsumerState, LifecycleHooks
 from messenger.mailbox import (
     DeleteBatcher,
@@ -36,26 +30,14 @@ from messenger.mailbox import (
     Stage,
 )
 from messenger.offload import PayloadStore
+from messenger.watchdog import ProcessingTimeout, Watchdog, interrupt
 
 if TYPE_CHECKING:
     from messenger.consumer import Consumer
 
-WATCHDOG_TICK_SECONDS = 0.1
 #: How long the receiver waits for more workers to free up before polling for fewer messages.
 COALESCE_SECONDS = 0.02
 RECEIVE_BACKOFF_SECONDS = 2.0
-
-
-class ProcessingTimeout(MessengerError):
-    """A handler ran past the consumer's processing_timeout (raised inside the handler thread,
-    and out of `Consumer.run` when the message could not be dead-lettered)."""
-
-
-def _interrupt(thread_id: int, exception: type[BaseException] | None) -> None:
-    """Raise `exception` in another thread at its next Python instruction (None: cancel)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(exception) if exception else None
-    )
 
 
 class Runtime:
@@ -77,7 +59,7 @@ class Runtime:
         self._work: queue.Queue[list[Delivery] | None] = queue.Queue()
         self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed)
         self._threads: list[threading.Thread] = []
-        self._watchdog_stop = threading.Event()
+        self.watchdog = Watchdog(self)
 
     # -- state ------------------------------------------------------------------------------
     def free_slots(self) -> int:
@@ -90,6 +72,26 @@ class Runtime:
             if self._held or self._stuck:
                 return ConsumerState.PROCESSING
             return ConsumerState.IDLE if self._last_poll_empty else ConsumerState.LISTENING
+
+    def held(self, *stages: Stage) -> list[Delivery]:
+        """The messages held now, in the given stages."""
+        with self._cond:
+            return [d for d in self._held.values() if d.stage in stages]
+
+    def mark_stuck(self, thread_id: int, since: float) -> None:
+        """A handler thread timed out: its worker counts as lost until the thread returns."""
+        with self._cond:
+            self._stuck[thread_id] = since
+
+    def stuck_since(self) -> list[float]:
+        with self._cond:
+            return list(self._stuck.values())
+
+    @property
+    def progress(self) -> int:
+        """Messages finished so far (completed, failed, dead-lettered on purpose)."""
+        with self._cond:
+            return self._progress
 
     def refresh_state(self) -> None:
         # Decide and enter under one lock, so that concurrent refreshes cannot enter stale states.
@@ -110,7 +112,7 @@ class Runtime:
 
     # -- main -------------------------------------------------------------------------------
     def start(self) -> None:
-        targets = [("receiver", self._receive_loop), ("watchdog", self._watchdog_loop)]
+        targets = [("receiver", self._receive_loop), ("watchdog", self.watchdog.run)]
         targets += [(f"worker-{n}", self._worker_loop) for n in range(self.config.concurrency)]
         for name, target in targets:
             thread = threading.Thread(target=target, name=f"messenger-{name}", daemon=True)
@@ -142,7 +144,7 @@ class Runtime:
         for _ in range(self.config.concurrency):
             self._work.put(None)
         self.deleter.flush()
-        self._watchdog_stop.set()
+        self.watchdog.stop()
 
     # -- receiving --------------------------------------------------------------------------
     def _receive_loop(self) -> None:
@@ -249,7 +251,7 @@ class Runtime:
             message = delivery.decode(self.store, self.mailbox.budget)
         except (MessageDecodeError, PayloadMissing) as bad:
             kind = "undecodable" if isinstance(bad, MessageDecodeError) else "payload_missing"
-            return self._dead_letter(delivery, f"{kind}: {bad}", Stage.RUNNING)
+            return self.dead_letter(delivery, f"{kind}: {bad}", Stage.RUNNING)
         except Exception as unreadable:  # S3 unreachable past the budget: try again later
             return self._failed(delivery, None, unreadable)
         delivery.message = message
@@ -262,7 +264,7 @@ class Runtime:
         if not delivery.claim(Stage.RUNNING, Stage.DONE):
             return False  # timed out meanwhile: the watchdog dead-lettered it
         self.deleter.add(delivery)
-        consumer.emit("completed", delivery.log_id, duration=self._duration(delivery))
+        consumer.emit("completed", delivery.log_id, duration=delivery.running_for())
         self._finish(delivery, progress=True)
         return True
 
@@ -279,7 +281,7 @@ class Runtime:
                 with delivery.lock:
                     delivery.in_handler = False
                     if delivery.stage is Stage.TIMED_OUT:  # drop an interruption not yet raised
-                        _interrupt(threading.get_ident(), None)
+                        interrupt(threading.get_ident(), None)
         except ProcessingTimeout:
             return None
         except Exception as error:
@@ -291,7 +293,7 @@ class Runtime:
             return False
         consumer = self.consumer
         consumer.emit(
-            "failed", delivery.log_id, duration=self._duration(delivery),
+            "failed", delivery.log_id, duration=delivery.running_for(),
             fields={"error": f"{type(error).__name__}: {error}",
                     "receive_count": delivery.receive_count},
         )
@@ -309,7 +311,7 @@ class Runtime:
         self._finish(delivery, progress=True)
         return False
 
-    def _dead_letter(self, delivery: Delivery, reason: str, expected: Stage) -> bool:
+    def dead_letter(self, delivery: Delivery, reason: str, expected: Stage) -> bool:
         if expected is not Stage.TIMED_OUT and not delivery.claim(expected, Stage.DONE):
             return False
         try:
@@ -324,7 +326,7 @@ class Runtime:
             self.fail(fatal)
             return False
         self.consumer.emit(
-            "dead_lettered", delivery.log_id, duration=self._duration(delivery),
+            "dead_lettered", delivery.log_id, duration=delivery.running_for(),
             fields={"reason": reason},
         )
         self._finish(delivery, progress=expected is not Stage.TIMED_OUT)
@@ -362,82 +364,3 @@ class Runtime:
             "delete_failed", failed.delivery.log_id,
             fields={"code": failed.code, "error": failed.message},
         )
-
-    @staticmethod
-    def _duration(delivery: Delivery) -> float | None:
-        return None if delivery.started_at is None else time.monotonic() - delivery.started_at
-
-    # -- watchdog ---------------------------------------------------------------------------
-    def _watchdog_loop(self) -> None:
-        written_progress = 0
-        while not self._watchdog_stop.wait(WATCHDOG_TICK_SECONDS):
-            try:
-                now = time.monotonic()
-                self._time_out(now)
-                self._heartbeat(now)
-                self.deleter.flush_due()
-                self._check_stuck(now)
-                with self._cond:
-                    progress = self._progress
-                if progress != written_progress:
-                    written_progress = progress
-                    self.consumer.touch_health()
-            except Exception as error:  # keep watching; the error is logged
-                self.consumer.emit("watchdog_error", fields={"error": repr(error)})
-
-    def _time_out(self, now: float) -> None:
-        with self._cond:
-            running = [d for d in self._held.values() if d.stage is Stage.RUNNING]
-        for delivery in running:
-            with delivery.lock:
-                if delivery.stage is not Stage.RUNNING or delivery.deadline is None:
-                    continue
-                if now < delivery.deadline:
-                    continue
-                delivery.stage = Stage.TIMED_OUT
-                if delivery.in_handler and delivery.thread_id is not None:
-                    _interrupt(delivery.thread_id, ProcessingTimeout)
-                    with self._cond:
-                        self._stuck[delivery.thread_id] = now
-            timeout = self.consumer.processing_timeout
-            self.consumer.emit(
-                "timed_out", delivery.log_id, duration=self._duration(delivery),
-                fields={"processing_timeout": timeout},
-            )
-            self.consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
-            reason = f"processing_timeout: exceeded {timeout:g} s"
-            self._dead_letter(delivery, reason, Stage.TIMED_OUT)
-
-    def _heartbeat(self, now: float) -> None:
-        threshold = now + self.visibility * 2 / 3
-        with self._cond:
-            due = [
-                d for d in self._held.values()
-                if d.stage in (Stage.QUEUED, Stage.RUNNING) and d.lease_until <= threshold
-                and (d.deadline is None or now < d.deadline)
-            ]
-        if not due:
-            return
-        try:
-            errors = self.mailbox.extend(due, self.visibility)
-        except Exception as error:
-            errors = [EntryError(d, type(error).__name__, str(error)) for d in due]
-        failed = {id(e.delivery): e for e in errors}
-        for delivery in due:
-            if id(delivery) not in failed:
-                delivery.lease_until = now + self.visibility
-        for entry in errors:
-            self.consumer.emit(
-                "heartbeat_failed", entry.delivery.log_id,
-                fields={"code": entry.code, "error": entry.message},
-            )
-
-    def _check_stuck(self, now: float) -> None:
-        with self._cond:
-            stuck = [since for since in self._stuck.values()
-                     if now - since > self.config.stuck_after]
-        if stuck and not self.stopping.is_set():
-            self.fail(ProcessingTimeout(
-                f"a handler thread is still running {self.config.stuck_after:g} s after its "
-                f"processing timeout; exiting so the task is replaced"
-            ))

@@ -1,0 +1,119 @@
+"""The consumer's watchdog thread: heartbeat, processing timeouts, delete batches, progress.
+
+Every 0.1 s it
+- extends the lease of held messages with one `ChangeMessageVisibilityBatch` per 10 once a third
+  of their lease is gone, until their processing timeout (heartbeat);
+- times out handlers past `processing_timeout`: the message goes to the DLQ with the reason, the
+  handler thread gets `ProcessingTimeout` raised at its next Python instruction, and its worker
+  counts as lost until the thread returns; a thread still running `stuck_after` seconds later
+  (blocked in C code) makes the consumer exit non-zero, so that ECS replaces the task;
+- sends delete batches that waited long enough, and restarts the PROCESSING clock of the health
+  file when messages finished since the last tick.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from messenger.errors import MessengerError
+from messenger.lifecycle import LifecycleHooks
+from messenger.mailbox import EntryError, Stage
+
+if TYPE_CHECKING:
+    from messenger.worker import Runtime
+
+TICK_SECONDS = 0.1
+
+
+class ProcessingTimeout(MessengerError):
+    """A handler ran past the consumer's processing_timeout (raised inside the handler thread,
+    and out of `Consumer.run` when the message could not be dead-lettered)."""
+
+
+def interrupt(thread_id: int, exception: type[BaseException] | None) -> None:
+    """Raise `exception` in another thread at its next Python instruction (None: cancel)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exception) if exception else None
+    )
+
+
+class Watchdog:
+    """Watches one runtime's held messages until `stop()`."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.consumer = runtime.consumer
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        written_progress = 0
+        while not self._stop.wait(TICK_SECONDS):
+            try:
+                now = time.monotonic()
+                self.time_out(now)
+                self.heartbeat(now)
+                self.runtime.deleter.flush_due()
+                self.check_stuck(now)
+                progress = self.runtime.progress
+                if progress != written_progress:
+                    written_progress = progress
+                    self.consumer.touch_health()
+            except Exception as error:  # keep watching; the error is logged
+                self.consumer.emit("watchdog_error", fields={"error": repr(error)})
+
+    def time_out(self, now: float) -> None:
+        for delivery in self.runtime.held(Stage.RUNNING):
+            with delivery.lock:
+                if delivery.stage is not Stage.RUNNING or delivery.deadline is None:
+                    continue
+                if now < delivery.deadline:
+                    continue
+                delivery.stage = Stage.TIMED_OUT
+                if delivery.in_handler and delivery.thread_id is not None:
+                    interrupt(delivery.thread_id, ProcessingTimeout)
+                    self.runtime.mark_stuck(delivery.thread_id, now)
+            timeout = self.consumer.processing_timeout
+            self.consumer.emit(
+                "timed_out", delivery.log_id, duration=delivery.running_for(),
+                fields={"processing_timeout": timeout},
+            )
+            self.consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
+            reason = f"processing_timeout: exceeded {timeout:g} s"
+            self.runtime.dead_letter(delivery, reason, Stage.TIMED_OUT)
+
+    def heartbeat(self, now: float) -> None:
+        lease = self.runtime.visibility
+        due = [
+            d for d in self.runtime.held(Stage.QUEUED, Stage.RUNNING)
+            if d.lease_until <= now + lease * 2 / 3 and (d.deadline is None or now < d.deadline)
+        ]
+        if not due:
+            return
+        try:
+            errors = self.runtime.mailbox.extend(due, lease)
+        except Exception as error:
+            errors = [EntryError(d, type(error).__name__, str(error)) for d in due]
+        failed = {id(e.delivery) for e in errors}
+        for delivery in due:
+            if id(delivery) not in failed:
+                delivery.lease_until = now + lease
+        for entry in errors:
+            self.consumer.emit(
+                "heartbeat_failed", entry.delivery.log_id,
+                fields={"code": entry.code, "error": entry.message},
+            )
+
+    def check_stuck(self, now: float) -> None:
+        limit = self.runtime.config.stuck_after
+        stuck = [since for since in self.runtime.stuck_since() if now - since > limit]
+        if stuck and not self.runtime.stopping.is_set():
+            self.runtime.fail(ProcessingTimeout(
+                f"a handler thread is still running {limit:g} s after its processing timeout; "
+                f"exiting so the task is replaced"
+            ))
