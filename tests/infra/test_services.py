@@ -183,3 +183,8 @@ def test_pipeline_provides_code_bucket_roles_and_job_runner(assembly: CloudAssem
     assert job_policy, "the EMR job role may publish to the example exchange"
     profiles = assembly.resources("AWS::IAM::InstanceProfile", "pipeline")
     assert len(profiles) == 1
+    # The --py-files bundle: `import messenger` works on EMR (boto3 ships with EMR).
+    libraries = [p for p in assembly.outdir.glob("asset.*") if (p / "spark_jobs").is_dir()]
+    assert len(libraries) == 1
+    assert (libraries[0] / "messenger" / "producer.py").is_file()
+    assert (libraries[0] / "filelock" / "__init__.py").is_file()
