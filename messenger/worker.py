@@ -165,6 +165,7 @@ class Runtime:
                 # A group stays locked until its message is deleted: delete before polling.
                 self.deleter.flush()
             try:
+                polled_at = time.monotonic()
                 raw = self.poll(count)
             except Exception as error:
                 if not is_transient(error):  # queue gone, access denied: let ECS see it
@@ -177,15 +178,18 @@ class Runtime:
                 )
                 self.stopping.wait(RECEIVE_BACKOFF_SECONDS)
                 continue
-            self._dispatch(raw)
+            self._dispatch(raw, polled_at)
 
     def poll(self, count: int) -> list[dict[str, Any]]:
         """One long poll for at most `count` messages (the place to add more sources)."""
         return self.mailbox.receive(count, self.config.wait_time_seconds, self.visibility)
 
-    def _dispatch(self, raw: list[dict[str, Any]]) -> None:
+    def _dispatch(self, raw: list[dict[str, Any]], polled_at: float) -> None:
+        # SQS starts the lease when it hands the message out: at most a round trip before now
+        # (counted as up to 1 s, never before the poll began).
         now = time.monotonic()
-        deliveries = [Delivery(m, now, now + self.visibility) for m in raw]
+        leased_at = max(polled_at, now - 1.0)
+        deliveries = [Delivery(m, now, leased_at + self.visibility) for m in raw]
         with self._cond:
             for delivery in deliveries:
                 self._held[delivery.receipt_handle] = delivery
