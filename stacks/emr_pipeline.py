@@ -29,6 +29,8 @@ from stacks.nag import acknowledge, acknowledge_wildcard_resource
 DEFAULT_RELEASE_LABEL = "emr-7.9.0"
 #: EMR's managed service policy (v2) only acts on network resources carrying this tag.
 EMR_MANAGED_TAG = "for-use-with-amazon-emr-managed-policies"
+#: Prefix of the code bucket where jobs may read and write their data.
+DATA_PREFIX = "data/"
 MANAGED_POLICIES = {
     "ServiceRole": "service-role/AmazonEMRServicePolicy_v2",
     "AutoScalingRole": "service-role/AmazonElasticMapReduceforAutoScalingRole",
@@ -101,6 +103,16 @@ class EmrPipeline(Construct):
         readable.append(self.code_bucket.arn_for_objects("*"))
         self.job_role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"],
                                                         resources=readable))
+        # Job input and output (e.g. --input / --failed-output) under data/ of the code bucket;
+        # grant `job_role` more for other buckets.
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            actions=["s3:PutObject", "s3:DeleteObject"],
+            resources=[self.code_bucket.arn_for_objects(f"{DATA_PREFIX}*")],
+        ))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            actions=["s3:ListBucket"], resources=[self.code_bucket.bucket_arn]
+        ))
+        self.code_bucket.encryption_key.grant(self.job_role, "kms:GenerateDataKey")
         self.job_role.add_to_policy(iam.PolicyStatement(
             actions=["s3:PutObject"], resources=[self.logs_bucket.arn_for_objects("emr/*")]
         ))
@@ -271,6 +283,11 @@ class EmrPipeline(Construct):
         acknowledge_wildcard_resource(
             policy, self.code_bucket.arn_for_objects("*"),
             "`messenger emr submit` uploads job code under run-time keys; read-only, this bucket.",
+        )
+        acknowledge_wildcard_resource(
+            policy, self.code_bucket.arn_for_objects(f"{DATA_PREFIX}*"),
+            "Spark writes job output under run-time keys; put/delete only under the data/ "
+            "prefix of the code bucket.",
         )
         acknowledge_wildcard_resource(
             policy, self.logs_bucket.arn_for_objects("emr/*"),
