@@ -42,6 +42,12 @@ def _consume(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def _emr(args: argparse.Namespace) -> int:
+    from messenger.emr import run_cli
+
+    return run_cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="messenger", description="messenger platform tools")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -84,6 +90,26 @@ def build_parser() -> argparse.ArgumentParser:
                          help="health file (default $MESSENGER_HEALTH_FILE or "
                               "/tmp/messenger-health.json)")
     consume.set_defaults(run=_consume)
+
+    emr = commands.add_parser("emr", help="run PySpark jobs as EMR steps")
+    emr_commands = emr.add_subparsers(dest="emr_command", required=True)
+    submit = emr_commands.add_parser(
+        "submit", help="upload a job with the messenger package and add it as an EMR step",
+        description="Arguments after '--' go to the job.",
+    )
+    submit.add_argument("--cluster-id", required=True, help="EMR cluster id (j-...)")
+    submit.add_argument("--code-bucket", default=None,
+                        help="S3 bucket for the code (default $MESSENGER_CODE_BUCKET)")
+    submit.add_argument("--name", default=None, help="step name (default 'messenger: <job>')")
+    submit.add_argument("--action-on-failure", default="CONTINUE",
+                        help="CONTINUE (default), CANCEL_AND_WAIT or TERMINATE_CLUSTER")
+    submit.add_argument("script", help="the job script, e.g. spark_jobs/wishlist_price_drops.py")
+    submit.add_argument("job_args", nargs=argparse.REMAINDER, help="-- then the job's arguments")
+    submit.set_defaults(run=_emr)
+    steps = emr_commands.add_parser("status", help="show the states of a cluster's steps")
+    steps.add_argument("--cluster-id", required=True, help="EMR cluster id (j-...)")
+    steps.add_argument("--step-id", default=None, help="only this step (s-...)")
+    steps.set_defaults(run=_emr)
     return parser
 
 

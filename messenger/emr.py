@@ -1,0 +1,194 @@
+"""`messenger emr`: run a PySpark job of `spark_jobs/` as an EMR step, and show step states.
+
+    messenger emr submit --cluster-id j-ABC --code-bucket B spark_jobs/wishlist_price_drops.py \
+        -- --input s3://data/wishlist --failed-output s3://data/failed/run-1
+    messenger emr status --cluster-id j-ABC [--step-id s-XYZ]
+
+`submit` zips the `messenger` package (messenger.zip), uploads it and the script to
+`s3://<code bucket>/emr/<content hash>/` (the same code gives the same keys), and adds a
+command-runner.jar step: `spark-submit --deploy-mode cluster --py-files <zip> <script> <args>`.
+The messenger settings of the submitting shell (`Settings.as_env()`) reach the job's driver as
+`spark.yarn.appMasterEnv.*`; the driver ships them to the executors itself (messenger.spark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import os
+import re
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import messenger
+from messenger.aws import ClientFactory
+from messenger.errors import InvalidSettings
+from messenger.settings import Settings
+
+CODE_BUCKET_ENV = "MESSENGER_CODE_BUCKET"
+CODE_PREFIX = "emr"
+PACKAGE_ZIP = "messenger.zip"
+ACTIONS_ON_FAILURE = ("CONTINUE", "CANCEL_AND_WAIT", "TERMINATE_CLUSTER")
+CLUSTER_ID = re.compile(r"^j-[A-Z0-9]{1,255}$")
+FAILED_STATES = frozenset({"FAILED", "CANCELLED", "INTERRUPTED"})
+STEP_ID = re.compile(r"^s-[A-Z0-9]{1,255}$")
+#: Fixed timestamp for zip entries so that the same sources give the same bytes (and S3 keys).
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class SubmittedStep:
+    step_id: str
+    package_uri: str
+    script_uri: str
+    args: list[str]
+
+
+@dataclass(frozen=True)
+class StepState:
+    step_id: str
+    name: str
+    state: str
+    reason: str
+
+
+def package_zip(package_dir: Path | None = None) -> bytes:
+    """The messenger package as a zip for --py-files: `messenger/...py` at the top level,
+    sorted, fixed timestamps, no caches."""
+    root = package_dir or Path(messenger.__file__).resolve().parent
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(root.rglob("*")):
+            if path.is_dir() or "__pycache__" in path.parts or path.suffix not in (".py", ".typed"):
+                continue
+            name = f"{root.name}/{path.relative_to(root).as_posix()}"
+            info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, path.read_bytes())
+    return buffer.getvalue()
+
+
+def spark_submit_args(
+    package_uri: str, script_uri: str, job_args: Sequence[str], env: Mapping[str, str]
+) -> list[str]:
+    """The command-runner.jar arguments of the step."""
+    args = ["spark-submit", "--deploy-mode", "cluster", "--py-files", package_uri]
+    for name, value in sorted(env.items()):
+        args += ["--conf", f"spark.yarn.appMasterEnv.{name}={value}"]
+    return [*args, script_uri, *job_args]
+
+
+def submit(
+    clients: ClientFactory,
+    cluster_id: str,
+    script: Path,
+    job_args: Sequence[str],
+    code_bucket: str,
+    settings: Settings,
+    name: str | None = None,
+    action_on_failure: str = "CONTINUE",
+) -> SubmittedStep:
+    """Upload the package and `script`, add the spark-submit step; returns its id and URIs."""
+    _check(cluster_id, script, code_bucket, action_on_failure)
+    package = package_zip()
+    source = script.read_bytes()
+    digest = hashlib.sha256(package + b"\0" + source).hexdigest()[:16]
+    prefix = f"{CODE_PREFIX}/{digest}"
+    s3 = clients.client("s3")
+    s3.put_object(Bucket=code_bucket, Key=f"{prefix}/{PACKAGE_ZIP}", Body=package)
+    s3.put_object(Bucket=code_bucket, Key=f"{prefix}/{script.name}", Body=source)
+    package_uri = f"s3://{code_bucket}/{prefix}/{PACKAGE_ZIP}"
+    script_uri = f"s3://{code_bucket}/{prefix}/{script.name}"
+    args = spark_submit_args(package_uri, script_uri, job_args, settings.as_env())
+    response = clients.client("emr").add_job_flow_steps(
+        JobFlowId=cluster_id,
+        Steps=[
+            {
+                "Name": name or f"messenger: {script.stem}",
+                "ActionOnFailure": action_on_failure,
+                "HadoopJarStep": {"Jar": "command-runner.jar", "Args": args},
+            }
+        ],
+    )
+    return SubmittedStep(response["StepIds"][0], package_uri, script_uri, args)
+
+
+def step_states(
+    clients: ClientFactory, cluster_id: str, step_id: str | None = None
+) -> list[StepState]:
+    """The cluster's steps, newest first (or only `step_id`)."""
+    if not CLUSTER_ID.match(cluster_id):
+        raise InvalidSettings(f"--cluster-id must look like j-XXXXXXXX, got {cluster_id!r}")
+    emr = clients.client("emr")
+    if step_id is not None:
+        if not STEP_ID.match(step_id):
+            raise InvalidSettings(f"--step-id must look like s-XXXXXXXX, got {step_id!r}")
+        steps = [emr.describe_step(ClusterId=cluster_id, StepId=step_id)["Step"]]
+    else:
+        steps = [
+            step
+            for page in emr.get_paginator("list_steps").paginate(ClusterId=cluster_id)
+            for step in page["Steps"]
+        ]
+    return [_state(step) for step in steps]
+
+
+def _state(step: Mapping[str, Any]) -> StepState:
+    status = step.get("Status", {})
+    failure = status.get("FailureDetails") or {}
+    reason = failure.get("Reason") or failure.get("Message") or ""
+    if not reason:
+        reason = (status.get("StateChangeReason") or {}).get("Message", "")
+    return StepState(step["Id"], step.get("Name", ""), status.get("State", "UNKNOWN"), reason)
+
+
+def _check(cluster_id: str, script: Path, code_bucket: str, action_on_failure: str) -> None:
+    if not CLUSTER_ID.match(cluster_id):
+        raise InvalidSettings(f"--cluster-id must look like j-XXXXXXXX, got {cluster_id!r}")
+    if not code_bucket:
+        raise InvalidSettings(
+            f"no code bucket: pass --code-bucket or set {CODE_BUCKET_ENV} (the pipeline stack's "
+            f"CodeBucketName output)"
+        )
+    if script.suffix != ".py" or not script.is_file():
+        raise InvalidSettings(f"script must be an existing .py file, got {str(script)!r}")
+    if action_on_failure not in ACTIONS_ON_FAILURE:
+        raise InvalidSettings(
+            f"--action-on-failure must be one of {', '.join(ACTIONS_ON_FAILURE)}, "
+            f"got {action_on_failure!r}"
+        )
+
+
+def run_cli(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
+    """Run `messenger emr submit|status`; prints the step id or the step states."""
+    env = os.environ if environ is None else environ
+    settings = Settings.from_env(env)
+    clients = ClientFactory(settings.region)
+    if args.emr_command == "submit":
+        job_args = list(args.job_args)
+        if job_args[:1] == ["--"]:
+            job_args = job_args[1:]
+        step = submit(
+            clients, args.cluster_id, Path(args.script), job_args,
+            args.code_bucket or env.get(CODE_BUCKET_ENV, ""), settings,
+            name=args.name, action_on_failure=args.action_on_failure,
+        )
+        print(f"step {step.step_id} added to {args.cluster_id}")
+        print(f"  package {step.package_uri}")
+        print(f"  script  {step.script_uri}")
+        return 0
+    states = step_states(clients, args.cluster_id, args.step_id)
+    if not states:
+        print(f"no steps on {args.cluster_id}")
+    for state in states:
+        line = f"{state.step_id}  {state.state:<14} {state.name}"
+        print(f"{line}  ({state.reason})" if state.reason else line)
+    # One step asked for: the exit code tells scripts whether it went wrong.
+    if args.step_id is not None and states[0].state in FAILED_STATES:
+        return 1
+    return 0

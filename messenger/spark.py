@@ -1,0 +1,338 @@
+"""Publish a DataFrame's rows to a channel from the Spark executors.
+
+    report = publish(
+        drops, PriceDropProducer,
+        body=["user_id", "item_id", "old_price", "new_price"],
+        routing_key="routing_key",           # a column, or a function of the Row
+        group_id="user_id",                  # ordered channels: the FIFO message group
+        dedup_key=["user_id", "item_id", "price_date"],   # ordered: dedup id = sha256 of these
+        failed_path="s3://bucket/failed/2026-11-21",
+    )
+    sys.exit(report.exit_code)               # non-zero when any row failed
+
+Each partition builds its own producer from `ExecutorSettings` shipped in the task closure
+(settings, region, endpoint): nothing depends on driver-only globals or the executors' environment.
+Rows go out with `push_many` in batches of 10 (SendMessageBatch / PublishBatch), large bodies are
+offloaded to S3, transient per-entry failures are retried within the retry budget. Rows that still
+fail are written, with the reason, to `failed_path` (JSON lines) by the same Spark action that
+publishes, so publishing runs exactly once per task attempt and nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from messenger.aws import ClientFactory, RequestCounter, error_code
+from messenger.channel import MAX_BATCH_ENTRIES
+from messenger.errors import InvalidSettings
+from messenger.producer import PushItem, _BaseProducer
+from messenger.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+#: Columns added to each row written to the failed-rows output.
+FAILURE_CODE_COLUMN = "_failure_code"
+FAILURE_REASON_COLUMN = "_failure_reason"
+#: After this many batches in a row fail as a whole (channel gone, access denied, endpoint down),
+#: a partition stops calling AWS and writes its remaining rows to the failed output.
+MAX_CONSECUTIVE_BATCH_ERRORS = 3
+#: Failure codes that say the channel, not the message, is the problem.
+_CHANNEL_FAILURE_CODES = frozenset({"PublishFailed", "ChannelNotFound", "ProvisioningError"})
+NOT_ATTEMPTED = "NotAttempted"
+
+#: A column name, or a function of the Row.
+RowField = str | Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    """What an executor needs to build its producer, shipped from the driver in the closure.
+
+    settings: the messenger settings (namespace, provisioning, region, offload bucket, ...).
+    endpoint_url: AWS endpoint (None: boto3's own resolution; set for moto or LocalStack).
+    Credentials are not shipped: executors use the default chain (the EMR instance profile).
+    """
+
+    settings: Settings
+    endpoint_url: str | None = None
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        endpoint_url: str | None = None,
+        **overrides: Any,
+    ) -> ExecutorSettings:
+        """Settings read on the driver (see `Settings.from_env`) plus `AWS_ENDPOINT_URL`."""
+        env = os.environ if environ is None else environ
+        return cls(
+            settings=Settings.from_env(env, **overrides),
+            endpoint_url=endpoint_url or env.get("AWS_ENDPOINT_URL") or None,
+        )
+
+    def client_factory(self) -> ClientFactory:
+        return ClientFactory(self.settings.region, endpoint_url=self.endpoint_url)
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    """What `publish` did. failed rows are in `failed_path`; requests counts every AWS call."""
+
+    published: int
+    offloaded: int
+    failed: int
+    requests: int
+    failed_path: str
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    @property
+    def requests_per_message(self) -> float:
+        return self.requests / self.published if self.published else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RowMapping:
+    """How a Row becomes a PushItem (see `publish` for the meaning of each field)."""
+
+    body: RowField | Sequence[str] | None = None
+    routing_key: RowField | None = None
+    group_id: RowField | None = None
+    dedup_key: Sequence[str] | Callable[[Any], Any] | None = None
+
+    def check(self, columns: Sequence[str], producer_class: type[_BaseProducer]) -> None:
+        """Fail on the driver, before any task runs, naming the bad argument."""
+        for name, value in (
+            ("body", self.body), ("routing_key", self.routing_key),
+            ("group_id", self.group_id), ("dedup_key", self.dedup_key),
+        ):
+            names = [value] if isinstance(value, str) else value
+            if value is None or callable(value):
+                continue
+            missing = [column for column in names if column not in columns]  # type: ignore[union-attr]
+            if missing:
+                raise InvalidSettings(
+                    f"publish({name}=...): no column {', '.join(map(repr, missing))}; the "
+                    f"DataFrame has {', '.join(columns)}"
+                )
+        if not producer_class.ordered and (self.group_id is not None or self.dedup_key is not None):
+            raise InvalidSettings(
+                f"publish(group_id=, dedup_key=) apply to ordered channels only; "
+                f"{producer_class.__name__}.channel {producer_class.channel!r} is not ordered"
+            )
+
+    def item(self, row: Any) -> PushItem:
+        return PushItem(
+            body=self._body(row),
+            routing_key=_text(_field(row, self.routing_key)),
+            group_id=_text(_field(row, self.group_id)),
+            dedup_id=self._dedup_id(row),
+        )
+
+    def _body(self, row: Any) -> Any:
+        if self.body is None:
+            return plain(row)
+        if isinstance(self.body, str):
+            return plain(row[self.body])
+        if callable(self.body):
+            return self.body(row)
+        return {column: plain(row[column]) for column in self.body}
+
+    def _dedup_id(self, row: Any) -> str | None:
+        if self.dedup_key is None:
+            return None
+        if callable(self.dedup_key):
+            key = plain(self.dedup_key(row))
+        else:
+            key = [plain(row[column]) for column in self.dedup_key]
+        text = json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def plain(value: Any) -> Any:
+    """A Spark value as JSON-ready data: Rows become dicts, dates ISO 8601 strings,
+    decimals exact strings; anything else is left for the encoder to accept or reject."""
+    if hasattr(value, "asDict"):
+        return {key: plain(item) for key, item in value.asDict().items()}
+    if isinstance(value, dict):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    if isinstance(value, datetime.date | datetime.datetime):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    return value
+
+
+def _field(row: Any, spec: RowField | None) -> Any:
+    if spec is None:
+        return None
+    return spec(row) if callable(spec) else row[spec]
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+class PartitionPublisher:
+    """The function run on each partition: one producer, batches of 10, failed rows yielded.
+
+    counters: Spark accumulators named published, offloaded, failed, requests.
+    """
+
+    def __init__(
+        self,
+        producer_class: type[_BaseProducer],
+        executor: ExecutorSettings,
+        mapping: RowMapping,
+        counters: Mapping[str, Any],
+    ) -> None:
+        self.producer_class = producer_class
+        self.executor = executor
+        self.mapping = mapping
+        self.counters = counters
+
+    def __call__(self, rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+        clients = self.executor.client_factory()
+        requests = RequestCounter().attach(clients)
+        producer = self.producer_class(settings=self.executor.settings, clients=clients)
+        counts = {"published": 0, "offloaded": 0, "failed": 0}
+        batch_errors, last_error = 0, ""
+        rows = iter(rows)
+        for chunk in iter(lambda: list(islice(rows, MAX_BATCH_ENTRIES)), []):
+            if batch_errors >= MAX_CONSECUTIVE_BATCH_ERRORS:
+                # The channel is unusable: keep the rest for a rerun instead of hammering AWS.
+                for row in chunk:
+                    counts["failed"] += 1
+                    yield failed_row(row, NOT_ATTEMPTED, f"after repeated errors: {last_error}")
+                continue
+            failures, published, offloaded, channel_error = self._publish_chunk(producer, chunk)
+            counts["published"] += published
+            counts["offloaded"] += offloaded
+            counts["failed"] += len(failures)
+            for row, code, reason in failures:
+                yield failed_row(row, code, reason)
+            batch_errors = batch_errors + 1 if channel_error else 0
+            if failures:
+                last_error = f"{failures[-1][1]}: {failures[-1][2]}"
+        for name, value in counts.items():
+            self.counters[name].add(value)
+        self.counters["requests"].add(requests.total)
+
+    def _publish_chunk(
+        self, producer: _BaseProducer, chunk: list[Any]
+    ) -> tuple[list[tuple[Any, str, str]], int, int, bool]:
+        """Publish up to 10 rows. Returns the failed (row, code, reason), the published and
+        offloaded counts, and whether the whole batch failed for a reason of the channel's."""
+        failures: list[tuple[Any, str, str]] = []
+        items: list[PushItem] = []
+        sources: list[Any] = []
+        for row in chunk:
+            try:
+                items.append(self.mapping.item(row))
+                sources.append(row)
+            except Exception as error:  # the user's mapping failed on this row: keep the row
+                failures.append((row, type(error).__name__, str(error)))
+        if not items:
+            return failures, 0, 0, False
+        try:
+            result = producer.push_many(items)
+        except Exception as error:  # neither retryable nor per entry (e.g. AccessDenied)
+            code = error_code(error) or type(error).__name__
+            return failures + [(row, code, str(error)) for row in sources], 0, 0, True
+        for failure in result.failures:
+            failures.append((sources[failure.index], failure.code, failure.reason))
+        channel_error = not result.published and all(
+            failure.code in _CHANNEL_FAILURE_CODES for failure in result.failures
+        )
+        return failures, result.published, result.offloaded, channel_error
+
+
+def failed_row(row: Any, code: str, reason: str) -> tuple[Any, ...]:
+    return (*tuple(row), code, reason)
+
+
+def publish(
+    df: DataFrame,
+    producer_class: type[_BaseProducer],
+    *,
+    failed_path: str,
+    body: RowField | Sequence[str] | None = None,
+    routing_key: RowField | None = None,
+    group_id: RowField | None = None,
+    dedup_key: Sequence[str] | Callable[[Any], Any] | None = None,
+    order_by: Sequence[str] = (),
+    executor: ExecutorSettings | None = None,
+) -> PublishReport:
+    """Publish every row of `df` to `producer_class`'s channel; returns the counts.
+
+    failed_path: where rows that could not be published are written (JSON lines, the row's
+        columns plus `_failure_code` and `_failure_reason`); must not exist yet, so no earlier
+        run's failures are overwritten. Any Spark path: local, hdfs://, s3://.
+    body: None (the whole row as an object), a column, a list of columns, or a function of
+        the Row. Dates become ISO 8601 strings, decimals exact strings.
+    routing_key: a column or a function of the Row (None: no routing key).
+    group_id: ordered channels: the FIFO message group, a column or function (e.g. 'user_id').
+        Rows are repartitioned by it so each group is published by one task, in order.
+    dedup_key: ordered channels: columns (or a function) identifying a row; the message
+        deduplication id is their sha256, so a rerun within 5 minutes publishes nothing twice.
+        None: the topic's content-based deduplication.
+    order_by: columns giving the order of messages within a group (sorted per partition).
+    executor: settings shipped to the executors (default: `ExecutorSettings.from_env()`).
+    producer_class must be importable on the executors: defined in the job script itself or in
+    a module shipped with --py-files.
+    """
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    mapping = RowMapping(body, routing_key, group_id, dedup_key)
+    mapping.check(df.columns, producer_class)
+    missing = [column for column in order_by if column not in df.columns]
+    if missing:
+        raise InvalidSettings(
+            f"publish(order_by=...): no column {', '.join(map(repr, missing))}; the DataFrame "
+            f"has {', '.join(df.columns)}"
+        )
+    if isinstance(group_id, str):
+        df = df.repartition(group_id)
+    if order_by:
+        df = df.sortWithinPartitions(*order_by)
+    executor = executor or ExecutorSettings.from_env()
+    spark = df.sparkSession
+    counters = {
+        name: spark.sparkContext.accumulator(0)
+        for name in ("published", "offloaded", "failed", "requests")
+    }
+    task = PartitionPublisher(producer_class, executor, mapping, counters)
+    schema = StructType(
+        [
+            *df.schema.fields,
+            StructField(FAILURE_CODE_COLUMN, StringType(), False),
+            StructField(FAILURE_REASON_COLUMN, StringType(), False),
+        ]
+    )
+    # One action: publishing and writing the failed rows happen in the same tasks.
+    spark.createDataFrame(df.rdd.mapPartitions(task), schema).write.mode(
+        "errorifexists"
+    ).json(failed_path)
+    return PublishReport(
+        published=counters["published"].value,
+        offloaded=counters["offloaded"].value,
+        failed=counters["failed"].value,
+        requests=counters["requests"].value,
+        failed_path=failed_path,
+    )
