@@ -8,10 +8,9 @@ terminate the cluster whether the step succeeded or not. Input:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
-from aws_cdk import Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -192,34 +191,38 @@ class EmrPipeline(Construct):
             visible_to_all_users=True,
             result_path="$.cluster",
         )
-        static = json.dumps(self.spark_submit_args(foundation, namespace))
-        add_step = sfn.CustomState(self, "RunJob", state_json={
-            "Type": "Task",
-            "QueryLanguage": "JSONata",
-            "Resource": f"arn:{Aws.PARTITION}:states:::elasticmapreduce:addStep.sync",
-            "Arguments": {
-                "ClusterId": "{% $states.input.cluster.ClusterId %}",
-                "Step": {
-                    "Name": "{% $states.input.job %}",
-                    "ActionOnFailure": "CONTINUE",
-                    "HadoopJarStep": {
-                        "Jar": "command-runner.jar",
-                        # spark-submit ... <script> <args...>: JSONata appends the input's args.
-                        "Args": "{% $append($append(" + static + ", [$states.input.script]), "
-                                "$exists($states.input.args) ? $states.input.args : []) %}",
-                    },
-                },
-            },
-            "Output": "{% $merge([$states.input, {'step': $states.result}]) %}",
-        })
+        # The step runs `<spark-submit and settings> <script> <args...>`: a Pass state puts the
+        # fixed part in the input (tokens render there), then JSONata appends script and args
+        # (JSONPath has no array concatenation).
+        submit = sfn.Pass(
+            self, "SparkSubmit",
+            result=sfn.Result.from_array(self.spark_submit_args(foundation, namespace)),
+            result_path="$.submit",
+        )
+        step_args = (
+            "{% $append($append($states.input.submit, [$states.input.script]), "
+            "$exists($states.input.args) ? $states.input.args : []) %}"
+        )
+        add_step = tasks.EmrAddStep.jsonata(
+            self, "RunJob",
+            cluster_id="{% $states.input.cluster.ClusterId %}",
+            name="{% $states.input.job %}",
+            jar="command-runner.jar",
+            # A list-typed token that renders as the expression string, not a one-item list.
+            args=Token.as_list(step_args),
+            action_on_failure=tasks.ActionOnFailure.CONTINUE,
+            outputs="{% $merge([$states.input, {'step': $states.result}]) %}",
+        )
         terminate_after_failure = tasks.EmrTerminateCluster(
             self, "TerminateAfterFailure",
             cluster_id=sfn.JsonPath.string_at("$.cluster.ClusterId"),
             result_path=sfn.JsonPath.DISCARD,
         )
-        add_step.add_catch(terminate_after_failure.next(sfn.Fail(self, "JobFailed",
-                                                                 error="JobFailed")),
-                           result_path="$.error")
+        # Keep the input (the cluster id, to terminate the cluster) and add the error.
+        add_step.add_catch(
+            terminate_after_failure.next(sfn.Fail(self, "JobFailed", error="JobFailed")),
+            outputs="{% $merge([$states.input, {'error': $states.errorOutput}]) %}",
+        )
         terminate = tasks.EmrTerminateCluster(
             self, "TerminateCluster",
             cluster_id=sfn.JsonPath.string_at("$.cluster.ClusterId"),
@@ -231,10 +234,10 @@ class EmrPipeline(Construct):
                 sfn.Condition.string_equals("$.job", name),
                 sfn.Pass(self, f"Script{_camel(name)}",
                          result=sfn.Result.from_string(asset.s3_object_url),
-                         result_path="$.script").next(create),
+                         result_path="$.script").next(submit),
             )
         choose.otherwise(unknown)
-        create.next(add_step).next(terminate).next(sfn.Succeed(self, "Done"))
+        submit.next(create).next(add_step).next(terminate).next(sfn.Succeed(self, "Done"))
 
         log_group = logs.LogGroup(
             self, "StateMachineLogs", retention=logs.RetentionDays.THREE_MONTHS,
@@ -248,15 +251,9 @@ class EmrPipeline(Construct):
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL,
                                 include_execution_data=True),
         )
-        # The step task is a raw JSONata state: grant what `addStep.sync` calls.
         clusters = Stack.of(self).format_arn(
             service="elasticmapreduce", resource="cluster", resource_name="*"
         )
-        machine.add_to_role_policy(iam.PolicyStatement(
-            actions=["elasticmapreduce:AddJobFlowSteps", "elasticmapreduce:DescribeStep",
-                     "elasticmapreduce:CancelSteps"],
-            resources=[clusters],
-        ))
         policy = machine.role.node.find_child("DefaultPolicy")
         acknowledge_wildcard_resource(
             policy, "*",
@@ -313,3 +310,4 @@ def _managed_policy_names(role: iam.Role) -> list[str]:
 
 def _camel(name: str) -> str:
     return "".join(part.capitalize() for part in name.replace("-", "_").split("_"))
+

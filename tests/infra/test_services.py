@@ -8,6 +8,7 @@ import pytest
 
 from examples.channels import example_channels
 from messenger.settings import Settings
+from stacks.bundle import spark_job_scripts
 from stacks.messenger_app import EXAMPLE_CONSUMERS
 from tests.infra.conftest import NAMESPACE, CloudAssembly, as_list, policy_statements
 
@@ -188,3 +189,35 @@ def test_pipeline_provides_code_bucket_roles_and_job_runner(assembly: CloudAssem
     assert len(libraries) == 1
     assert (libraries[0] / "messenger" / "producer.py").is_file()
     assert (libraries[0] / "filelock" / "__init__.py").is_file()
+
+
+def _state_machine_definition(assembly: CloudAssembly) -> dict:
+    (machine,) = assembly.resources("AWS::StepFunctions::StateMachine", "pipeline").values()
+    parts = machine["Properties"]["DefinitionString"]["Fn::Join"][1]
+    return json.loads("".join(p if isinstance(p, str) else "TOKEN" for p in parts))
+
+
+def test_state_machine_runs_each_job_on_a_transient_cluster(assembly: CloudAssembly) -> None:
+    states = _state_machine_definition(assembly)["States"]
+    jobs = sorted(p.stem for p in spark_job_scripts())
+    assert jobs, "spark_jobs/ holds at least one job"
+    # An unknown job name fails with the allowed names
+    choices = states["WhichJob"]["Choices"]
+    assert sorted(c["StringEquals"] for c in choices) == jobs
+    assert states[states["WhichJob"]["Default"]]["Cause"].endswith(", ".join(jobs))
+    # The step: spark-submit with the settings, then the script and the input's args
+    submit = states["SparkSubmit"]["Result"]
+    assert submit[:3] == ["spark-submit", "--deploy-mode", "cluster"]
+    assert "spark.executorEnv.MESSENGER_PROVISIONING=verify" in submit
+    assert f"spark.yarn.appMasterEnv.MESSENGER_NAMESPACE={NAMESPACE}" in submit
+    run = states["RunJob"]
+    assert run["QueryLanguage"] == "JSONata"
+    assert run["Arguments"]["Step"]["HadoopJarStep"]["Args"] == (
+        "{% $append($append($states.input.submit, [$states.input.script]), "
+        "$exists($states.input.args) ? $states.input.args : []) %}"
+    )
+    # The cluster is terminated after success and after failure
+    assert states[run["Next"]]["Resource"].endswith("terminateCluster.sync")
+    (catch,) = run["Catch"]
+    assert "$states.input" in catch["Output"]
+    assert states[catch["Next"]]["Resource"].endswith("terminateCluster.sync")
