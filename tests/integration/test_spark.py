@@ -1,0 +1,332 @@
+"""messenger.spark and the price-drop job in real Spark local mode, publishing to the moto server.
+
+One SparkSession for the module. Its JVM (and so every Python worker) starts with a dead
+AWS_ENDPOINT_URL and no MESSENGER_NAMESPACE: every test that publishes proves that the endpoint
+and settings reach the executors explicitly, from the driver.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from messenger import ChannelSpec, MessageFilter, MultiProducer, Settings
+from messenger.aws import ClientFactory
+from messenger.local import LocalProcess
+from messenger.provision import ChannelResources, Provisioner
+from messenger.spark import NOT_ATTEMPTED, ExecutorSettings, PublishReport, publish
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark import cloudpickle  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from spark_jobs import generate_sample_data, wishlist_price_drops  # noqa: E402
+
+DEAD_ENDPOINT = "http://127.0.0.1:9"
+EXCHANGE = "wishlist_events"
+
+
+class DropProducer(MultiProducer):
+    channel = EXCHANGE
+    ordered = True
+
+
+class AuditProducer(MultiProducer):
+    channel = "audit"
+
+
+@pytest.fixture(scope="module")
+def spark(local_endpoint: LocalProcess) -> Iterator[SparkSession]:
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test classes, on executors
+    saved = {name: os.environ.get(name) for name in ("AWS_ENDPOINT_URL", "MESSENGER_NAMESPACE")}
+    os.environ["AWS_ENDPOINT_URL"] = DEAD_ENDPOINT
+    os.environ.pop("MESSENGER_NAMESPACE", None)
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    try:
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("messenger-tests")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.default.parallelism", "2")
+            .config("spark.executorEnv.PYTHONPATH", str(ROOT))  # spark_jobs, as --py-files would
+            .getOrCreate()
+        )
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.fixture
+def executor(settings: Settings, endpoint: str) -> ExecutorSettings:
+    return ExecutorSettings(settings, endpoint_url=endpoint)
+
+
+def exchange_queues(clients: ClientFactory, settings: Settings) -> dict[str, ChannelResources]:
+    """The demo's wishlist exchange: all events, mobile (prefix) and apple (exact) queues."""
+    provisioner = Provisioner(clients, settings)
+    filters = {
+        "all_events": None,
+        "mobile_events": MessageFilter("prefix", ["MOBILE."]),
+        "apple_events": MessageFilter("exact", ["MOBILE.APPLE"]),
+    }
+    return {
+        name: provisioner.ensure_channel(
+            ChannelSpec(name=f"{EXCHANGE}.{name}", ordered=True, message_filter=message_filter,
+                        namespace=settings.namespace)
+        )
+        for name, message_filter in filters.items()
+    }
+
+
+def depth(clients: ClientFactory, queue: ChannelResources) -> int:
+    attributes = clients.client("sqs").get_queue_attributes(
+        QueueUrl=queue.queue.url, AttributeNames=["ApproximateNumberOfMessages"]
+    )["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"])
+
+
+class Drainer(threading.Thread):
+    """Receives and deletes a queue's messages while Spark publishes (moto slows down as a
+    queue grows), keeping bodies and routing keys in the order received."""
+
+    def __init__(self, clients: ClientFactory, queue: ChannelResources) -> None:
+        super().__init__(daemon=True)
+        self.sqs = clients.client("sqs")
+        self.url = queue.queue.url
+        self.received: list[tuple[dict[str, Any], str]] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        idle_since = None
+        while True:
+            messages = self.sqs.receive_message(
+                QueueUrl=self.url, MaxNumberOfMessages=10, MessageAttributeNames=["All"],
+                WaitTimeSeconds=0,
+            ).get("Messages", [])
+            for message in messages:
+                key = message["MessageAttributes"]["routing_key"]["StringValue"]
+                self.received.append((json.loads(message["Body"]), key))
+            if messages:
+                idle_since = None
+                self.sqs.delete_message_batch(QueueUrl=self.url, Entries=[
+                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
+                    for n, m in enumerate(messages)
+                ])
+            elif self.stopping.is_set():
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > 1.0:
+                    return
+            else:
+                time.sleep(0.05)
+
+
+def routing_key_of(n: int) -> str:
+    return ["MOBILE.APPLE", "MOBILE.SAMSUNG", "TV.SONY", "LAPTOP.LENOVO", "AUDIO.BOSE"][n % 5]
+
+
+def test_publishes_10000_rows_with_routing_and_group_order(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, executor: ExecutorSettings,
+    tmp_path: Path,
+) -> None:
+    # Given the wishlist exchange with three consumer queues, drained while Spark publishes
+    queues = exchange_queues(clients, settings)
+    drainer = Drainer(clients, queues["all_events"])
+    drainer.start()
+    rows = [(f"u{n % 40}", n // 40, routing_key_of(n)) for n in range(10_000)]
+    df = spark.createDataFrame(rows, "user_id string, seq int, routing_key string").repartition(3)
+
+    # When the DataFrame is published, grouped by user and ordered by seq
+    report = publish(
+        df, DropProducer, body=["user_id", "seq"], routing_key="routing_key",
+        group_id="user_id", dedup_key=["user_id", "seq"], order_by=["seq"],
+        failed_path=str(tmp_path / "failed"), executor=executor,
+    )
+    drainer.stopping.set()
+    drainer.join(timeout=60)
+
+    # Then every row arrived once, each user's events in order, and the filters routed them
+    assert (report.published, report.failed, report.offloaded) == (10_000, 0, 0)
+    assert report.requests <= 10_000 / 10 + 4 * 3  # batches of 10 + topic lookups per partition
+    received = [(body["user_id"], body["seq"], key) for body, key in drainer.received]
+    assert sorted(received) == sorted(rows)
+    seen: dict[str, int] = {}
+    for user, seq, _ in received:
+        assert seq > seen.get(user, -1), f"{user}: {seq} after {seen[user]}"
+        seen[user] = seq
+    assert depth(clients, queues["mobile_events"]) == 4_000
+    assert depth(clients, queues["apple_events"]) == 2_000
+    assert not any(path.stat().st_size for path in (tmp_path / "failed").glob("part-*"))
+
+
+def test_rows_that_fail_go_to_the_side_output(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, executor: ExecutorSettings,
+    tmp_path: Path,
+) -> None:
+    # Given a standard exchange and rows of which every 25th has no valid routing key
+    queue = Provisioner(clients, settings).ensure_channel(
+        ChannelSpec(name="audit.log", namespace=settings.namespace)
+    )
+    rows = [(n, "" if n % 25 == 0 else "AUDIT.ROW") for n in range(100)]
+    df = spark.createDataFrame(rows, "n int, routing_key string")
+
+    report = publish(
+        df, AuditProducer, routing_key="routing_key", failed_path=str(tmp_path / "failed"),
+        executor=executor,
+    )
+
+    # Then the 4 bad rows are in the side output with the reason; the rest were published
+    assert (report.published, report.failed, report.exit_code) == (96, 4, 1)
+    failed = spark.read.json(str(tmp_path / "failed")).collect()
+    assert sorted(row["n"] for row in failed) == [0, 25, 50, 75]
+    assert {row["_failure_code"] for row in failed} == {"InvalidMessage"}
+    assert all("routing_key" in row["_failure_reason"] for row in failed)
+    assert depth(clients, queue) == 96
+
+
+def test_channel_unreachable_keeps_every_row(
+    spark: SparkSession, settings: Settings, tmp_path: Path
+) -> None:
+    # Given an endpoint nobody listens on and a short retry budget
+    executor = ExecutorSettings(settings.with_changes(retry_budget_seconds=0.3), DEAD_ENDPOINT)
+    df = spark.createDataFrame([(n,) for n in range(100)], "n int").coalesce(1)
+
+    report = publish(df, AuditProducer, failed_path=str(tmp_path / "failed"), executor=executor)
+
+    # Then three batches were tried, the rest not attempted, and all 100 rows are kept
+    assert (report.published, report.failed) == (0, 100)
+    failed = spark.read.json(str(tmp_path / "failed")).collect()
+    assert sorted(row["n"] for row in failed) == list(range(100))
+    codes = [row["_failure_code"] for row in failed]
+    assert (codes.count("PublishFailed"), codes.count(NOT_ATTEMPTED)) == (30, 70)
+
+
+def test_bad_arguments_fail_on_the_driver(spark: SparkSession, tmp_path: Path) -> None:
+    df = spark.createDataFrame([(1, "a")], "n int, key string")
+    with pytest.raises(ValueError, match="routing_key=.*'missing'.*n, key"):
+        publish(df, AuditProducer, routing_key="missing", failed_path=str(tmp_path / "f"))
+    with pytest.raises(ValueError, match="ordered channels only.*'audit'"):
+        publish(df, AuditProducer, group_id="key", failed_path=str(tmp_path / "f"))
+
+
+# -- the price-drop job -------------------------------------------------------------------------
+PRICES = [  # item, category, brand, yesterday, today
+    ("I1", "mobile", "Apple", 1000.0, 900.0),      # -10 %: a drop
+    ("I2", "tv", "Sony", 500.0, 490.0),            # -2 %: below --min-drop-pct 5
+    ("I3", "audio", "Bose", 300.0, 330.0),         # a rise
+    ("I4", "laptop", "Lenovo", 800.0, 600.0),      # -25 %
+    ("I5", "x" * 300, "Acme", 100.0, 50.0),        # a drop whose routing key is too long
+]
+WISHLIST = [("u1", "I1"), ("u1", "I2"), ("u1", "I4"), ("u2", "I1"), ("u2", "I3"), ("u3", "I5")]
+
+
+def write_input(base: Path, prices: list[tuple[Any, ...]]) -> Path:
+    (base / "wishlist").mkdir(parents=True)
+    (base / "prices").mkdir()
+    with open(base / "wishlist" / "part-0.csv", "w", newline="") as out:
+        csv.writer(out).writerows([("user_id", "item_id"), *WISHLIST])
+    with open(base / "prices" / "part-0.csv", "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(("item_id", "category", "brand", "price", "price_date"))
+        for item, category, brand, yesterday, today in prices:
+            writer.writerow((item, category, brand, yesterday, "2026-11-20"))
+            writer.writerow((item, category, brand, today, "2026-11-21"))
+    return base
+
+
+def run_job(spark: SparkSession, data: Path, failed: Path, settings: Settings, url: str,
+            capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+    code = wishlist_price_drops.main(
+        ["--input", str(data), "--format", "csv", "--failed-output", str(failed),
+         "--namespace", settings.namespace, "--endpoint-url", url],
+        spark=spark,
+    )
+    return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_price_drop_job_publishes_each_drop_once_even_when_rerun(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, endpoint: str,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    queues = exchange_queues(clients, settings)
+    data = write_input(tmp_path / "in", PRICES[:4])
+
+    code, report = run_job(spark, data, tmp_path / "failed-1", settings, endpoint, capsys)
+    assert (code, report["published"], report["failed"]) == (0, 3, 0)
+    # A rerun of the step (within SNS FIFO's 5-minute window) publishes nothing twice.
+    code, report = run_job(spark, data, tmp_path / "failed-2", settings, endpoint, capsys)
+    assert (code, report["failed"]) == (0, 0)
+
+    assert [depth(clients, queues[name]) for name in ("all_events", "mobile_events",
+                                                      "apple_events")] == [3, 2, 2]
+    messages = clients.client("sqs").receive_message(
+        QueueUrl=queues["all_events"].queue.url, MaxNumberOfMessages=10,
+        MessageAttributeNames=["All"], AttributeNames=["MessageGroupId"],
+    )["Messages"]
+    events = {
+        (json.loads(m["Body"])["user_id"], json.loads(m["Body"])["item_id"]): m for m in messages
+    }
+    assert set(events) == {("u1", "I1"), ("u1", "I4"), ("u2", "I1")}
+    first = events["u1", "I1"]
+    assert json.loads(first["Body"]) == {
+        "event": "price_drop", "user_id": "u1", "item_id": "I1", "category": "mobile",
+        "brand": "Apple", "old_price": 1000.0, "new_price": 900.0, "drop_pct": 10.0,
+        "price_date": "2026-11-21",
+    }
+    assert first["MessageAttributes"]["routing_key"]["StringValue"] == "MOBILE.APPLE"
+    assert first["Attributes"]["MessageGroupId"] == "u1"
+    assert events["u1", "I4"]["MessageAttributes"]["routing_key"]["StringValue"] == "LAPTOP.LENOVO"
+
+
+def test_price_drop_job_exits_non_zero_with_failed_rows_kept(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, endpoint: str,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    queues = exchange_queues(clients, settings)
+    data = write_input(tmp_path / "in", PRICES)
+
+    code, report = run_job(spark, data, tmp_path / "failed", settings, endpoint, capsys)
+
+    assert (code, report["published"], report["failed"]) == (1, 3, 1)
+    (row,) = spark.read.json(str(tmp_path / "failed")).collect()
+    assert (row["user_id"], row["item_id"], row["_failure_code"]) == ("u3", "I5", "InvalidMessage")
+    assert depth(clients, queues["all_events"]) == 3
+
+
+def test_sample_data_has_the_asked_size_and_price_drops(spark: SparkSession) -> None:
+    import datetime
+
+    wishlist, prices = generate_sample_data.generate(spark, 2_000, datetime.date(2026, 11, 21))
+
+    assert wishlist.count() == wishlist.dropDuplicates().count() == 2_000
+    assert prices.count() == 2 * generate_sample_data.catalogue_size(2_000)
+    drops = wishlist_price_drops.find_price_drops(wishlist, prices).collect()
+    assert 300 < len(drops) < 900  # about 30 % of wishlisted items drop
+    assert all(5.0 <= row["drop_pct"] <= 30.0 for row in drops)
+    assert {row["routing_key"] for row in drops} <= {
+        f"{category}.{brand}" for category, brand in generate_sample_data.PRODUCTS
+    }
+
+
+def test_report_exit_code_and_ratio() -> None:
+    assert PublishReport(10, 0, 0, 2, "p").exit_code == 0
+    assert PublishReport(10, 0, 1, 2, "p").requests_per_message == 0.2
