@@ -96,7 +96,10 @@ class EmrPipeline(Construct):
             if channel.spec.track_status:
                 foundation.grant_status_write(self.job_role)
         foundation.grant_offload_write(self.job_role)
-        foundation.key.grant(self.job_role, "kms:DescribeKey", "kms:Decrypt")
+        # Verify mode (DescribeKey), and reading/writing the code bucket (SSE-KMS, the CMK).
+        foundation.key.grant(
+            self.job_role, "kms:DescribeKey", "kms:Decrypt", "kms:GenerateDataKey"
+        )
         readable = [self.library.bucket.arn_for_objects(self.library.s3_object_key)]
         readable += [a.bucket.arn_for_objects(a.s3_object_key) for a in self.jobs.values()]
         readable.append(self.code_bucket.arn_for_objects("*"))
@@ -111,7 +114,6 @@ class EmrPipeline(Construct):
         self.job_role.add_to_policy(iam.PolicyStatement(
             actions=["s3:ListBucket"], resources=[self.code_bucket.bucket_arn]
         ))
-        self.code_bucket.encryption_key.grant(self.job_role, "kms:GenerateDataKey")
         self.job_role.add_to_policy(iam.PolicyStatement(
             actions=["s3:PutObject"], resources=[self.logs_bucket.arn_for_objects("emr/*")]
         ))
@@ -291,21 +293,16 @@ class EmrPipeline(Construct):
             "EMR writes its log objects under run-time keys; PutObject on the emr/ prefix only.",
         )
         for role in (self.service_role, self.autoscaling_role):
-            for policy_name in _managed_policy_names(role):
-                acknowledge(
-                    role, f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
-                    f"{policy_name}]",
-                    "AWS maintains this EMR service policy as EMR's API surface changes; a "
-                    "hand-written copy would drift. The job role itself is least-privilege.",
-                )
+            acknowledge(
+                role, f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/"
+                f"{MANAGED_POLICIES[role.node.id]}]",
+                "AWS maintains this EMR service policy as EMR's API surface changes; a "
+                "hand-written copy would drift. The job role itself is least-privilege.",
+            )
 
     @property
     def job_names(self) -> list[str]:
         return sorted(self.jobs)
-
-
-def _managed_policy_names(role: iam.Role) -> list[str]:
-    return [MANAGED_POLICIES[role.node.id]]
 
 
 def _camel(name: str) -> str:

@@ -24,9 +24,18 @@ RUNTIME = lambda_.Runtime.PYTHON_3_11
 SOURCE_ALERT_SCHEDULE = events.Schedule.rate(Duration.minutes(15))
 DLQ_ALERT_SCHEDULE = events.Schedule.rate(Duration.hours(12))
 CLEANER_SCHEDULE = events.Schedule.rate(Duration.days(1))
-#: List and metric APIs that IAM cannot scope to a resource.
-UNSCOPED_READ_ACTIONS = ("tag:GetResources", "sqs:ListQueues", "sns:ListTopics",
-                         "cloudwatch:GetMetricData")
+#: What `messenger.ops` calls. The queue alarm finds queues by tag and reads their depth from
+#: CloudWatch; the cleaner also deletes unused queues and topics of the namespace. Tagging,
+#: metric and account-wide subscription listing APIs have no resource-level permissions.
+ALARM_UNSCOPED_ACTIONS = ("tag:GetResources", "cloudwatch:GetMetricData")
+CLEANER_UNSCOPED_ACTIONS = (*ALARM_UNSCOPED_ACTIONS, "sns:ListSubscriptions")
+CLEANER_QUEUE_ACTIONS = (
+    "sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags", "sqs:DeleteQueue",
+)
+CLEANER_TOPIC_ACTIONS = (
+    "sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic", "sns:ListTagsForResource",
+    "sns:Unsubscribe", "sns:DeleteTopic",
+)
 
 
 class OpsFunctions(Construct):
@@ -62,15 +71,12 @@ class OpsFunctions(Construct):
         }
         self.queue_alarm = self._function(
             "QueueAlarm", "queue_alarm", environment, timeout=Duration.minutes(2),
-            queue_actions=("sqs:GetQueueAttributes", "sqs:ListQueueTags"), topic_actions=(),
+            unscoped_actions=ALARM_UNSCOPED_ACTIONS,
         )
         self.resource_cleaner = self._function(
             "ResourceCleaner", "resource_cleaner", environment, timeout=Duration.minutes(10),
-            queue_actions=("sqs:GetQueueAttributes", "sqs:ListQueueTags", "sqs:DeleteQueue"),
-            topic_actions=(
-                "sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic",
-                "sns:ListTagsForResource", "sns:DeleteTopic", "sns:Unsubscribe",
-            ),
+            unscoped_actions=CLEANER_UNSCOPED_ACTIONS,
+            scoped_actions={"sqs": CLEANER_QUEUE_ACTIONS, "sns": CLEANER_TOPIC_ACTIONS},
         )
         self.source_alerts = self._schedule(
             "SourceQueueAlerts", SOURCE_ALERT_SCHEDULE, self.queue_alarm, {"scope": "source"}
@@ -91,8 +97,8 @@ class OpsFunctions(Construct):
         environment: dict[str, str],
         *,
         timeout: Duration,
-        queue_actions: tuple[str, ...],
-        topic_actions: tuple[str, ...],
+        unscoped_actions: tuple[str, ...],
+        scoped_actions: dict[str, tuple[str, ...]] | None = None,
     ) -> lambda_.Function:
         log_group = logs.LogGroup(
             self, f"{id}Logs", retention=logs.RetentionDays.THREE_MONTHS,
@@ -124,28 +130,20 @@ class OpsFunctions(Construct):
             tracing=lambda_.Tracing.ACTIVE,
             description=f"messenger operations: {folder.replace('_', ' ')}",
         )
-        role.add_to_policy(
-            iam.PolicyStatement(actions=list(UNSCOPED_READ_ACTIONS), resources=["*"])
-        )
-        role.add_to_policy(
-            iam.PolicyStatement(actions=list(queue_actions), resources=[self._name_pattern("sqs")])
-        )
-        if topic_actions:
+        role.add_to_policy(iam.PolicyStatement(actions=list(unscoped_actions), resources=["*"]))
+        for service, actions in (scoped_actions or {}).items():
             role.add_to_policy(
-                iam.PolicyStatement(
-                    actions=list(topic_actions), resources=[self._name_pattern("sns")]
-                )
+                iam.PolicyStatement(actions=list(actions), resources=[self._name_pattern(service)])
             )
         self.secret.grant_read(role)
         policy = role.node.find_child("DefaultPolicy")
         acknowledge(
             policy,
             "AwsSolutions-IAM5[Resource::*]",
-            "tag:GetResources, sqs:ListQueues, sns:ListTopics, cloudwatch:GetMetricData and "
-            "the X-Ray tracing calls support no resource-level permissions; every other action "
-            "is scoped.",
+            f"{', '.join(unscoped_actions)} and the X-Ray tracing calls support no "
+            "resource-level permissions; every other action is scoped.",
         )
-        for service in ("sqs", "sns") if topic_actions else ("sqs",):
+        for service in scoped_actions or {}:
             acknowledge_wildcard_resource(
                 policy, self._name_pattern(service),
                 "Channel resources are created by users at any time; the grant is limited to "

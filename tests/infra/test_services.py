@@ -85,7 +85,7 @@ def test_consumer_grants_are_scoped_to_its_channel(assembly: CloudAssembly) -> N
 def test_no_iam_statement_allows_every_action(assembly: CloudAssembly) -> None:
     # Resource "*" only where IAM has no resource scope for the action (acknowledged in nag).
     unscoped_allowed = {
-        "tag:GetResources", "sqs:ListQueues", "sns:ListTopics", "cloudwatch:GetMetricData",
+        "tag:GetResources", "sns:ListSubscriptions", "cloudwatch:GetMetricData",
         "ecr:GetAuthorizationToken", "xray:PutTraceSegments", "xray:PutTelemetryRecords",
         "xray:GetSamplingRules", "xray:GetSamplingTargets",
         "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery",
@@ -156,7 +156,15 @@ def test_ops_permissions_are_limited_to_the_namespace(assembly: CloudAssembly) -
                if "secretsmanager:GetSecretValue" in as_list(s["Action"])]
     assert secrets and all("messenger/slack-webhook-" in json.dumps(s["Resource"])
                            for s in secrets)
-    assert resources
+    # The queue alarm only reads: tags, metrics, its secret, its logs and traces.
+    (alarm_policy,) = [r for k, r in resources.items()
+                       if k.startswith("OpsQueueAlarmRoleDefaultPolicy")]
+    actions = {a for s in alarm_policy["Properties"]["PolicyDocument"]["Statement"]
+               for a in as_list(s["Action"])}
+    assert {a.split(":")[0] for a in actions} == {
+        "tag", "cloudwatch", "secretsmanager", "logs", "xray"
+    }
+    assert not any(a.startswith(("sqs:", "sns:")) or "Delete" in a for a in actions)
 
 
 # -- dashboard and pipeline --------------------------------------------------------------------
