@@ -31,8 +31,9 @@ from messenger.channel import (
 #: Seconds SQS reuses a data key before calling KMS again (the provisioner uses the same value):
 #: the 5-minute default, a balance between KMS cost and key freshness.
 KMS_DATA_KEY_REUSE_SECONDS = 300
-#: What a producer needs on the platform key to send to an encrypted queue or topic.
-KEY_ACTIONS_PUBLISH = ("kms:GenerateDataKey", "kms:Decrypt")
+#: What a producer needs on the platform key to send to an encrypted queue or topic, and to
+#: resolve the key in verify mode (DescribeKey).
+KEY_ACTIONS_PUBLISH = ("kms:GenerateDataKey", "kms:Decrypt", "kms:DescribeKey")
 #: What a consumer needs on the key: read encrypted messages, forward some to the DLQ.
 KEY_ACTIONS_CONSUME = ("kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
 QUEUE_ACTIONS_SEND = ("sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl")
