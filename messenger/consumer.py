@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from messenger.aws import ClientFactory, call_with_budget
@@ -39,8 +39,9 @@ from messenger.channel import (
     ChannelTags,
     MessageFilter,
 )
+from messenger.consumer_settings import ConsumerSettings
 from messenger.errors import InvalidChannelSpec, InvalidSettings
-from messenger.health import DEFAULT_HEALTH_FILE, HealthFile, HealthRecord
+from messenger.health import HealthFile, HealthRecord
 from messenger.lifecycle import (
     ConsumerState,
     LifecycleEvent,
@@ -51,8 +52,11 @@ from messenger.lifecycle import (
 )
 from messenger.mailbox import Mailbox, ReceivedMessage
 from messenger.offload import PayloadStore
+from messenger.priority import LevelPoller, PriorityPolicy
 from messenger.provision import ChannelResources, Provisioner
 from messenger.settings import Settings
+from messenger.status import StatusStore
+from messenger.tracking import StatusTracker
 from messenger.worker import ProcessingTimeout, Runtime
 
 logger = logging.getLogger("messenger.consumer")
@@ -63,82 +67,11 @@ MAX_PROCESSING_TIMEOUT = 1800
 #: heartbeat extends it while the handler runs.
 DEFAULT_CONSUMER_VISIBILITY = 30
 MIN_CONSUMER_VISIBILITY = 2
-LONG_POLL_SECONDS = 20
-RETRY_DELAY_SECONDS = 5
 
 __all__ = [
     "Consumer", "ConsumerSettings", "ConsumerState", "LifecycleHooks", "ProcessingTimeout",
     "ReceivedMessage", "load_consumer",
 ]
-
-
-@dataclass(frozen=True)
-class ConsumerSettings:
-    """How a consumer process runs (environment variables in brackets).
-
-    concurrency: worker threads, >= 1 (MESSENGER_CONCURRENCY; default the class's, else 1).
-    shutdown_timeout: seconds in-flight work may take after SIGTERM, > 0; keep it below the ECS
-    stopTimeout (MESSENGER_SHUTDOWN_TIMEOUT; default 30).
-    health_file: path (MESSENGER_HEALTH_FILE; default /tmp/messenger-health.json).
-    startup_timeout: seconds INITIALIZING/INITIALIZED may last (MESSENGER_STARTUP_TIMEOUT; 120).
-    health_grace: seconds added to processing/shutdown timeouts in the health file
-    (MESSENGER_HEALTH_GRACE; 30). stuck_grace: seconds a timed-out handler thread may keep
-    running before the consumer exits non-zero (default: shutdown_timeout).
-    """
-
-    concurrency: int = 1
-    shutdown_timeout: float = 30.0
-    health_file: str = DEFAULT_HEALTH_FILE
-    startup_timeout: float = 120.0
-    health_grace: float = 30.0
-    stuck_grace: float | None = None
-    wait_time_seconds: int = LONG_POLL_SECONDS
-    retry_delay: int = RETRY_DELAY_SECONDS
-    delete_linger: float = 0.2
-
-    def __post_init__(self) -> None:
-        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) \
-                or self.concurrency < 1:
-            raise InvalidSettings(
-                f"concurrency (MESSENGER_CONCURRENCY) must be a whole number >= 1, "
-                f"got {self.concurrency!r}"
-            )
-        for name, variable in (("shutdown_timeout", "MESSENGER_SHUTDOWN_TIMEOUT"),
-                               ("startup_timeout", "MESSENGER_STARTUP_TIMEOUT")):
-            if not getattr(self, name) > 0:
-                raise InvalidSettings(f"{name} ({variable}) must be > 0 seconds, "
-                                      f"got {getattr(self, name)!r}")
-        if self.health_grace < 0:
-            raise InvalidSettings("health_grace (MESSENGER_HEALTH_GRACE) must be >= 0 seconds")
-        if not 0 <= self.wait_time_seconds <= LONG_POLL_SECONDS:
-            raise InvalidSettings(f"wait_time_seconds must be from 0 to {LONG_POLL_SECONDS}")
-
-    @property
-    def stuck_after(self) -> float:
-        """Seconds a timed-out handler thread may keep running before the consumer exits."""
-        return self.shutdown_timeout if self.stuck_grace is None else self.stuck_grace
-
-    @classmethod
-    def from_env(
-        cls, environ: Mapping[str, str] | None = None, **defaults: Any
-    ) -> ConsumerSettings:
-        """Settings from the environment; `defaults` apply where a variable is not set."""
-        env = os.environ if environ is None else environ
-        values = dict(defaults)
-        for name, variable, kind in (
-            ("concurrency", "MESSENGER_CONCURRENCY", int),
-            ("shutdown_timeout", "MESSENGER_SHUTDOWN_TIMEOUT", float),
-            ("health_file", "MESSENGER_HEALTH_FILE", str),
-            ("startup_timeout", "MESSENGER_STARTUP_TIMEOUT", float),
-            ("health_grace", "MESSENGER_HEALTH_GRACE", float),
-        ):
-            raw = env.get(variable)
-            if raw:
-                try:
-                    values[name] = kind(raw)
-                except ValueError:
-                    raise InvalidSettings(f"{variable} must be a number, got {raw!r}") from None
-        return cls(**{k: v for k, v in values.items() if v is not None})
 
 
 class Consumer:
@@ -151,6 +84,10 @@ class Consumer:
     2-43200 s (default 30), extended by the heartbeat. max_receives: receives before SQS moves
     a failing message to the DLQ, 1-1000 (default 3). concurrency / shutdown_timeout: defaults
     for ConsumerSettings (the environment wins).
+    priorities: the channel's levels, highest first (default none); default_priority: see
+    ChannelSpec. priority_weights: a whole number >= 1 per level (default halving: 4, 2, 1);
+    priority_mode: 'weighted' (default) or 'strict' (see `messenger.priority`).
+    track_status: record the messages' lifecycle in the status table (default False).
     """
 
     channel: ClassVar[str] = ""
@@ -165,6 +102,11 @@ class Consumer:
     tags: ClassVar[ChannelTags] = ChannelTags()
     concurrency: ClassVar[int | None] = None
     shutdown_timeout: ClassVar[float | None] = None
+    priorities: ClassVar[tuple[str, ...]] = ()
+    default_priority: ClassVar[str | None] = None
+    priority_weights: ClassVar[Mapping[str, int] | None] = None
+    priority_mode: ClassVar[str] = "weighted"
+    track_status: ClassVar[bool] = False
     #: The runtime engine; a subclass of `Runtime` may poll other sources (override `poll`).
     runtime_class: ClassVar[type[Runtime]] = Runtime
 
@@ -180,7 +122,13 @@ class Consumer:
         )
         self._validate()
         self.spec = self.channel_spec(self.settings.namespace)
+        self.policy = self._priority_policy()
         self.clients = clients or ClientFactory(self.settings.region)
+        #: Status tracking (track_status); tests may swap `status.store`.
+        self.status: StatusTracker | None = None
+        if self.spec.track_status:
+            self.status = StatusTracker(StatusStore(
+                self.clients, self.settings, retention_seconds=self.spec.retention_seconds))
         self.hooks = collect_hooks(type(self))
         self.health = HealthFile(self.runtime.health_file)
         self.state: ConsumerState | None = None
@@ -208,8 +156,19 @@ class Consumer:
             name=cls.channel, ordered=cls.ordered, delay=cls.delay,
             message_filter=cls.message_filter, max_receives=cls.max_receives,
             retention_seconds=cls.retention_seconds, visibility_timeout=cls.visibility_timeout,
-            tags=cls.tags, namespace=namespace,
+            tags=cls.tags, namespace=namespace, priorities=tuple(cls.priorities),
+            default_priority=cls.default_priority, track_status=cls.track_status,
         )
+
+    def _priority_policy(self) -> PriorityPolicy | None:
+        name = type(self).__name__
+        if not self.spec.priorities:
+            if self.priority_weights is not None or self.priority_mode != "weighted":
+                raise InvalidChannelSpec(f"{name}.priority_weights and priority_mode need "
+                                         f"priorities")
+            return None
+        return PriorityPolicy(self.spec.priorities, self.priority_weights, self.priority_mode,
+                              owner=name)
 
     def _validate(self) -> None:
         name = type(self).__name__
@@ -228,11 +187,18 @@ class Consumer:
     # -- lifecycle ------------------------------------------------------------------------------
     def emit(self, name: str, message_id: str | None = None, duration: float | None = None,
              fields: dict[str, Any] | None = None) -> None:
-        """Report one lifecycle event (see `on_event`)."""
+        """Report one lifecycle event (see `on_event`); record it in the status store when the
+        channel tracks status (also when a subclass's `on_event` does not call super)."""
+        event = LifecycleEvent(name, self.spec.name, message_id, duration, fields or {})
         try:
-            self.on_event(LifecycleEvent(name, self.spec.name, message_id, duration, fields or {}))
+            self.on_event(event)
         except Exception:
             logger.exception("reporting lifecycle event %s failed", name)
+        if self.status is not None:
+            try:
+                self.status.track(event)
+            except Exception:
+                logger.exception("recording the status of event %s failed", name)
 
     def transition(self, state: ConsumerState) -> None:
         """Enter `state` (no-op when already there): health file, event, hooks."""
@@ -317,13 +283,12 @@ class Consumer:
                 lambda: provisioner.ensure_channel(self.spec),
                 self.settings.retry_budget_seconds, f"resolving channel {self.spec.name!r}",
             )
+            if self.status is not None:
+                self.status.start()
             self.transition(ConsumerState.INITIALIZED)
-            mailbox = Mailbox(
-                self.clients.client("sqs"), self.resources.queue.url, self.resources.dlq.url,
-                self.ordered, self.settings.retry_budget_seconds,
-            )
+            mailbox, poller = self._mailboxes(self.resources)
             runtime = self.runtime_class(
-                self, mailbox, PayloadStore(self.clients.client("s3"), "")
+                self, mailbox, PayloadStore(self.clients.client("s3"), ""), poller=poller
             )
             self._runtime = runtime
             if self._stop_requested.is_set():  # SIGTERM while initializing
@@ -336,9 +301,24 @@ class Consumer:
             return 0
         finally:
             self.transition(ConsumerState.EXITING)
+            if self.status is not None:
+                self.status.close()
             self.transition(ConsumerState.EXITED)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _mailboxes(self, resources: ChannelResources) -> tuple[Mailbox, LevelPoller | None]:
+        """The default level's mailbox, and a poller over every level's (prioritized channel)."""
+        def mailbox(found: ChannelResources) -> Mailbox:
+            return Mailbox(self.clients.client("sqs"), found.queue.url, found.dlq.url,
+                           self.ordered, self.settings.retry_budget_seconds,
+                           level=found.spec.priority_level)
+
+        if self.policy is None:
+            return mailbox(resources), None
+        levels = [mailbox(level) for level in resources.levels]
+        default = next(box for box in levels if box.level == self.spec.default_level)
+        return default, LevelPoller(levels, self.policy)
 
     def _install_signal_handlers(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():

@@ -70,6 +70,13 @@ class Delivery:
     in_handler: bool = False
     message: ReceivedMessage | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: The mailbox (queue) it came from: it is deleted, extended, retried and dead-lettered there.
+    mailbox: Mailbox | None = field(default=None, repr=False)
+
+    @property
+    def level(self) -> str | None:
+        """The priority level it came from (None on a channel without priorities)."""
+        return self.mailbox.level if self.mailbox is not None else None
 
     @property
     def receipt_handle(self) -> str:
@@ -160,16 +167,31 @@ def sendable_attributes(received: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 class Mailbox:
-    """The SQS calls of one consumer on its queue and DLQ."""
+    """The SQS calls of one consumer on its queue and DLQ.
+
+    level: the priority level whose queue this is (None without priorities). A delivery that
+    carries another mailbox (another level's) is always acted on in that mailbox's queue.
+    """
 
     def __init__(
-        self, sqs: Any, queue_url: str, dlq_url: str, ordered: bool, budget: float
+        self, sqs: Any, queue_url: str, dlq_url: str, ordered: bool, budget: float,
+        level: str | None = None,
     ) -> None:
         self.sqs = sqs
         self.queue_url = queue_url
         self.dlq_url = dlq_url
         self.ordered = ordered
         self.budget = budget
+        self.level = level
+
+    def _home(self, delivery: Delivery) -> Mailbox:
+        return delivery.mailbox if delivery.mailbox is not None else self
+
+    def _by_home(self, deliveries: Sequence[Delivery]) -> dict[Mailbox, list[Delivery]]:
+        groups: dict[Mailbox, list[Delivery]] = {}
+        for delivery in deliveries:
+            groups.setdefault(self._home(delivery), []).append(delivery)
+        return groups
 
     def _call(self, what: str, call: Callable[[], Any]) -> Any:
         return call_with_budget(call, self.budget, what)
@@ -186,22 +208,26 @@ class Mailbox:
         return list(response.get("Messages", []))
 
     def _batch(
-        self, what: str, call: Callable[..., Any], deliveries: Sequence[Delivery], **entry: Any
+        self, what: str, operation: str, deliveries: Sequence[Delivery], **entry: Any
     ) -> list[EntryError]:
-        """One batch call per 10 deliveries; returns the entries SQS refused."""
+        """One batch call per 10 deliveries of one queue; returns the entries SQS refused."""
         errors: list[EntryError] = []
-        for chunk in _chunks(deliveries):
-            entries = [
-                {"Id": str(i), "ReceiptHandle": d.receipt_handle, **entry}
-                for i, d in enumerate(chunk)
-            ]
-            response = self._call(what, partial(call, QueueUrl=self.queue_url, Entries=entries))
-            errors.extend(_entry_errors(chunk, response))
+        for home, group in self._by_home(deliveries).items():
+            call = getattr(home.sqs, operation)
+            for chunk in _chunks(group):
+                entries = [
+                    {"Id": str(i), "ReceiptHandle": d.receipt_handle, **entry}
+                    for i, d in enumerate(chunk)
+                ]
+                response = home._call(
+                    what, partial(call, QueueUrl=home.queue_url, Entries=entries)
+                )
+                errors.extend(_entry_errors(chunk, response))
         return errors
 
     def _visibility_batch(self, deliveries: Sequence[Delivery], seconds: int) -> list[EntryError]:
         return self._batch(
-            "ChangeMessageVisibilityBatch", self.sqs.change_message_visibility_batch,
+            "ChangeMessageVisibilityBatch", "change_message_visibility_batch",
             deliveries, VisibilityTimeout=seconds,
         )
 
@@ -215,23 +241,29 @@ class Mailbox:
 
     def retry_later(self, delivery: Delivery, seconds: int) -> None:
         """Make a failed message visible again after `seconds` (SQS counts the receive)."""
-        self._call(
+        home = self._home(delivery)
+        home._call(
             "ChangeMessageVisibility",
-            lambda: self.sqs.change_message_visibility(
-                QueueUrl=self.queue_url, ReceiptHandle=delivery.receipt_handle,
+            lambda: home.sqs.change_message_visibility(
+                QueueUrl=home.queue_url, ReceiptHandle=delivery.receipt_handle,
                 VisibilityTimeout=seconds,
             ),
         )
 
     def delete_batch(self, deliveries: Sequence[Delivery]) -> list[EntryError]:
-        return self._batch("DeleteMessageBatch", self.sqs.delete_message_batch, deliveries)
+        return self._batch("DeleteMessageBatch", "delete_message_batch", deliveries)
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Forward to the DLQ with the reason, then delete from the queue.
 
         Forward first: a crash in between leaves a duplicate in the DLQ, never a loss. The raw
-        body (an offload pointer stays a pointer) and the attributes travel unchanged.
+        body (an offload pointer stays a pointer) and the attributes travel unchanged. A
+        delivery of another mailbox goes to that mailbox's DLQ (its priority level's).
         """
+        home = self._home(delivery)
+        if home is not self:
+            home.dead_letter(delivery, reason)
+            return
         attributes = sendable_attributes(delivery.raw.get("MessageAttributes", {}))
         attributes[DEAD_LETTER_REASON_ATTRIBUTE] = {
             "DataType": "String", "StringValue": reason[:MAX_REASON_LENGTH],

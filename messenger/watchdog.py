@@ -81,7 +81,7 @@ class Watchdog:
             timeout = self.consumer.processing_timeout
             self.consumer.emit(
                 "timed_out", delivery.log_id, duration=delivery.running_for(),
-                fields={"processing_timeout": timeout},
+                fields={"processing_timeout": timeout, "receive_count": delivery.receive_count},
             )
             self.consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
             reason = f"processing_timeout: exceeded {timeout:g} s"

@@ -3,7 +3,9 @@
 - The receiver long-polls (20 s) for at most min(10, free workers) messages, so nothing waits in
   memory while its visibility runs out. On an ordered channel a poll's messages of one group
   form a chain that one worker runs in order (SQS hands out a group's next message only after
-  the previous one is deleted or visible again).
+  the previous one is deleted or visible again). On a prioritized channel a `LevelPoller`
+  (`messenger.priority`) chooses the level of each poll; every delivery remembers its mailbox,
+  so it is deleted, extended, retried and dead-lettered in its own level's queue and DLQ.
 - A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
   for deletion (success), makes it visible again after `retry_delay` (error) or forwards it to the
   DLQ (undecodable, payload missing).
@@ -30,6 +32,7 @@ from messenger.mailbox import (
     Stage,
 )
 from messenger.offload import PayloadStore
+from messenger.priority import LevelPoller
 from messenger.watchdog import ProcessingTimeout, Watchdog, interrupt
 
 if TYPE_CHECKING:
@@ -43,10 +46,15 @@ RECEIVE_BACKOFF_SECONDS = 2.0
 class Runtime:
     """Runs one consumer against its mailbox until `stop()` or a fatal error."""
 
-    def __init__(self, consumer: Consumer, mailbox: Mailbox, store: PayloadStore) -> None:
+    def __init__(
+        self, consumer: Consumer, mailbox: Mailbox, store: PayloadStore,
+        poller: LevelPoller | None = None,
+    ) -> None:
         self.consumer = consumer
         self.config = consumer.runtime
         self.mailbox = mailbox
+        #: Chooses the level of each poll on a prioritized channel (None: poll `mailbox`).
+        self.poller = poller
         self.store = store
         self.visibility = consumer.visibility_timeout
         self.stopping = threading.Event()
@@ -165,8 +173,7 @@ class Runtime:
                 # A group stays locked until its message is deleted: delete before polling.
                 self.deleter.flush()
             try:
-                polled_at = time.monotonic()
-                raw = self.poll(count)
+                deliveries = self.fetch(count)
             except Exception as error:
                 if not is_transient(error):  # queue gone, access denied: let ECS see it
                     self.fail(error)
@@ -178,27 +185,42 @@ class Runtime:
                 )
                 self.stopping.wait(RECEIVE_BACKOFF_SECONDS)
                 continue
-            self._dispatch(raw, polled_at)
+            self._dispatch(deliveries)
 
     def poll(self, count: int) -> list[dict[str, Any]]:
-        """One long poll for at most `count` messages (the place to add more sources)."""
+        """One long poll for at most `count` messages (the place to add more sources; a
+        prioritized channel's levels are polled by `self.poller` instead)."""
         return self.mailbox.receive(count, self.config.wait_time_seconds, self.visibility)
 
-    def _dispatch(self, raw: list[dict[str, Any]], polled_at: float) -> None:
+    def fetch(self, count: int) -> list[Delivery]:
+        """At most `count` messages: one level's (prioritized channel) or one `poll`'s."""
+        if self.poller is not None:
+            batch = self.poller.poll(count, self.config.wait_time_seconds, self.visibility)
+            return self.deliveries(batch.messages, batch.polled_at, batch.mailbox)
+        polled_at = time.monotonic()
+        return self.deliveries(self.poll(count), polled_at, self.mailbox)
+
+    def deliveries(
+        self, raw: list[dict[str, Any]], polled_at: float, mailbox: Mailbox
+    ) -> list[Delivery]:
         # SQS starts the lease when it hands the message out: at most a round trip before now
         # (counted as up to 1 s, never before the poll began).
         now = time.monotonic()
         leased_at = max(polled_at, now - 1.0)
-        deliveries = [Delivery(m, now, leased_at + self.visibility) for m in raw]
+        return [Delivery(m, now, leased_at + self.visibility, mailbox=mailbox) for m in raw]
+
+    def _dispatch(self, deliveries: list[Delivery]) -> None:
         with self._cond:
             for delivery in deliveries:
                 self._held[delivery.receipt_handle] = delivery
             self._last_poll_empty = not deliveries
         for delivery in deliveries:
-            self.consumer.emit(
-                "received", delivery.log_id,
-                fields={"receive_count": delivery.receive_count, "group_id": delivery.group_id},
-            )
+            fields: dict[str, Any] = {
+                "receive_count": delivery.receive_count, "group_id": delivery.group_id,
+            }
+            if delivery.level is not None:
+                fields["priority"] = delivery.level
+            self.consumer.emit("received", delivery.log_id, fields=fields)
         self.refresh_state()
         for chain in self._chains(deliveries):
             self._work.put(chain)
@@ -268,7 +290,8 @@ class Runtime:
         if not delivery.claim(Stage.RUNNING, Stage.DONE):
             return False  # timed out meanwhile: the watchdog dead-lettered it
         self.deleter.add(delivery)
-        consumer.emit("completed", delivery.log_id, duration=delivery.running_for())
+        consumer.emit("completed", delivery.log_id, duration=delivery.running_for(),
+                      fields={"receive_count": delivery.receive_count})
         self._finish(delivery, progress=True)
         return True
 
@@ -299,7 +322,7 @@ class Runtime:
         consumer.emit(
             "failed", delivery.log_id, duration=delivery.running_for(),
             fields={"error": f"{type(error).__name__}: {error}",
-                    "receive_count": delivery.receive_count},
+                    "error_class": type(error).__name__, "receive_count": delivery.receive_count},
         )
         consumer.run_hooks(LifecycleHooks.ON_ERROR, message, error)
         try:
@@ -331,7 +354,7 @@ class Runtime:
             return False
         self.consumer.emit(
             "dead_lettered", delivery.log_id, duration=delivery.running_for(),
-            fields={"reason": reason},
+            fields={"reason": reason, "receive_count": delivery.receive_count},
         )
         self._finish(delivery, progress=expected is not Stage.TIMED_OUT)
         return True

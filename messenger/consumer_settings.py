@@ -1,0 +1,84 @@
+"""`ConsumerSettings`: how a consumer process runs (concurrency, timeouts, health file), read from
+the environment; the consumer class's attributes give the defaults."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from messenger.errors import InvalidSettings
+from messenger.health import DEFAULT_HEALTH_FILE
+
+LONG_POLL_SECONDS = 20
+RETRY_DELAY_SECONDS = 5
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    """How a consumer process runs (environment variables in brackets).
+
+    concurrency: worker threads, >= 1 (MESSENGER_CONCURRENCY; default the class's, else 1).
+    shutdown_timeout: seconds in-flight work may take after SIGTERM, > 0; keep it below the ECS
+    stopTimeout (MESSENGER_SHUTDOWN_TIMEOUT; default 30).
+    health_file: path (MESSENGER_HEALTH_FILE; default /tmp/messenger-health.json).
+    startup_timeout: seconds INITIALIZING/INITIALIZED may last (MESSENGER_STARTUP_TIMEOUT; 120).
+    health_grace: seconds added to processing/shutdown timeouts in the health file
+    (MESSENGER_HEALTH_GRACE; 30). stuck_grace: seconds a timed-out handler thread may keep
+    running before the consumer exits non-zero (default: shutdown_timeout).
+    """
+
+    concurrency: int = 1
+    shutdown_timeout: float = 30.0
+    health_file: str = DEFAULT_HEALTH_FILE
+    startup_timeout: float = 120.0
+    health_grace: float = 30.0
+    stuck_grace: float | None = None
+    wait_time_seconds: int = LONG_POLL_SECONDS
+    retry_delay: int = RETRY_DELAY_SECONDS
+    delete_linger: float = 0.2
+
+    def __post_init__(self) -> None:
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) \
+                or self.concurrency < 1:
+            raise InvalidSettings(
+                f"concurrency (MESSENGER_CONCURRENCY) must be a whole number >= 1, "
+                f"got {self.concurrency!r}"
+            )
+        for name, variable in (("shutdown_timeout", "MESSENGER_SHUTDOWN_TIMEOUT"),
+                               ("startup_timeout", "MESSENGER_STARTUP_TIMEOUT")):
+            if not getattr(self, name) > 0:
+                raise InvalidSettings(f"{name} ({variable}) must be > 0 seconds, "
+                                      f"got {getattr(self, name)!r}")
+        if self.health_grace < 0:
+            raise InvalidSettings("health_grace (MESSENGER_HEALTH_GRACE) must be >= 0 seconds")
+        if not 0 <= self.wait_time_seconds <= LONG_POLL_SECONDS:
+            raise InvalidSettings(f"wait_time_seconds must be from 0 to {LONG_POLL_SECONDS}")
+
+    @property
+    def stuck_after(self) -> float:
+        """Seconds a timed-out handler thread may keep running before the consumer exits."""
+        return self.shutdown_timeout if self.stuck_grace is None else self.stuck_grace
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, **defaults: Any
+    ) -> ConsumerSettings:
+        """Settings from the environment; `defaults` apply where a variable is not set."""
+        env = os.environ if environ is None else environ
+        values = dict(defaults)
+        for name, variable, kind in (
+            ("concurrency", "MESSENGER_CONCURRENCY", int),
+            ("shutdown_timeout", "MESSENGER_SHUTDOWN_TIMEOUT", float),
+            ("health_file", "MESSENGER_HEALTH_FILE", str),
+            ("startup_timeout", "MESSENGER_STARTUP_TIMEOUT", float),
+            ("health_grace", "MESSENGER_HEALTH_GRACE", float),
+        ):
+            raw = env.get(variable)
+            if raw:
+                try:
+                    values[name] = kind(raw)
+                except ValueError:
+                    raise InvalidSettings(f"{variable} must be a number, got {raw!r}") from None
+        return cls(**{k: v for k, v in values.items() if v is not None})
