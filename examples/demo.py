@@ -5,28 +5,38 @@ Every step checks that it did what it claims; the demo exits non-zero if any ste
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.panel import Panel
 from rich.table import Table
 
 from examples.channels import WISHLIST_EXCHANGE, example_channels, wishlist_channels
+from examples.wishlist import OrdersProducer, WishlistEventProducer
 from messenger.aws import ClientFactory
+from messenger.channel import ChannelSpec, ChannelTags
 from messenger.local import start_local_process
-from messenger.message import Message
-from messenger.offload import OffloadPointer, PayloadStore
-from messenger.producer import MultiProducer, Producer, PushItem
+from messenger.ops.report import render_text
+from messenger.ops.sink import WebhookSink
+from messenger.producer import Producer, PushItem
 from messenger.provision import Provisioner
+from messenger.requeue import Requeuer
 from messenger.settings import Settings
 
 console = Console()
 NAMESPACE = "demo"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class StepFailed(Exception):
@@ -44,38 +54,67 @@ class DemoContext:
     clients: ClientFactory
     endpoint_url: str
     env: dict[str, str]
-    facts: dict[str, Any] = field(default_factory=dict)
+    workdir: Path
+    consumers: dict[str, ConsumerProcess] = field(default_factory=dict)
 
 
-class WishlistProducer(MultiProducer):
-    channel = WISHLIST_EXCHANGE
-    ordered = True
+# -- consumer processes --------------------------------------------------------------------
+class ConsumerProcess:
+    """A real `messenger consume` process and its JSON lifecycle log."""
 
-
-class OrdersProducer(Producer):
-    channel = "orders"
-
-
-def receive_all(
-    ctx: DemoContext, queue_name: str, expected: int, timeout: float = 10
-) -> list[Message]:
-    """Receive and delete messages of a queue until `expected` arrived or the time is up."""
-    sqs = ctx.clients.client("sqs")
-    url = sqs.get_queue_url(QueueName=queue_name)["QueueUrl"]
-    got: list[Message] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < expected and time.monotonic() < deadline:
-        response = sqs.receive_message(
-            QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"], WaitTimeSeconds=1
+    def __init__(self, target: str, env: dict[str, str], workdir: Path) -> None:
+        self.target = target
+        name = target.split(":")[-1]
+        self.log_path = workdir / f"{name}.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (closed in stop)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "messenger", "consume", target],
+            env={**env, "MESSENGER_HEALTH_FILE": str(workdir / f"{name}.health")},
+            stdout=self._log, stderr=subprocess.STDOUT,
         )
-        for raw in response.get("Messages", []):
-            body = raw["Body"]
-            pointer = OffloadPointer.parse(body, raw.get("MessageAttributes"))
-            if pointer is not None:
-                body = PayloadStore(ctx.clients.client("s3"), pointer.bucket).get(pointer)
-            got.append(Message.decode(body, raw.get("MessageAttributes"), raw["MessageId"]))
-            sqs.delete_message(QueueUrl=url, ReceiptHandle=raw["ReceiptHandle"])
-    return got
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        found = []
+        for line in self.log_path.read_text().splitlines():
+            if line.startswith("{"):
+                event = json.loads(line)
+                if name is None or event.get("event") == name:
+                    found.append(event)
+        return found
+
+    def completed_ids(self) -> list[str]:
+        return [e["message_id"] for e in self.events("completed")]
+
+    def wait_for(self, predicate: Callable[[ConsumerProcess], bool], what: str,
+                 timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate(self):
+            if self.process.poll() is not None:
+                raise StepFailed(f"{self.target} exited ({self.process.returncode}) before: {what}")
+            if time.monotonic() > deadline:
+                raise StepFailed(f"{self.target}: {what} did not happen in {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def stop(self, timeout: float) -> int | None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                return None
+        self._log.close()
+        return self.process.returncode
+
+
+CONSUMERS = {
+    "all_events": "examples.wishlist:AllEventsConsumer",
+    "mobile_events": "examples.wishlist:MobileEventsConsumer",
+    "apple_events": "examples.wishlist:AppleEventsConsumer",
+    "orders": "examples.wishlist:OrdersConsumer",
+}
+SHUTDOWN_TIMEOUT = 10
 
 
 # -- steps ---------------------------------------------------------------------------------
@@ -84,56 +123,174 @@ def step_provision(ctx: DemoContext) -> str:
     for spec in example_channels(NAMESPACE):
         provisioner.ensure_channel(spec)
     names = [spec.queue_name for spec in example_channels(NAMESPACE)]
-    urls = (
-        ctx.clients.client("sqs").list_queues(QueueNamePrefix=f"{NAMESPACE}-").get("QueueUrls", [])
-    )
-    check(
-        all(any(url.endswith("/" + name) for url in urls) for name in names),
-        "every example queue exists",
-    )
-    return f"{len(names)} channels from examples/channels.py: " + ", ".join(names)
+    sqs = ctx.clients.client("sqs")
+    urls = sqs.list_queues(QueueNamePrefix=f"{NAMESPACE}-").get("QueueUrls", [])
+    check(all(any(url.endswith("/" + name) for url in urls) for name in names),
+          "every example queue exists")
+    return f"{len(names)} channels from examples/channels.py (as the CDK app deploys them): " + (
+        ", ".join(names))
+
+
+def step_start_consumers(ctx: DemoContext) -> str:
+    env = {**os.environ, **ctx.env, "MESSENGER_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
+           "MESSENGER_CONCURRENCY": "2", "DEMO_FIX_FILE": str(ctx.workdir / "fix-deployed")}
+    for queue, target in CONSUMERS.items():
+        ctx.consumers[queue] = ConsumerProcess(target, env, ctx.workdir)
+    for consumer in ctx.consumers.values():
+        consumer.wait_for(
+            lambda c: any(e.get("state") == "LISTENING" for e in c.events("state")),
+            "reaching LISTENING", timeout=60,
+        )
+    return f"{len(ctx.consumers)} `messenger consume` processes listening: " + ", ".join(
+        target.split(":")[-1] for target in CONSUMERS.values())
 
 
 def step_routed_pushes(ctx: DemoContext) -> str:
     keys = ["MOBILE.APPLE", "MOBILE.ANDROID", "WEB.CHROME", "MOBILE.APPLE", "TV.SAMSUNG"]
-    producer = WishlistProducer(settings=ctx.settings, clients=ctx.clients)
+    producer = WishlistEventProducer(settings=ctx.settings, clients=ctx.clients)
     result = producer.push_many(
-        PushItem({"n": n, "sku": f"SKU-{n}"}, key) for n, key in enumerate(keys)
-    )
+        PushItem({"n": n, "sku": f"SKU-{n}"}, key) for n, key in enumerate(keys))
     check(not result.failures, "every push accepted")
+    ids = result.message_ids
     lines = []
     for spec in wishlist_channels(NAMESPACE):
-        expected = [
-            n
-            for n, key in enumerate(keys)
-            if spec.message_filter is None or spec.message_filter.matches(key)
-        ]
-        got = receive_all(ctx, spec.queue_name, len(expected))
-        check(
-            [m.body["n"] for m in got] == expected,
-            f"{spec.queue_name} received exactly {expected} in order",
-        )
-        lines.append(f"{spec.queue}: {[m.routing_key for m in got]}")
-    return f"{len(keys)} events through {WISHLIST_EXCHANGE}; " + "; ".join(lines)
+        expected = [ids[n] for n, key in enumerate(keys)
+                    if spec.message_filter is None or spec.message_filter.matches(key)]
+        consumer = ctx.consumers[spec.queue]
+        consumer.wait_for(lambda c, e=expected: set(e) <= set(c.completed_ids()),
+                          f"processing {len(expected)} routed events")
+        got = [i for i in consumer.completed_ids() if i in ids]
+        check(got == expected, f"{spec.queue} processed exactly its events, in order")
+        lines.append(f"{spec.queue} {len(got)}")
+    return f"{len(keys)} events via {WISHLIST_EXCHANGE} ({', '.join(keys)}); processed: " + (
+        ", ".join(lines))
 
 
 def step_large_message(ctx: DemoContext) -> str:
     producer = OrdersProducer(settings=ctx.settings, clients=ctx.clients)
-    body = {"order": 1, "attachment": "x" * 600 * 1024}
-    producer.push(body)
-    [message] = receive_all(ctx, f"{NAMESPACE}-orders", 1)
-    check(message.body == body, "the 600 KiB body came back intact")
+    message_id = producer.push({"order": 1, "attachment": "x" * 600 * 1024})
     bucket = ctx.settings.bucket_name(Provisioner(ctx.clients, ctx.settings).account_id)
     objects = ctx.clients.client("s3").list_objects_v2(Bucket=bucket)["KeyCount"]
     check(objects >= 1, "the body was offloaded to S3")
-    return "600 KiB body sent as an S3 pointer (extended-client format) and resolved on receive"
+    ctx.consumers["orders"].wait_for(lambda c: message_id in c.completed_ids(),
+                                     "processing the 600 KiB order")
+    return (f"600 KiB order sent as an S3 pointer (AWS extended-client format) to s3://{bucket}; "
+            "the orders consumer read it back and processed it")
 
 
-#: The demo's steps, in order. Later steps are appended by the features they show.
+def step_poison_and_requeue(ctx: DemoContext) -> str:
+    orders = ctx.consumers["orders"]
+    message_id = OrdersProducer(settings=ctx.settings, clients=ctx.clients).push(
+        {"order": 7, "poison": True})
+    spec = next(s for s in example_channels(NAMESPACE) if s.name == "orders")
+    sqs = ctx.clients.client("sqs")
+    dlq_url = sqs.get_queue_url(QueueName=spec.dlq_name)["QueueUrl"]
+
+    def in_dlq() -> int:
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=dlq_url, AttributeNames=["ApproximateNumberOfMessages"])["Attributes"]
+        return int(attributes["ApproximateNumberOfMessages"])
+
+    orders.wait_for(lambda c: len([e for e in c.events("failed")
+                                   if e.get("message_id") == message_id]) >= spec.max_receives,
+                    f"{spec.max_receives} failed attempts", timeout=60)
+    deadline = time.monotonic() + 30
+    while in_dlq() < 1 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    check(in_dlq() == 1, "after 3 receives SQS moved the poison order to the DLQ")
+    (ctx.workdir / "fix-deployed").touch()  # the fix is deployed
+    report = Requeuer(spec.dlq_name, "orders", settings=ctx.settings, clients=ctx.clients).start()
+    check(report.moved == 1, "the requeuer moved it back")
+    orders.wait_for(lambda c: message_id in c.completed_ids(), "processing the requeued order")
+    return (f"order 7 failed {spec.max_receives}x -> {spec.dlq_name}; fix deployed; "
+            f"requeued {report.moved} -> processed")
+
+
+def step_lambdas(ctx: DemoContext) -> str:
+    # A channel nobody consumes, over its (critical) alarm threshold.
+    backlog = ChannelSpec("reports", namespace=NAMESPACE,
+                          tags=ChannelTags(owner="bi-team", alarm_threshold=5, critical=True))
+    Provisioner(ctx.clients, ctx.settings).ensure_channel(backlog)
+
+    class ReportsProducer(Producer):
+        channel = "reports"
+
+    ReportsProducer(settings=ctx.settings, clients=ctx.clients).push_many(
+        [{"report": n} for n in range(12)])
+    # SQS publishes queue depth to CloudWatch by itself; the local endpoint does not, so the
+    # demo publishes what SQS would: the queue's real depth and the age of its oldest message.
+    sqs = ctx.clients.client("sqs")
+    url = sqs.get_queue_url(QueueName=backlog.queue_name)["QueueUrl"]
+    depth = int(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"])
+    dimensions = [{"Name": "QueueName", "Value": backlog.queue_name}]
+    ctx.clients.client("cloudwatch").put_metric_data(Namespace="AWS/SQS", MetricData=[
+        {"MetricName": "ApproximateNumberOfMessagesVisible", "Value": depth,
+         "Dimensions": dimensions},
+        {"MetricName": "ApproximateAgeOfOldestMessage", "Value": 95, "Dimensions": dimensions},
+    ])
+    sink = WebhookSink()
+    try:
+        ctx.clients.client("secretsmanager").create_secret(
+            Name="demo/slack-webhook", SecretString=sink.url)
+        env = {**os.environ, **ctx.env, "SLACK_WEBHOOK_SECRET": "demo/slack-webhook",
+               "MESSENGER_ALARM_THRESHOLD": "100", "CLEANER_DRY_RUN": "true"}
+        for name, event in (("queue_alarm", {"scope": "source"}), ("queue_alarm", {"scope": "dlq"}),
+                            ("resource_cleaner", {})):
+            done = subprocess.run(
+                [sys.executable, "-m", "examples.invoke_lambda", name, json.dumps(event)],
+                env=env, capture_output=True, text=True, timeout=120)
+            check(done.returncode == 0, f"{name} ran: {done.stderr[-500:]}")
+        check(len(sink.posts) == 2, "the source-queue alarm and the cleaner posted; "
+              "the DLQ alarm had nothing to report")
+        alarm, cleaner = (render_text(post) for post in sink.posts)
+        check("critical" in alarm and backlog.queue_name in alarm,
+              "the alarm flags the critical backlog queue")
+        check("dry run" in cleaner, "the cleaner reported without deleting")
+        for post in sink.posts:
+            console.print(Panel(render_text(post), title="Slack (local webhook sink)",
+                                expand=False))
+        return (f"{len(sink.posts)} Slack posts over HTTP to the local sink: the critical "
+                f"backlog of {backlog.queue_name} ({depth} > 5), the cleaner's dry-run report")
+    finally:
+        sink.close()
+
+
+def step_cdk_synth(ctx: DemoContext) -> str:
+    out = ctx.workdir / "cdk.out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION"] = "1"
+    cdk = ROOT / "node_modules" / ".bin" / "cdk"
+    check(cdk.exists(), "the pinned CDK CLI is installed (npm install)")
+    done = subprocess.run([str(cdk), "synth", "--quiet", "-o", str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    check(done.returncode == 0, f"cdk synth passed with cdk-nag: {done.stderr[-800:]}")
+    templates = sorted(p.name for p in out.glob("*.template.json"))
+    check(bool(templates), "templates were written")
+    return (f"cdk synth: {len(templates)} stacks ({', '.join(templates)}), cdk-nag AwsSolutions: "
+            "0 unacknowledged findings")
+
+
+def step_stop_consumers(ctx: DemoContext) -> str:
+    codes = {}
+    started = time.monotonic()
+    for queue, consumer in ctx.consumers.items():
+        codes[queue] = consumer.stop(timeout=SHUTDOWN_TIMEOUT + 10)
+    ctx.consumers.clear()
+    check(all(code == 0 for code in codes.values()), f"every consumer exited 0 ({codes})")
+    return f"SIGTERM: {len(codes)} consumers exited 0 in {time.monotonic() - started:.1f} s"
+
+
+#: The demo's steps, in order.
 STEPS: list[tuple[str, Callable[[DemoContext], str]]] = [
     ("Provision the example channels", step_provision),
+    ("Start the consumers as real processes", step_start_consumers),
     ("Routed pushes through the wishlist exchange", step_routed_pushes),
     ("A large message through S3", step_large_message),
+    ("A poison message: DLQ, fix, requeue", step_poison_and_requeue),
+    ("Ops Lambdas: queue alarm and resource cleaner", step_lambdas),
+    ("cdk synth with cdk-nag", step_cdk_synth),
+    ("Graceful shutdown (SIGTERM)", step_stop_consumers),
 ]
 
 
@@ -144,7 +301,8 @@ def run(steps: list[tuple[str, Callable[[DemoContext], str]]]) -> int:
     console.print(f"local endpoint: [cyan]{server.url}[/cyan] (moto server on loopback)")
     env = {**server.env(), "MESSENGER_NAMESPACE": NAMESPACE}
     os.environ.update(env)
-    ctx = DemoContext(Settings.from_env(), ClientFactory("us-east-1"), server.url, env)
+    workdir = Path(tempfile.mkdtemp(prefix="messenger-demo-"))
+    ctx = DemoContext(Settings.from_env(), ClientFactory("us-east-1"), server.url, env, workdir)
     results: list[tuple[str, bool, str, float]] = []
     try:
         for title, step in steps:
@@ -161,6 +319,8 @@ def run(steps: list[tuple[str, Callable[[DemoContext], str]]]) -> int:
             mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
             console.print(f"{mark} [bold]{title}[/bold] ({took:.1f} s)\n   {summary}")
     finally:
+        for consumer in ctx.consumers.values():
+            consumer.stop(timeout=SHUTDOWN_TIMEOUT + 10)
         server.stop()
     table = Table(title="summary")
     for column in ("step", "result", "seconds"):
