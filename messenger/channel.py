@@ -97,6 +97,11 @@ def platform_key_alias(namespace: str = "") -> str:
     return f"alias/{namespace}-messenger" if namespace else "alias/messenger"
 
 
+def status_table_name(namespace: str = "") -> str:
+    """The message status table: '<namespace->messenger-status'."""
+    return f"{namespace}-messenger-status" if namespace else "messenger-status"
+
+
 def offload_bucket_name(namespace: str, account_id: str) -> str:
     """The offload bucket: '<namespace->messenger-offload-<account>' (S3 names are lower case)."""
     prefix = f"{namespace.lower().replace('_', '-')}-" if namespace else ""

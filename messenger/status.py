@@ -22,7 +22,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from messenger.aws import ClientFactory, error_code
-from messenger.channel import DEFAULT_RETENTION_SECONDS, TAG_MANAGED
+from messenger.channel import DEFAULT_RETENTION_SECONDS, TAG_MANAGED, status_table_name
 from messenger.errors import ChannelNotFound
 from messenger.settings import Settings
 
@@ -96,7 +96,7 @@ class StatusRecord:
 
 
 def table_name(namespace: str) -> str:
-    return f"{namespace}-messenger-status" if namespace else "messenger-status"
+    return status_table_name(namespace)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from messenger.channel import (
     TAG_NAMESPACE,
     offload_bucket_name,
     platform_key_alias,
+    status_table_name,
 )
 from stacks.nag import acknowledge_wildcard_resource
 
@@ -29,11 +30,6 @@ OFFLOAD_EXPIRY_DAYS = -(-SQS_MAX_RETENTION_SECONDS // 86_400) + 1
 #: Where offloaded bodies live in the bucket (`messenger.offload.OFFLOAD_PREFIX`).
 OFFLOAD_PREFIX = "payloads/"
 ACCESS_LOG_EXPIRY_DAYS = 90
-
-
-def status_table_name(namespace: str) -> str:
-    """The message status table, as `messenger.status.table_name` derives it."""
-    return f"{namespace}-messenger-status" if namespace else "messenger-status"
 
 
 class Foundation(Construct):
