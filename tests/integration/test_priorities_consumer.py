@@ -1,0 +1,203 @@
+"""Priority channels, consumer side, against the moto server: weighted and strict polling, each
+level's messages handled in their own queue and DLQ, and no long poll on an empty level while
+another level has messages."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from messenger import Consumer, ConsumerSettings, MultiProducer, Producer, ReceivedMessage
+from messenger.aws import ClientFactory
+from messenger.lifecycle import LifecycleEvent
+from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
+from messenger.producer import PushItem
+from messenger.settings import Settings
+from tests.integration.helpers import drain
+from tests.integration.test_consumer_runtime import Running, wait_until
+
+LEVELS = ("high", "default", "low")
+
+
+class JobsProducer(Producer):
+    channel = "jobs"
+    priorities = LEVELS
+
+
+class Jobs(Consumer):
+    """Records the level of each message it handles, in order."""
+
+    channel = "jobs"
+    priorities = LEVELS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.order: list[str] = []
+        self.events: list[LifecycleEvent] = []
+        self.lock = threading.Lock()
+
+    def on_event(self, event: LifecycleEvent) -> None:
+        self.events.append(event)
+        super().on_event(event)
+
+    def handler(self, message: ReceivedMessage) -> None:
+        with self.lock:
+            self.order.append(message.body["level"])
+
+
+@pytest.fixture
+def start(settings: Settings, clients: ClientFactory, tmp_path: Path
+          ) -> Iterator[Callable[..., Running]]:
+    runs: list[Running] = []
+    base = ConsumerSettings(health_file=str(tmp_path / "health.json"), shutdown_timeout=10)
+
+    def run(cls: type[Consumer], **changes: Any) -> Running:
+        running = Running(cls(settings=settings, clients=clients, runtime=replace(base, **changes)))
+        runs.append(running)
+        return running
+
+    yield run
+    for running in runs:
+        if running.thread.is_alive():
+            running.consumer.request_shutdown()
+            running.thread.join(20)
+
+
+def backlog(settings: Settings, per_level: int) -> None:
+    items = [PushItem({"level": level, "n": n}, priority=level)
+             for n in range(per_level) for level in LEVELS]
+    JobsProducer(settings=settings).push_many(items).raise_for_failures()
+
+
+def depths(clients: ClientFactory, consumer: Consumer) -> dict[str, int]:
+    """Visible + in-flight messages of every level's queue and DLQ."""
+    sqs = clients.client("sqs")
+    assert consumer.resources is not None
+    found = {}
+    for level in consumer.resources.levels:
+        for queue in (level.queue, level.dlq):
+            attributes = sqs.get_queue_attributes(QueueUrl=queue.url, AttributeNames=[
+                "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])
+            found[queue.name] = sum(int(v) for v in attributes["Attributes"].values())
+    return found
+
+
+@pytest.mark.timeout(60)
+def test_weighted_polling_follows_the_weights_and_starves_no_level(settings, clients, start):
+    class Weighted(Jobs):
+        priority_weights = {"high": 6, "default": 3, "low": 1}
+
+    # Given a backlog of 30 in every level and one worker (one message per poll)
+    backlog(settings, 30)
+    run = start(Weighted, concurrency=1)
+    wait_until(lambda: len(run.consumer.order) >= 90, timeout=40)
+    run.stop()
+    order = run.consumer.order
+    # Then the first 30 follow 6:3:1 (18, 9, 3) within a tolerance, and every level is served
+    # within the first 10
+    first = Counter(order[:30])
+    for level, expected in (("high", 18), ("default", 9), ("low", 3)):
+        assert abs(first[level] - expected) <= 2, (level, first, order[:30])
+    assert set(order[:10]) == set(LEVELS), order[:10]
+    # And every message was handled once and deleted from its own level's queue
+    assert Counter(order) == {level: 30 for level in LEVELS}
+    wait_until(lambda: not any(depths(clients, run.consumer).values()), timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_strict_polling_serves_the_highest_non_empty_level_first(settings, start):
+    class Strict(Jobs):
+        priority_mode = "strict"
+
+    backlog(settings, 5)
+    run = start(Strict, concurrency=1)
+    wait_until(lambda: len(run.consumer.order) >= 15, timeout=30)
+    run.stop()
+    assert run.consumer.order == ["high"] * 5 + ["default"] * 5 + ["low"] * 5
+
+
+@pytest.mark.timeout(60)
+def test_an_empty_level_never_holds_up_a_busy_one_with_a_long_poll(settings, clients, start):
+    # Given messages only in the lowest level and the default 20 s long poll
+    JobsProducer(settings=settings).push_many(
+        PushItem({"level": "low", "n": n}, priority="low") for n in range(12)
+    ).raise_for_failures()
+    waits: list[tuple[str, int]] = []
+
+    def note(params: dict[str, Any], **_: Any) -> None:
+        waits.append((params["QueueUrl"].rsplit("-", 1)[-1], params["WaitTimeSeconds"]))
+
+    clients.register("provide-client-params.sqs.ReceiveMessage", note)
+    run = start(Jobs, concurrency=2)
+    # Then they are all handled quickly (one 20 s poll of an empty level would exceed this)
+    wait_until(lambda: len(run.consumer.order) >= 12, timeout=15)
+    handled_after = len(waits)
+    run.stop()
+    # No long poll happened while low had messages; the empty levels were not polled for each
+    # batch (they are skipped for a second after coming back empty)
+    assert all(wait == 0 for _, wait in waits[:handled_after]), waits
+    polls = Counter(level for level, _ in waits[:handled_after])
+    assert polls["low"] >= 6 and polls["high"] + polls["default"] <= polls["low"], polls
+    assert [e.fields["priority"] for e in run.consumer.events if e.name == "received"] \
+        == ["low"] * 12
+
+
+@pytest.mark.timeout(60)
+def test_each_level_retries_and_dead_letters_in_its_own_queues(settings, clients, start):
+    class Flaky(Jobs):
+        attempts: Counter[str] = Counter()
+
+        def handler(self, message: ReceivedMessage) -> None:
+            Flaky.attempts[message.message_id] += 1
+            if Flaky.attempts[message.message_id] == 1:
+                raise RuntimeError("first attempt fails")
+            super().handler(message)
+
+    producer = JobsProducer(settings=settings)
+    producer.push({"level": "low"}, priority="low")
+    producer.push({"level": "high"}, priority="high")
+    run = start(Flaky, concurrency=2, retry_delay=1)
+    wait_until(lambda: run.consumer.resources)
+    resources = {r.spec.priority_level: r for r in run.consumer.resources.levels}
+    sqs = clients.client("sqs")
+    sqs.send_message(QueueUrl=resources["high"].queue.url, MessageBody="not json {")
+    # The failing messages came back on their own queues and were handled on the second try
+    wait_until(lambda: sorted(run.consumer.order) == ["high", "low"], timeout=20)
+    # The undecodable one went to the high level's DLQ
+    dead = wait_until(lambda: drain(sqs, resources["high"].dlq.url), timeout=10)
+    run.stop()
+    assert [m["Body"] for m in dead] == ["not json {"]
+    assert dead[0]["MessageAttributes"][DEAD_LETTER_REASON_ATTRIBUTE]["StringValue"] \
+        .startswith("undecodable")
+    assert not any(depths(clients, run.consumer).values())
+    assert len([e for e in run.consumer.events if e.name == "retried"]) == 2
+
+
+@pytest.mark.timeout(60)
+def test_an_exchange_consumer_gets_every_level_through_the_filter_policies(settings, start):
+    class EventsProducer(MultiProducer):
+        channel = "events"
+        priorities = LEVELS
+
+    class EventJobs(Jobs):
+        channel = "events.jobs"
+        priority_mode = "strict"
+
+    run = start(EventJobs, concurrency=1)
+    wait_until(lambda: run.consumer.resources)
+    producer = EventsProducer(settings=settings)
+    producer.push({"level": "low"}, priority="low")
+    producer.push({"level": "default"})  # no priority: the default level
+    producer.push({"level": "high"}, priority="high")
+    wait_until(lambda: len(run.consumer.order) >= 3, timeout=30)
+    run.stop()
+    assert sorted(run.consumer.order) == ["default", "high", "low"]
+    levels = {e.message_id: e.fields["priority"] for e in run.consumer.events
+              if e.name == "received"}
+    assert sorted(levels.values()) == ["default", "high", "low"]
