@@ -1,0 +1,199 @@
+"""`make bench`: run every benchmark script in one go and write bench/RESULTS.md.
+
+Each script runs in its own process and prints a JSON object (the last JSON object on stdout is
+taken); this script picks the headline figures, compares them with the targets and writes a
+Markdown report with the machine and the date. Ratios are measured within one run of a script.
+
+    python bench/run_all.py [--only cost consume ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One headline number: where it is in the script's JSON, its target and the comparison."""
+
+    label: str
+    path: tuple[str, ...]
+    target: float | None = None
+    at_most: bool = True  # True: value <= target passes; False: value >= target passes
+
+
+@dataclass(frozen=True)
+class Bench:
+    script: str
+    what: str
+    figures: tuple[Figure, ...]
+    args: tuple[str, ...] = ()
+
+
+BENCHES = (
+    Bench("cost.py", "Producer requests per message over 1,000 messages", (
+        Figure("push (queue)", ("bench_orders.push", "requests_per_message")),
+        Figure("push_many (queue)", ("bench_orders.push_many", "requests_per_message"), 0.11),
+        Figure("push (exchange)", ("bench_events.push", "requests_per_message")),
+        Figure("push_many (exchange)", ("bench_events.push_many", "requests_per_message"), 0.11),
+    )),
+    Bench("consume.py", "Consumer requests per message, 1,000-message backlog, concurrency 10", (
+        Figure("consume", ("requests_per_message",), 0.25),
+    )),
+    Bench("spark_publish.py", "Spark publish from executors", (
+        Figure("requests per message", ("requests_per_message",), 0.11),
+        Figure("speed vs per-row push", ("speedup_vs_push",), 5, at_most=False),
+    )),
+    Bench("ops.py", "Ops Lambda API calls over 1,000 queues", (
+        Figure("queue alarm calls, source scope (+1 secret read)", ("queue_alarm.source",
+                                                                    "aws_calls"), 24),
+        Figure("queue alarm calls, DLQ scope (+1 secret read)", ("queue_alarm.dlq", "aws_calls"),
+               24),
+        Figure("resource cleaner calls", ("resource_cleaner", "aws_calls")),
+    )),
+    Bench("synth.py", "CDK synth time", (
+        Figure("10 channels (s)", ("channels_10_s",)),
+        Figure("100 channels (s)", ("channels_100_s",), 90),
+        Figure("ratio 100/10", ("ratio",), 6),
+    )),
+    Bench("status.py", "Status tracking on vs off, same run", (
+        Figure("throughput ratio on/off", ("throughput_ratio",)),
+        Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
+    )),
+)
+
+
+def last_json(text: str) -> dict[str, Any]:
+    """The last complete JSON object in a script's stdout."""
+    decoder = json.JSONDecoder()
+    found: dict[str, Any] | None = None
+    index = text.find("{")
+    while index != -1:
+        try:
+            value, end = decoder.raw_decode(text, index)
+        except ValueError:
+            index = text.find("{", index + 1)
+            continue
+        if isinstance(value, dict):
+            found = value
+        index = text.find("{", end)
+    if found is None:
+        raise ValueError("no JSON object in the output")
+    return found
+
+
+def lookup(data: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = data
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def verdict(figure: Figure, value: Any) -> str:
+    if figure.target is None or not isinstance(value, (int, float)):
+        return ""
+    ok = value <= figure.target if figure.at_most else value >= figure.target
+    return "met" if ok else "**missed**"
+
+
+def run(bench: Bench, log: Callable[[str], None]) -> tuple[dict[str, Any] | None, float, str]:
+    started = time.monotonic()
+    log(f"running bench/{bench.script} ...")
+    done = subprocess.run(
+        [sys.executable, str(BENCH / bench.script), *bench.args],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+        env={k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"},
+    )
+    took = time.monotonic() - started
+    if done.returncode != 0:
+        return None, took, done.stderr[-2000:]
+    try:
+        return last_json(done.stdout), took, ""
+    except ValueError as error:
+        return None, took, str(error)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()}"
+
+
+def report(results: list[tuple[Bench, dict[str, Any] | None, float, str]]) -> str:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Written by `make bench` (bench/run_all.py) on {now}; machine: {machine()}.",
+        "Requests are counted with botocore's `before-send` event (retries included) against the",
+        "embedded local endpoint (moto server in a child process); times are wall-clock on this",
+        "machine and vary from run to run, request counts do not.",
+        "",
+        "| benchmark | figure | value | target | result |",
+        "|-----------|--------|-------|--------|--------|",
+    ]
+    for bench, data, took, _ in results:
+        if data is None:
+            lines.append(f"| {bench.what} | (failed after {took:.0f} s) | - | - | **error** |")
+            continue
+        for figure in bench.figures:
+            value = lookup(data, figure.path)
+            shown = f"{value:g}" if isinstance(value, float) else str(value)
+            target = "" if figure.target is None else (
+                f"{'≤' if figure.at_most else '≥'} {figure.target:g}")
+            lines.append(f"| {bench.what} | {figure.label} | {shown} | {target} | "
+                         f"{verdict(figure, value)} |")
+    lines += ["", "## Raw output", ""]
+    for bench, data, took, error in results:
+        lines += [f"### bench/{bench.script} ({took:.0f} s)", "", "```json" if data else "```",
+                  json.dumps(data, indent=2) if data else error.strip(), "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="script names without .py (default: all)")
+    parser.add_argument("--out", default=str(BENCH / "RESULTS.md"))
+    args = parser.parse_args(argv)
+    chosen = [b for b in BENCHES if not args.only or b.script[:-3] in args.only]
+    unknown = set(args.only or ()) - {b.script[:-3] for b in BENCHES}
+    if unknown:
+        parser.error(f"--only: unknown {sorted(unknown)}; choose from "
+                     f"{', '.join(b.script[:-3] for b in BENCHES)}")
+    results = []
+    for bench in chosen:
+        if not (BENCH / bench.script).exists():
+            results.append((bench, None, 0.0, "script missing"))
+            continue
+        data, took, error = run(bench, lambda text: print(text, flush=True))
+        results.append((bench, data, took, error))
+        print(f"  done in {took:.0f} s{'' if data else ' (FAILED)'}", flush=True)
+    Path(args.out).write_text(report(results) + "\n")
+    print(f"wrote {args.out}")
+    return 0 if all(data is not None for _, data, _, _ in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
