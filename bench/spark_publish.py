@@ -1,0 +1,117 @@
+"""Benchmark: messenger.spark.publish against a per-row `push`, in the same local Spark run.
+
+    python bench/spark_publish.py [--rows 5000] [--partitions 2]
+
+Starts a moto server (child process) and a local[2] SparkSession, then publishes the same rows
+to an ordered exchange twice: with `publish` (batches of 10 per partition) and with a plain
+per-row `push` loop per partition. AWS requests are counted on the executors with botocore's
+'before-send' event (messenger.aws.RequestCounter). Targets: requests_per_message <= 0.11 and
+speedup_vs_push >= 5. The exchange has no subscribed queues: moto's SQS gets slower as a queue
+fills, which would measure moto rather than the publisher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from messenger import MultiProducer, Settings
+from messenger.aws import RequestCounter
+from messenger.local import LOCAL_CREDENTIALS, start_local_process
+from messenger.spark import ExecutorSettings, publish
+
+
+class PublishBench(MultiProducer):
+    channel = "bench_publish"
+    ordered = True
+
+
+class PushBench(MultiProducer):
+    channel = "bench_push"
+    ordered = True
+
+
+def push_rows(executor: ExecutorSettings) -> Any:
+    """The baseline: one producer per partition, one `push` (one request) per row."""
+
+    def run(rows: Iterable[Any]) -> Iterator[tuple[int, int]]:
+        clients = executor.client_factory()
+        counter = RequestCounter().attach(clients)
+        producer = PushBench(settings=executor.settings, clients=clients)
+        pushed = 0
+        for row in rows:
+            producer.push(
+                {"user_id": row["user_id"], "seq": row["seq"]}, routing_key=row["routing_key"],
+                group_id=row["user_id"], dedup_id=f"{row['user_id']}-{row['seq']}",
+            )
+            pushed += 1
+        yield pushed, counter.total
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=5_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    args = parser.parse_args(argv)
+    os.environ.update(LOCAL_CREDENTIALS)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    server = start_local_process()
+    spark = (
+        SparkSession.builder.master("local[2]").appName("bench-spark-publish")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        executor = ExecutorSettings(Settings(namespace="bench"), endpoint_url=server.url)
+        rows = [(f"u{n % 100}", n // 100, "MOBILE.APPLE") for n in range(args.rows)]
+        df = spark.createDataFrame(rows, "user_id string, seq int, routing_key string")
+        df = df.repartition(args.partitions, "user_id").cache()
+        df.count()  # materialize, and start the Python workers before timing anything
+
+        started = time.perf_counter()
+        counts = df.rdd.mapPartitions(push_rows(executor)).collect()
+        push_seconds = time.perf_counter() - started
+        pushed, push_requests = sum(c[0] for c in counts), sum(c[1] for c in counts)
+
+        with tempfile.TemporaryDirectory() as scratch:
+            started = time.perf_counter()
+            report = publish(
+                df, PublishBench, body=["user_id", "seq"], routing_key="routing_key",
+                group_id="user_id", dedup_key=["user_id", "seq"], order_by=["seq"],
+                failed_path=f"{scratch}/failed", executor=executor,
+            )
+            publish_seconds = time.perf_counter() - started
+    finally:
+        spark.stop()
+        server.stop()
+    figures = {
+        "rows": args.rows,
+        "partitions": args.partitions,
+        "published": report.published,
+        "failed": report.failed,
+        "requests": report.requests,
+        "requests_per_message": round(report.requests_per_message, 4),
+        "publish_seconds": round(publish_seconds, 2),
+        "push_seconds": round(push_seconds, 2),
+        "push_requests_per_message": round(push_requests / max(pushed, 1), 4),
+        "speedup_vs_push": round(push_seconds / publish_seconds, 2),
+        "targets": {"requests_per_message": "<= 0.11", "speedup_vs_push": ">= 5"},
+    }
+    print(json.dumps(figures, indent=2))
+    return 0 if report.failed == 0 and pushed == args.rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
