@@ -29,7 +29,8 @@ bench: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python bench/run_all.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check messenger stacks lambdas spark_jobs tests bench app.py
+	$(BIN)/ruff check messenger stacks lambdas spark_jobs examples tests bench app.py
+	$(BIN)/mypy messenger --ignore-missing-imports
 
 synth: $(STAMP) $(NODE_STAMP)
 	npx cdk synth --quiet

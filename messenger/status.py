@@ -245,7 +245,7 @@ class StatusStore:
         """Every record of a message, oldest first."""
         dynamodb = self.clients.client("dynamodb")
         paginator = dynamodb.get_paginator("query")
-        records = []
+        records: list[StatusRecord] = []
         try:
             for page in paginator.paginate(
                 TableName=self.table,

@@ -160,6 +160,7 @@ def requeue_channel(
         raise ChannelNotFound(f"no channel {channel!r} with a DLQ in namespace "
                               f"{settings.namespace or '(none)'!r}")
     row = rows[0]
+    assert row.dlq is not None
     exchange = row.channel.split(".")[0] if "." in row.channel else None
     question = (f"Requeue {row.dlq_depth} message(s) from {row.dlq} to "
                 f"{exchange or row.channel}{' (exchange)' if exchange else ''}? [y/N] ")

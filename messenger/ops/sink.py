@@ -47,6 +47,8 @@ class WebhookSink:
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), Handler)
         bound_host, bound_port = self._server.server_address[:2]
+        if isinstance(bound_host, bytes):  # only for AF_UNIX sockets, never here
+            bound_host = bound_host.decode()
         self.url = f"http://{bound_host}:{bound_port}/services/T000/B000/XXXX"
         threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True

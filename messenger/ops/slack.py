@@ -17,6 +17,7 @@ from slack_sdk.http_retry import (
     BackoffRetryIntervalCalculator,
     ConnectionErrorRetryHandler,
     RateLimitErrorRetryHandler,
+    RetryHandler,
     RetryIntervalCalculator,
 )
 from slack_sdk.http_retry.builtin_handlers import ServerErrorRetryHandler
@@ -62,7 +63,7 @@ class SlackNotifier:
 
     def prepare(self) -> None:
         if self._client is None:
-            handlers = [
+            handlers: list[RetryHandler] = [
                 handler(max_retry_count=MAX_RETRIES, interval_calculator=self._interval)
                 for handler in (
                     ServerErrorRetryHandler, RateLimitErrorRetryHandler,
