@@ -1,0 +1,193 @@
+"""The reliability suite's ledger: every acknowledged send against what consumers processed and
+what is still in the queue and its DLQ; consumers run as real `messenger consume` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from messenger import Producer, Settings
+from messenger.aws import ClientFactory
+from messenger.channel import physical_name
+from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
+from tests.integration.helpers import decode, drain
+from tests.reliability.apps import CHANNEL
+
+ROOT = Path(__file__).resolve().parents[2]
+APPS = "tests.reliability.apps"
+#: One report line per test, printed in the terminal summary.
+REPORTS: list[dict[str, Any]] = []
+
+
+@dataclass
+class Ledger:
+    """What producers acknowledged and what each part of the system holds, by message id."""
+
+    acknowledged: list[str] = field(default_factory=list)
+    processed: list[str] = field(default_factory=list)
+    in_queue: list[str] = field(default_factory=list)
+    in_dlq: list[str] = field(default_factory=list)
+    #: message id -> dead_letter_reason of the DLQ copy ('' when SQS's redrive moved it).
+    dlq_reasons: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> set[str]:
+        return set(self.acknowledged) - set(self.processed) - set(self.in_queue) - set(self.in_dlq)
+
+    @property
+    def duplicates(self) -> int:
+        """Extra handler runs: processed count minus distinct processed."""
+        return len(self.processed) - len(set(self.processed))
+
+    def report(self, test: str, **extra: Any) -> dict[str, Any]:
+        repeated = Counter(self.processed)
+        return {
+            "test": test, "acknowledged": len(self.acknowledged),
+            "processed_distinct": len(set(self.processed)), "duplicates": self.duplicates,
+            "most_runs": max(repeated.values(), default=0), "in_queue": len(self.in_queue),
+            "in_dlq": len(self.in_dlq), "lost": len(self.lost), **extra,
+        }
+
+
+class ConsumerProcess:
+    """One `messenger consume` child process and its JSON log."""
+
+    def __init__(self, app: str, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "messenger", "consume", f"{APPS}:{app}"],
+            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        lines = self.log_path.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30.0
+                 ) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.events():
+                if predicate(event):
+                    return event
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no such event; log:\n{self.log_path.read_text()[-3000:]}")
+
+    def wait_listening(self, timeout: float = 30.0) -> None:
+        self.wait_for(lambda e: e.get("event") == "state" and e.get("state") == "LISTENING",
+                      timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+class Harness:
+    """Starts consumers with the ledger's files and collects the ledger at the end."""
+
+    def __init__(self, settings: Settings, clients: ClientFactory, workdir: Path) -> None:
+        self.settings = settings
+        self.clients = clients
+        self.workdir = workdir
+        self.files = {name: workdir / f"{name}.txt" for name in ("ledger", "attempts", "faults")}
+        self.started: list[ConsumerProcess] = []
+
+    def start(self, app: str = "LedgerConsumer", **extra_env: str) -> ConsumerProcess:
+        env = {
+            **os.environ, **self.settings.as_env(),
+            "RELIABILITY_LEDGER": str(self.files["ledger"]),
+            "RELIABILITY_ATTEMPTS": str(self.files["attempts"]),
+            "RELIABILITY_FAULTS": str(self.files["faults"]),
+            "MESSENGER_HEALTH_FILE": str(self.workdir / "health.json"),
+            "MESSENGER_SHUTDOWN_TIMEOUT": "10",
+            "PYTHONUNBUFFERED": "1",
+            **extra_env,
+        }
+        consumer = ConsumerProcess(app, env, self.workdir / f"consumer-{len(self.started)}.log")
+        self.started.append(consumer)
+        return consumer
+
+    def lines(self, name: str) -> list[str]:
+        path = self.files[name]
+        return path.read_text().splitlines() if path.exists() else []
+
+    def processed(self) -> list[str]:
+        return self.lines("ledger")
+
+    def queue_url(self, dlq: bool = False) -> str:
+        name = physical_name(CHANNEL + ("-dlq" if dlq else ""), self.settings.namespace)
+        return str(self.clients.client("sqs").get_queue_url(QueueName=name)["QueueUrl"])
+
+    def wait_processed(self, expected: Iterable[str], timeout: float) -> None:
+        """Until every id of `expected` is in the ledger, or `timeout` seconds."""
+        wanted = set(expected)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not wanted <= set(self.processed()):
+            time.sleep(0.2)
+
+    def collect(self, acknowledged: Iterable[str]) -> Ledger:
+        """The ledger, draining what the queue and the DLQ still hold (consumers stopped)."""
+        ledger = Ledger(acknowledged=list(acknowledged), processed=self.processed())
+        sqs, s3 = self.clients.client("sqs"), self.clients.client("s3")
+        ledger.in_queue = [decode(raw, s3).message_id for raw in drain(sqs, self.queue_url())]
+        for raw in drain(sqs, self.queue_url(dlq=True)):
+            message_id = message_id_of(raw)
+            ledger.in_dlq.append(message_id)
+            reason = raw.get("MessageAttributes", {}).get(DEAD_LETTER_REASON_ATTRIBUTE, {})
+            ledger.dlq_reasons[message_id] = reason.get("StringValue", "")
+        return ledger
+
+
+def message_id_of(raw: dict[str, Any]) -> str:
+    """The producer's id of a raw message (the SQS MessageId when it has none)."""
+    attribute = raw.get("MessageAttributes", {}).get("message_id", {})
+    return str(attribute.get("StringValue") or raw["MessageId"])
+
+
+@pytest.fixture
+def harness(settings: Settings, clients: ClientFactory, tmp_path: Path) -> Iterator[Harness]:
+    made = Harness(settings, clients, tmp_path)
+    yield made
+    for consumer in made.started:
+        consumer.stop()
+
+
+@pytest.fixture
+def producer_class() -> type[Producer]:
+    class ReliabilityProducer(Producer):
+        channel = CHANNEL
+
+    return ReliabilityProducer
+
+
+@pytest.fixture
+def report(record_property: Callable[[str, Any], None]) -> Callable[[dict[str, Any]], None]:
+    """Attach a test's one-line report to its result and to the terminal summary."""
+
+    def publish(line: dict[str, Any]) -> None:
+        record_property("reliability", json.dumps(line))
+        REPORTS.append(line)
+
+    return publish
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if REPORTS:
+        terminalreporter.section("reliability ledger")
+        for line in REPORTS:
+            terminalreporter.write_line(json.dumps(line))
