@@ -185,6 +185,10 @@ class Runtime:
                 )
                 self.stopping.wait(RECEIVE_BACKOFF_SECONDS)
                 continue
+            if self.stopping.is_set():
+                # A long poll that returned after shutdown: give its messages back at once.
+                self._release(deliveries, reason="shutdown")
+                return
             self._dispatch(deliveries)
 
     def poll(self, count: int) -> list[dict[str, Any]]:

@@ -1,0 +1,155 @@
+"""Message status by id, consumer side, against the moto server: one timeline from the producer's
+QUEUED to the consumer's last event; a dead status store loses nothing; the log is the same
+whether tracking is on or off."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from messenger import Consumer, ConsumerSettings, Producer, ReceivedMessage
+from messenger.aws import ClientFactory
+from messenger.settings import Settings
+from messenger.status import StatusEvent, StatusStore
+from tests.integration.test_consumer_runtime import Running, wait_until
+
+E = StatusEvent
+
+
+class TrackedProducer(Producer):
+    channel = "tracked"
+    track_status = True
+
+
+class Tracked(Consumer):
+    channel = "tracked"
+    track_status = True
+    processing_timeout = 1
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.done: list[str] = []
+        self.attempts: dict[str, int] = {}
+
+    def handler(self, message: ReceivedMessage) -> None:
+        kind = message.body["kind"]
+        self.attempts[kind] = self.attempts.get(kind, 0) + 1
+        if kind == "flaky" and self.attempts[kind] == 1:
+            raise ValueError("not yet")
+        if kind == "slow":
+            end = time.monotonic() + 10
+            while time.monotonic() < end:
+                pass  # pure Python: the timeout interrupts it
+        self.done.append(kind)
+
+
+@pytest.fixture
+def start(settings: Settings, clients: ClientFactory, tmp_path: Path
+          ) -> Iterator[Callable[..., Running]]:
+    runs: list[Running] = []
+    base = ConsumerSettings(health_file=str(tmp_path / "health.json"), shutdown_timeout=10,
+                            retry_delay=1)
+
+    def run(cls: type[Consumer], prepare: Callable[[Consumer], None] | None = None,
+            **changes: Any) -> Running:
+        consumer = cls(settings=settings, clients=clients, runtime=replace(base, **changes))
+        if prepare is not None:
+            prepare(consumer)
+        running = Running(consumer)
+        runs.append(running)
+        return running
+
+    yield run
+    for running in runs:
+        if running.thread.is_alive():
+            running.consumer.request_shutdown()
+            running.thread.join(20)
+
+
+@pytest.mark.timeout(60)
+def test_timelines_run_from_queued_to_the_last_consumer_event(settings, clients, start):
+    # The table exists first (the CDK stack's, in the cloud): moto's CreateTable is not atomic, so
+    # the producer's and the consumer's concurrent creations could replace each other's table.
+    StatusStore(clients, settings).ensure_table()
+    producer = TrackedProducer(settings=settings, clients=clients)
+    ids = {kind: producer.push({"kind": kind}) for kind in ("ok", "flaky", "slow")}
+    run = start(Tracked, concurrency=3)
+    wait_until(lambda: sorted(run.consumer.done) == ["flaky", "ok"], timeout=20)
+    # ok: 3 events, flaky: 7, slow: 4 (it times out after 1 s)
+    wait_until(lambda: run.consumer.status.store.stats.recorded == 14, timeout=10)
+    run.stop()  # closes (flushes) the consumer's status store
+    assert producer.status is not None
+    producer.status.close()
+    store = StatusStore(clients, settings)
+    timelines = {kind: store.timeline(message_id) for kind, message_id in ids.items()}
+    events = {kind: [r.event for r in records] for kind, records in timelines.items()}
+    assert events["ok"] == [E.QUEUED, E.RECEIVED, E.STARTED, E.COMPLETED]
+    assert events["flaky"] == [E.QUEUED, E.RECEIVED, E.STARTED, E.FAILED, E.RETRIED,
+                               E.RECEIVED, E.STARTED, E.COMPLETED]
+    assert events["slow"] == [E.QUEUED, E.RECEIVED, E.STARTED, E.TIMED_OUT, E.DEAD_LETTERED]
+    consumer_id = run.consumer.status.consumer_id
+    flaky = timelines["flaky"]
+    assert {r.consumer_id for r in flaky[1:]} == {consumer_id} and flaky[0].consumer_id == ""
+    assert [r.receive_count for r in flaky[1:]] == [1, 1, 1, 1, 2, 2, 2]
+    assert (flaky[3].error_class, flaky[3].error) == ("ValueError", "not yet")
+    assert flaky[-1].duration is not None and flaky[-1].duration >= 0
+    assert {r.channel for records in timelines.values() for r in records} == {"tracked"}
+    slow = timelines["slow"]
+    assert slow[3].error_class == "ProcessingTimeout" and slow[3].duration >= 1
+    assert slow[4].error.startswith("processing_timeout")
+
+
+@pytest.mark.timeout(60)
+def test_a_dead_status_store_neither_fails_nor_loses_a_message(settings, clients, start):
+    producer = TrackedProducer(settings=settings, clients=clients)
+    for n in range(3):
+        producer.push({"kind": "ok", "n": n})
+
+    def dead_store(consumer: Consumer) -> None:
+        assert consumer.status is not None
+        consumer.status.store = StatusStore(
+            ClientFactory("us-east-1", endpoint_url="http://127.0.0.1:9"), settings)
+
+    run = start(Tracked, prepare=dead_store, concurrency=3)
+    wait_until(lambda: len(run.consumer.done) == 3, timeout=30)
+    run.stop()
+    stats = run.consumer.status.store.stats
+    # RECEIVED, STARTED, COMPLETED of each message: counted as failed, nothing raised
+    assert stats.written == 0 and stats.failed == stats.recorded == 3 * 3
+    queue = run.consumer.resources.queue.url
+    attributes = clients.client("sqs").get_queue_attributes(QueueUrl=queue, AttributeNames=[
+        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+    assert attributes == {"ApproximateNumberOfMessages": "0",
+                          "ApproximateNumberOfMessagesNotVisible": "0"}
+
+
+@pytest.mark.timeout(60)
+def test_the_log_is_the_same_with_tracking_on_and_off(settings, clients, start, caplog):
+    class UntrackedProducer(Producer):
+        channel = "untracked"
+
+    class Untracked(Tracked):
+        channel = "untracked"
+        track_status = False
+
+    def handle_one(cls: type[Consumer], producer: type[Producer]) -> list[tuple[str, list[str]]]:
+        producer(settings=settings, clients=clients).push({"kind": "flaky"})
+        run = start(cls, concurrency=1)
+        wait_until(lambda: run.consumer.done, timeout=20)
+        run.stop()
+        records = [r for r in caplog.records if r.name == "messenger.consumer.events"
+                   and r.event_fields["channel"] == cls.channel]  # type: ignore[attr-defined]
+        return [(r.getMessage(), sorted(r.event_fields)) for r in records]  # type: ignore[attr-defined]
+
+    caplog.set_level(logging.INFO, logger="messenger.consumer.events")
+    on = handle_one(Tracked, TrackedProducer)
+    off = handle_one(Untracked, UntrackedProducer)
+    assert on == off
+    names = [name for name, _ in on]
+    assert names.count("failed") == 1 and names.count("completed") == 1
