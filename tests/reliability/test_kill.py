@@ -91,3 +91,56 @@ def test_kill_9_ten_times_during_2000_messages_loses_nothing(
     assert len(feeder.acknowledged) == total
     assert len(killed) == kills
     assert ledger.lost == set(), line
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_mid_message_completes_in_flight_work_loses_and_duplicates_nothing(
+    harness, producer_class, settings, report
+):
+    # Given 120 messages of 0.3 s each and a consumer with a 5 s shutdown timeout
+    rng = random.Random(SEED)
+    shutdown_timeout = 5.0
+    producer = producer_class(settings=settings)
+    result = producer.push_many({"sleep": 0.3, "n": n} for n in range(120))
+    result.raise_for_failures()
+    acknowledged = [i for i in result.message_ids if i is not None]
+    stops = []
+    began = time.monotonic()
+    # When it gets SIGTERM at 3 random moments, in the middle of messages, and is restarted
+    for progress in sorted(rng.sample(range(10, 100), 3)):
+        consumer = harness.start(MESSENGER_CONCURRENCY="4",
+                                 MESSENGER_SHUTDOWN_TIMEOUT=str(shutdown_timeout))
+        while len(harness.processed()) < progress and consumer.process.poll() is None:
+            time.sleep(0.02)
+        consumer.wait_for(lambda e: e.get("event") == "started")
+        time.sleep(rng.uniform(0, 0.3))
+        stopped_at, signalled = time.monotonic(), time.time()
+        consumer.process.send_signal(signal.SIGTERM)
+        code = consumer.process.wait(timeout=shutdown_timeout + 10)
+        took = time.monotonic() - stopped_at
+        # Then each stop exits 0 within the shutdown timeout, every handler it started completed
+        events = consumer.events()
+        started = {e["message_id"] for e in events if e.get("event") == "started"}
+        completed = {e["message_id"] for e in events if e.get("event") == "completed"}
+        finished_after = [e for e in events
+                          if e.get("event") == "completed" and e["time"] >= signalled]
+        stops.append({"at": progress, "exit": code, "seconds": round(took, 2),
+                      "completed_after_sigterm": len(finished_after),
+                      "in_flight_unfinished": len(started - completed)})
+        assert code == 0
+        assert took < shutdown_timeout, stops
+        assert started == completed, stops
+    # (the signals did land in the middle of messages)
+    assert sum(stop["completed_after_sigterm"] for stop in stops) > 0, stops
+    last = harness.start(MESSENGER_CONCURRENCY="4")
+    harness.wait_processed(acknowledged, timeout=60)
+    last.process.send_signal(signal.SIGTERM)
+    assert last.process.wait(timeout=20) == 0
+    # And across the restarts nothing was lost and nothing ran twice
+    ledger = harness.collect(acknowledged)
+    line = ledger.report("sigterm", stops=stops, seed=SEED,
+                         seconds=round(time.monotonic() - began, 1))
+    report(line)
+    assert ledger.lost == set(), line
+    assert ledger.duplicates == 0, line
+    assert set(ledger.processed) == set(acknowledged), line
