@@ -1,0 +1,156 @@
+"""Status tracking's cost: the same backlog consumed with `track_status` off and on, in one run.
+
+Target: <= 0.3 extra DynamoDB requests per message (records are batched, 25 per BatchWriteItem),
+and a throughput ratio (on / off) close to 1.
+
+Pushes MESSAGES to two channels (one tracked, whose producer records QUEUED), then drains each with
+the same consumer settings (concurrency 10) and counts the consumer's requests with botocore's
+'before-send' event. Throughput is measured from LISTENING until every message is handled; the
+status store is then closed (flushed) before its requests are counted. Runs against a child-process
+moto server (it does not share this process's GIL) or AWS_ENDPOINT_URL if set. Prints JSON.
+moto's ReceiveMessage slows down on big queues, so 1,000 messages per side take a few minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
+from messenger.consumer import Consumer, ConsumerSettings, ConsumerState  # noqa: E402
+from messenger.local import start_local_process  # noqa: E402
+from messenger.mailbox import ReceivedMessage  # noqa: E402
+from messenger.producer import Producer  # noqa: E402
+from messenger.settings import Settings  # noqa: E402
+
+MESSAGES = int(os.environ.get("BENCH_MESSAGES", "1000"))
+CONCURRENCY = 10
+TARGET_EXTRA_REQUESTS = 0.3
+
+
+class Counting(Consumer):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handled = 0
+        self._lock = threading.Lock()
+
+    def handler(self, message: ReceivedMessage) -> None:
+        with self._lock:
+            self.handled += 1
+
+    def on_event(self, event: Any) -> None:
+        pass  # thousands of log lines would only measure the terminal (tracking still records)
+
+
+class UntrackedConsumer(Counting):
+    channel = "bench_status_off"
+
+
+class TrackedConsumer(Counting):
+    channel = "bench_status_on"
+    track_status = True
+
+
+class UntrackedProducer(Producer):
+    channel = "bench_status_off"
+
+
+class TrackedProducer(Producer):
+    channel = "bench_status_on"
+    track_status = True
+
+
+def push(cls: type[Producer], settings: Settings) -> dict[str, int]:
+    clients = ClientFactory(settings.region)
+    counter = RequestCounter().attach(clients)
+    producer = cls(settings=settings, clients=clients)
+    producer.push_many({"n": n} for n in range(MESSAGES)).raise_for_failures()
+    if producer.status is not None:
+        producer.status.close()
+    return {op: n for op, n in counter.counts.items() if op.startswith("dynamodb.")}
+
+
+def consume(cls: type[Counting], settings: Settings) -> dict[str, Any]:
+    clients = ClientFactory(settings.region)
+    counter = RequestCounter().attach(clients)
+    health = os.path.join(tempfile.mkdtemp(), "health.json")
+    consumer = cls(settings=settings, clients=clients,
+                   runtime=ConsumerSettings(concurrency=CONCURRENCY, health_file=health))
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    while consumer.state in (None, ConsumerState.INITIALIZING, ConsumerState.INITIALIZED):
+        time.sleep(0.001)
+    started = time.perf_counter()
+    deadline = time.monotonic() + 600
+    while consumer.handled < MESSAGES and time.monotonic() < deadline:
+        time.sleep(0.005)
+    elapsed = time.perf_counter() - started
+    consumer.request_shutdown()
+    thread.join(60)  # closes the status store: every record written or counted as failed
+    dynamodb = {op: n for op, n in counter.counts.items() if op.startswith("dynamodb.")}
+    result: dict[str, Any] = {
+        "handled": consumer.handled,
+        "seconds": round(elapsed, 2),
+        "messages_per_second": round(consumer.handled / elapsed, 1),
+        "requests": counter.total,
+        "dynamodb": dynamodb,
+        "batch_writes": dynamodb.get("dynamodb.BatchWriteItem", 0),
+        "dynamodb_requests": sum(dynamodb.values()),
+    }
+    if consumer.status is not None:
+        stats = consumer.status.store.stats
+        result["status_records"] = {"recorded": stats.recorded, "written": stats.written,
+                                    "failed": stats.failed, "dropped": stats.dropped}
+    return result
+
+
+def measure(settings: Settings) -> dict[str, Any]:
+    push(UntrackedProducer, settings)
+    producer_dynamodb = push(TrackedProducer, settings)
+    off = consume(UntrackedConsumer, settings)
+    on = consume(TrackedConsumer, settings)
+    per_message = on["dynamodb_requests"] / MESSAGES
+    producer_per_message = producer_dynamodb.get("dynamodb.BatchWriteItem", 0) / MESSAGES
+    ratio = on["messages_per_second"] / off["messages_per_second"]
+    return {
+        "messages": MESSAGES,
+        "concurrency": CONCURRENCY,
+        "throughput_ratio": round(ratio, 3),
+        "dynamodb_requests_per_message": round(per_message, 4),
+        "batch_writes_per_message": round(on["batch_writes"] / MESSAGES, 4),
+        "producer_batch_writes_per_message": round(producer_per_message, 4),
+        "extra_sqs_requests_per_message": round((on["requests"] - on["dynamodb_requests"]
+                                                 - off["requests"]) / MESSAGES, 4),
+        "tracking_off": off,
+        "tracking_on": on,
+        "producer_dynamodb": producer_dynamodb,
+        "target_extra_requests_per_message": TARGET_EXTRA_REQUESTS,
+        "meets_target": per_message <= TARGET_EXTRA_REQUESTS
+        and on["handled"] == off["handled"] == MESSAGES
+        and on.get("status_records", {}).get("written") == on.get("status_records", {})
+        .get("recorded"),
+    }
+
+
+def main() -> dict[str, Any]:
+    endpoint = None
+    if not os.environ.get("AWS_ENDPOINT_URL"):
+        endpoint = start_local_process()
+        os.environ.update(endpoint.env())
+    try:
+        return measure(Settings.from_env(namespace=f"b{uuid.uuid4().hex[:6]}"))
+    finally:
+        if endpoint is not None:
+            endpoint.stop()
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))
