@@ -59,7 +59,7 @@ def test_kill_9_ten_times_during_2000_messages_loses_nothing(
     def processed() -> set[str]:
         return set(harness.processed())
 
-    feeder = Feeder(producer, total, processed, body={})
+    feeder = Feeder(producer, total, processed, body={}, backlog=60, batch=30)
     began = time.monotonic()
     consumers = [harness.start(MESSENGER_CONCURRENCY="10") for _ in range(2)]
     feeder.start()
@@ -97,23 +97,23 @@ def test_kill_9_ten_times_during_2000_messages_loses_nothing(
 def test_sigterm_mid_message_completes_in_flight_work_loses_and_duplicates_nothing(
     harness, producer_class, settings, report
 ):
-    # Given 120 messages of 0.3 s each and a consumer with a 5 s shutdown timeout
+    # Given 80 messages of 0.2 s each and a consumer with a 5 s shutdown timeout
     rng = random.Random(SEED)
     shutdown_timeout = 5.0
     producer = producer_class(settings=settings)
-    result = producer.push_many({"sleep": 0.3, "n": n} for n in range(120))
+    result = producer.push_many({"sleep": 0.2, "n": n} for n in range(80))
     result.raise_for_failures()
     acknowledged = [i for i in result.message_ids if i is not None]
     stops = []
     began = time.monotonic()
     # When it gets SIGTERM at 3 random moments, in the middle of messages, and is restarted
-    for progress in sorted(rng.sample(range(10, 100), 3)):
+    for progress in sorted(rng.sample(range(10, 60), 3)):
         consumer = harness.start(MESSENGER_CONCURRENCY="4",
                                  MESSENGER_SHUTDOWN_TIMEOUT=str(shutdown_timeout))
         while len(harness.processed()) < progress and consumer.process.poll() is None:
             time.sleep(0.02)
         consumer.wait_for(lambda e: e.get("event") == "started")
-        time.sleep(rng.uniform(0, 0.3))
+        time.sleep(rng.uniform(0, 0.2))
         stopped_at, signalled = time.monotonic(), time.time()
         consumer.process.send_signal(signal.SIGTERM)
         code = consumer.process.wait(timeout=shutdown_timeout + 10)
