@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -89,6 +90,13 @@ class ConsumerProcess:
     def wait_listening(self, timeout: float = 30.0) -> None:
         self.wait_for(lambda e: e.get("event") == "state" and e.get("state") == "LISTENING",
                       timeout)
+
+    def terminate(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM once the consumer is listening (its signal handlers are installed by then);
+        returns the exit code."""
+        self.wait_listening()
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -4,7 +4,6 @@ running, and the requeuer brings them back."""
 from __future__ import annotations
 
 import json
-import signal
 import time
 import uuid
 
@@ -85,8 +84,7 @@ def test_poison_non_json_missing_payload_and_timeout_all_reach_the_dlq_with_a_re
     after = producer.push({"n": "after"})
     harness.wait_processed([after], timeout=20)
     assert after in harness.processed()
-    consumer.process.send_signal(signal.SIGTERM)
-    assert consumer.process.wait(timeout=20) == 0
+    assert consumer.terminate() == 0
 
     # And every bad message is in the DLQ with its reason
     dead = peek(sqs, dlq_url, len(bad))

@@ -79,9 +79,7 @@ def test_kill_9_ten_times_during_2000_messages_loses_nothing(
     feeder.stop.set()
     harness.wait_processed(feeder.acknowledged, timeout=60)
     for consumer in consumers:
-        consumer.process.send_signal(signal.SIGTERM)
-    for consumer in consumers:
-        assert consumer.process.wait(timeout=20) == 0
+        assert consumer.terminate() == 0
     # Then every acknowledged message was processed or is still queued (or dead-lettered)
     ledger = harness.collect(feeder.acknowledged)
     line = ledger.report("kill_9", kills=len(killed), kill_points=[k["at"] for k in killed],
@@ -134,8 +132,7 @@ def test_sigterm_mid_message_completes_in_flight_work_loses_and_duplicates_nothi
     assert sum(stop["completed_after_sigterm"] for stop in stops) > 0, stops
     last = harness.start(MESSENGER_CONCURRENCY="4")
     harness.wait_processed(acknowledged, timeout=60)
-    last.process.send_signal(signal.SIGTERM)
-    assert last.process.wait(timeout=20) == 0
+    assert last.terminate() == 0
     # And across the restarts nothing was lost and nothing ran twice
     ledger = harness.collect(acknowledged)
     line = ledger.report("sigterm", stops=stops, seed=SEED,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import time
 
 import pytest
@@ -35,8 +34,7 @@ def test_30_percent_throttling_on_send_receive_delete_loses_nothing(
         acknowledged += [i for i in result.message_ids if i is not None]
         failures += result.failures
     harness.wait_processed(acknowledged, timeout=120)
-    consumer.process.send_signal(signal.SIGTERM)
-    assert consumer.process.wait(timeout=30) == 0
+    assert consumer.terminate() == 0
     # Then every acknowledged message was processed or is still queued
     ledger = harness.collect(acknowledged)
     consumer_faults = [json.loads(line) for line in harness.lines("faults")]
