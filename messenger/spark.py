@@ -25,6 +25,7 @@ import decimal
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -80,7 +81,18 @@ class ExecutorSettings:
         )
 
     def client_factory(self) -> ClientFactory:
-        return ClientFactory(self.settings.region, endpoint_url=self.endpoint_url)
+        """The executor process's clients for this region and endpoint, made once: a Python
+        worker runs many tasks, and making boto3 clients costs more than a batch request."""
+        key = (self.settings.region, self.endpoint_url)
+        with _factories_lock:
+            factory = _factories.get(key)
+            if factory is None:
+                factory = _factories[key] = ClientFactory(*key)
+            return factory
+
+
+_factories: dict[tuple[str, str | None], ClientFactory] = {}
+_factories_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -210,10 +222,16 @@ class PartitionPublisher:
     def __call__(self, rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
         clients = self.executor.client_factory()
         requests = RequestCounter().attach(clients)
-        producer = self.producer_class(settings=self.executor.settings, clients=clients)
+        try:
+            producer = self.producer_class(settings=self.executor.settings, clients=clients)
+            yield from self._publish(producer, iter(rows))
+        finally:
+            requests.detach(clients)
+            self.counters["requests"].add(requests.total)
+
+    def _publish(self, producer: _BaseProducer, rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
         counts = {"published": 0, "offloaded": 0, "failed": 0}
         batch_errors, last_error = 0, ""
-        rows = iter(rows)
         for chunk in iter(lambda: list(islice(rows, MAX_BATCH_ENTRIES)), []):
             if batch_errors >= MAX_CONSECUTIVE_BATCH_ERRORS:
                 # The channel is unusable: keep the rest for a rerun instead of hammering AWS.
@@ -232,7 +250,6 @@ class PartitionPublisher:
                 last_error = f"{failures[-1][1]}: {failures[-1][2]}"
         for name, value in counts.items():
             self.counters[name].add(value)
-        self.counters["requests"].add(requests.total)
 
     def _publish_chunk(
         self, producer: _BaseProducer, chunk: list[Any]
