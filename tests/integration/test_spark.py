@@ -340,3 +340,23 @@ def test_sample_data_has_the_asked_size_and_price_drops(spark: SparkSession) -> 
 def test_report_exit_code_and_ratio() -> None:
     assert PublishReport(10, 0, 0, 2, "p").exit_code == 0
     assert PublishReport(10, 0, 1, 2, "p").requests_per_message == 0.2
+
+
+def test_row_mapping_makes_json_ready_items_and_stable_dedup_ids() -> None:
+    import datetime
+    from decimal import Decimal
+
+    from pyspark.sql import Row
+
+    from messenger.spark import RowMapping
+
+    mapping = RowMapping(routing_key="key", group_id="user", dedup_key=["user", "day"])
+    row = Row(user=7, day=datetime.date(2026, 11, 21), price=Decimal("9.90"), key="TV.LG")
+
+    item = mapping.item(row)
+
+    assert item.body == {"user": 7, "day": "2026-11-21", "price": "9.90", "key": "TV.LG"}
+    assert (item.routing_key, item.group_id) == ("TV.LG", "7")
+    assert item.dedup_id == mapping.item(Row(**{**row.asDict(), "price": Decimal("1")})).dedup_id
+    assert item.dedup_id != mapping.item(Row(**{**row.asDict(), "user": 8})).dedup_id
+    assert len(item.dedup_id or "") == 64
