@@ -132,10 +132,10 @@ class RowMapping:
             ("body", self.body), ("routing_key", self.routing_key),
             ("group_id", self.group_id), ("dedup_key", self.dedup_key),
         ):
-            names = [value] if isinstance(value, str) else value
             if value is None or callable(value):
                 continue
-            missing = [column for column in names if column not in columns]  # type: ignore[union-attr]
+            names = [value] if isinstance(value, str) else list(value)
+            missing = [column for column in names if column not in columns]
             if missing:
                 raise InvalidSettings(
                     f"publish({name}=...): no column {', '.join(map(repr, missing))}; the "
@@ -305,7 +305,7 @@ def publish(
         the Row. Dates become ISO 8601 strings, decimals exact strings.
     routing_key: a column or a function of the Row (None: no routing key).
     group_id: ordered channels: the FIFO message group, a column or function (e.g. 'user_id').
-        Rows are repartitioned by it so each group is published by one task, in order.
+        A column: rows are repartitioned by it so each group is published by one task, in order.
     dedup_key: ordered channels: columns (or a function) identifying a row; the message
         deduplication id is their sha256, so a rerun within 5 minutes publishes nothing twice.
         None: the topic's content-based deduplication.
