@@ -22,6 +22,7 @@ from messenger.aws import ClientFactory
 from messenger.channel import physical_name
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
 from tests.integration.helpers import drain
+from tests.integration.test_consumer_process import ConsumerProcess as IntegrationConsumerProcess
 from tests.reliability.apps import CHANNEL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,8 +61,9 @@ class Ledger:
         }
 
 
-class ConsumerProcess:
-    """One `messenger consume` child process and its JSON log."""
+class ConsumerProcess(IntegrationConsumerProcess):
+    """One `messenger consume` child process of APPS and its JSON log (no handler record: the
+    ledger files take its place)."""
 
     def __init__(self, app: str, env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
@@ -71,25 +73,8 @@ class ConsumerProcess:
             cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
 
-    def events(self) -> list[dict[str, Any]]:
-        lines = self.log_path.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
-
-    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 30.0
-                 ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for event in self.events():
-                if predicate(event):
-                    return event
-            if self.process.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"no such event; log:\n{self.log_path.read_text()[-3000:]}")
-
     def wait_listening(self, timeout: float = 30.0) -> None:
-        self.wait_for(lambda e: e.get("event") == "state" and e.get("state") == "LISTENING",
-                      timeout)
+        self.wait_for_state("LISTENING", timeout)
 
     def terminate(self, timeout: float = 30.0) -> int | None:
         """SIGTERM once the consumer is listening (its signal handlers are installed by then);
@@ -97,12 +82,6 @@ class ConsumerProcess:
         self.wait_listening()
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=timeout)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
 
 
 class Harness:
