@@ -206,6 +206,27 @@ def step_poison_and_requeue(ctx: DemoContext) -> str:
             f"requeued {report.moved} -> processed")
 
 
+def step_spark(ctx: DemoContext) -> str:
+    # The executors' Python workers import the job's module (and messenger) from these paths.
+    spark_env = {**os.environ, **ctx.env, "PYSPARK_PYTHON": sys.executable,
+                 "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "spark_jobs")])}
+    all_events = ctx.consumers["all_events"]
+    before = len(all_events.completed_ids())
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.price_drops_local", "--rows", "400", "--workdir",
+         str(ctx.workdir), "--endpoint-url", ctx.endpoint_url, "--namespace", NAMESPACE],
+        cwd=ROOT, env=spark_env, capture_output=True, text=True, timeout=300)
+    check(done.returncode == 0, f"the Spark job succeeded: {done.stderr[-800:]}")
+    report = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    published = int(report["published"])
+    check(published > 0 and report["failed"] == 0, "price drops were published, none failed")
+    all_events.wait_for(lambda c: len(c.completed_ids()) >= before + published,
+                        f"processing the {published} price-drop events", timeout=120)
+    return (f"Spark (local mode) found {published} price drops in 400 wishlist rows and published "
+            f"them from its executors to {WISHLIST_EXCHANGE} ({report['requests']} requests); "
+            f"all_events processed them all")
+
+
 def step_lambdas(ctx: DemoContext) -> str:
     # A channel nobody consumes, over its (critical) alarm threshold.
     backlog = ChannelSpec("reports", namespace=NAMESPACE,
@@ -288,6 +309,7 @@ STEPS: list[tuple[str, Callable[[DemoContext], str]]] = [
     ("Routed pushes through the wishlist exchange", step_routed_pushes),
     ("A large message through S3", step_large_message),
     ("A poison message: DLQ, fix, requeue", step_poison_and_requeue),
+    ("Spark job publishing price drops", step_spark),
     ("Ops Lambdas: queue alarm and resource cleaner", step_lambdas),
     ("cdk synth with cdk-nag", step_cdk_synth),
     ("Graceful shutdown (SIGTERM)", step_stop_consumers),
