@@ -25,6 +25,7 @@ import decimal
 import hashlib
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -38,7 +39,7 @@ from messenger.producer import PushItem, _BaseProducer
 from messenger.settings import Settings
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 #: Columns added to each row written to the failed-rows output.
 FAILURE_CODE_COLUMN = "_failure_code"
@@ -353,3 +354,13 @@ def publish(
         requests=counters["requests"].value,
         failed_path=failed_path,
     )
+
+
+def spark_session(app_name: str) -> SparkSession:
+    """The job's SparkSession: spark-submit's, or when the job runs with plain `python`, a
+    local one whose Python workers use this interpreter (the one with messenger installed)."""
+    from pyspark.sql import SparkSession
+
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not launched by spark-submit
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return SparkSession.builder.appName(app_name).getOrCreate()

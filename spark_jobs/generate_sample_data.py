@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from messenger.spark import spark_session
+
 #: (category, brand) pairs of the catalogue; routing keys are '<CATEGORY>.<BRAND>'.
 PRODUCTS = [
     ("MOBILE", "APPLE"), ("MOBILE", "SAMSUNG"), ("MOBILE", "GOOGLE"),
@@ -94,7 +96,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     args = parser.parse_args(argv)
     if args.rows < 1:
         parser.error(f"--rows must be at least 1, got {args.rows}")
-    spark = spark or SparkSession.builder.appName("generate_sample_data").getOrCreate()
+    spark = spark or spark_session("generate_sample_data")
     write(*generate(spark, args.rows, args.date, args.seed), args.out, args.format)
     prices = 2 * catalogue_size(args.rows)
     print(f"wrote {args.rows} wishlist rows and {prices} prices to {args.out}")

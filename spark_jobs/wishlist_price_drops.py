@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DoubleType, StringType, StructField, StructType
 
 from messenger.producer import MultiProducer
-from messenger.spark import ExecutorSettings, publish
+from messenger.spark import ExecutorSettings, publish, spark_session
 
 WISHLIST_SCHEMA = StructType(
     [StructField("user_id", StringType(), False), StructField("item_id", StringType(), False)]
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         if value is not None
     }
     executor = ExecutorSettings.from_env(endpoint_url=args.endpoint_url, **overrides)
-    spark = spark or SparkSession.builder.appName("wishlist_price_drops").getOrCreate()
+    spark = spark or spark_session("wishlist_price_drops")
     wishlist, prices = read_inputs(spark, args.input, args.format)
     drops = find_price_drops(wishlist, prices, args.date, args.min_drop_pct)
     producer = producer_for(args.channel, args.ordered)
