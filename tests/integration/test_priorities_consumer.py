@@ -5,24 +5,27 @@ another level has messages."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from messenger import Consumer, ConsumerSettings, MultiProducer, Producer, ReceivedMessage
+from messenger import Consumer, MultiProducer, Producer, ReceivedMessage
 from messenger.aws import ClientFactory
 from messenger.lifecycle import LifecycleEvent
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.producer import PushItem
 from messenger.settings import Settings
+from tests.integration import test_consumer_runtime
 from tests.integration.helpers import drain
-from tests.integration.test_consumer_runtime import Running, wait_until
+from tests.integration.test_consumer_runtime import wait_until
 
 LEVELS = ("high", "default", "low")
+
+# The consumer-runtime tests' fixtures: `running(cls, **ConsumerSettings changes)`.
+running = test_consumer_runtime.running
+runtime = test_consumer_runtime.runtime
 
 
 class JobsProducer(Producer):
@@ -51,24 +54,6 @@ class Jobs(Consumer):
             self.order.append(message.body["level"])
 
 
-@pytest.fixture
-def start(settings: Settings, clients: ClientFactory, tmp_path: Path
-          ) -> Iterator[Callable[..., Running]]:
-    runs: list[Running] = []
-    base = ConsumerSettings(health_file=str(tmp_path / "health.json"), shutdown_timeout=10)
-
-    def run(cls: type[Consumer], **changes: Any) -> Running:
-        running = Running(cls(settings=settings, clients=clients, runtime=replace(base, **changes)))
-        runs.append(running)
-        return running
-
-    yield run
-    for running in runs:
-        if running.thread.is_alive():
-            running.consumer.request_shutdown()
-            running.thread.join(20)
-
-
 def backlog(settings: Settings, per_level: int) -> None:
     items = [PushItem({"level": level, "n": n}, priority=level)
              for n in range(per_level) for level in LEVELS]
@@ -89,13 +74,13 @@ def depths(clients: ClientFactory, consumer: Consumer) -> dict[str, int]:
 
 
 @pytest.mark.timeout(60)
-def test_weighted_polling_follows_the_weights_and_starves_no_level(settings, clients, start):
+def test_weighted_polling_follows_the_weights_and_starves_no_level(settings, clients, running):
     class Weighted(Jobs):
         priority_weights = {"high": 6, "default": 3, "low": 1}
 
     # Given a backlog of 30 in every level and one worker (one message per poll)
     backlog(settings, 30)
-    run = start(Weighted, concurrency=1)
+    run = running(Weighted, concurrency=1)
     wait_until(lambda: len(run.consumer.order) >= 90, timeout=40)
     run.stop()
     order = run.consumer.order
@@ -111,45 +96,47 @@ def test_weighted_polling_follows_the_weights_and_starves_no_level(settings, cli
 
 
 @pytest.mark.timeout(60)
-def test_strict_polling_serves_the_highest_non_empty_level_first(settings, start):
+def test_strict_polling_serves_the_highest_non_empty_level_first(settings, running):
     class Strict(Jobs):
         priority_mode = "strict"
 
     backlog(settings, 5)
-    run = start(Strict, concurrency=1)
+    run = running(Strict, concurrency=1)
     wait_until(lambda: len(run.consumer.order) >= 15, timeout=30)
     run.stop()
     assert run.consumer.order == ["high"] * 5 + ["default"] * 5 + ["low"] * 5
 
 
 @pytest.mark.timeout(60)
-def test_an_empty_level_never_holds_up_a_busy_one_with_a_long_poll(settings, clients, start):
+def test_an_empty_level_never_holds_up_a_busy_one_with_a_long_poll(settings, clients, running):
     # Given messages only in the lowest level and the default 20 s long poll
     JobsProducer(settings=settings).push_many(
         PushItem({"level": "low", "n": n}, priority="low") for n in range(12)
     ).raise_for_failures()
-    waits: list[tuple[str, int]] = []
+    polls: list[tuple[float, str, int]] = []  # (time, level, WaitTimeSeconds)
 
     def note(params: dict[str, Any], **_: Any) -> None:
-        waits.append((params["QueueUrl"].rsplit("-", 1)[-1], params["WaitTimeSeconds"]))
+        polls.append((time.time(), params["QueueUrl"].rsplit("-", 1)[-1],
+                      params["WaitTimeSeconds"]))
 
     clients.register("provide-client-params.sqs.ReceiveMessage", note)
-    run = start(Jobs, concurrency=2)
+    run = running(Jobs, concurrency=2)
     # Then they are all handled quickly (one 20 s poll of an empty level would exceed this)
     wait_until(lambda: len(run.consumer.order) >= 12, timeout=15)
-    handled_after = len(waits)
     run.stop()
-    # No long poll happened while low had messages; the empty levels were not polled for each
+    received = [e for e in run.consumer.events if e.name == "received"]
+    assert [e.fields["priority"] for e in received] == ["low"] * 12
+    # No long poll began while low had messages; the empty levels were not polled for each
     # batch (they are skipped for a second after coming back empty)
-    assert all(wait == 0 for _, wait in waits[:handled_after]), waits
-    polls = Counter(level for level, _ in waits[:handled_after])
-    assert polls["low"] >= 6 and polls["high"] + polls["default"] <= polls["low"], polls
-    assert [e.fields["priority"] for e in run.consumer.events if e.name == "received"] \
-        == ["low"] * 12
+    busy = [(level, wait) for at, level, wait in polls if at < received[-1].at]
+    assert all(wait == 0 for _, wait in busy), busy
+    per_level = Counter(level for level, _ in busy)
+    assert per_level["low"] >= 6 and per_level["high"] + per_level["default"] <= per_level["low"], \
+        per_level
 
 
 @pytest.mark.timeout(60)
-def test_each_level_retries_and_dead_letters_in_its_own_queues(settings, clients, start):
+def test_each_level_retries_and_dead_letters_in_its_own_queues(settings, clients, running):
     class Flaky(Jobs):
         attempts: Counter[str] = Counter()
 
@@ -162,7 +149,7 @@ def test_each_level_retries_and_dead_letters_in_its_own_queues(settings, clients
     producer = JobsProducer(settings=settings)
     producer.push({"level": "low"}, priority="low")
     producer.push({"level": "high"}, priority="high")
-    run = start(Flaky, concurrency=2, retry_delay=1)
+    run = running(Flaky, concurrency=2, retry_delay=1)
     wait_until(lambda: run.consumer.resources)
     resources = {r.spec.priority_level: r for r in run.consumer.resources.levels}
     sqs = clients.client("sqs")
@@ -180,7 +167,7 @@ def test_each_level_retries_and_dead_letters_in_its_own_queues(settings, clients
 
 
 @pytest.mark.timeout(60)
-def test_an_exchange_consumer_gets_every_level_through_the_filter_policies(settings, start):
+def test_an_exchange_consumer_gets_every_level_through_the_filter_policies(settings, running):
     class EventsProducer(MultiProducer):
         channel = "events"
         priorities = LEVELS
@@ -189,7 +176,7 @@ def test_an_exchange_consumer_gets_every_level_through_the_filter_policies(setti
         channel = "events.jobs"
         priority_mode = "strict"
 
-    run = start(EventJobs, concurrency=1)
+    run = running(EventJobs, concurrency=1)
     wait_until(lambda: run.consumer.resources)
     producer = EventsProducer(settings=settings)
     producer.push({"level": "low"}, priority="low")

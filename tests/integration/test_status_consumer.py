@@ -6,20 +6,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from messenger import Consumer, ConsumerSettings, Producer, ReceivedMessage
+from messenger import Consumer, Producer, ReceivedMessage
 from messenger.aws import ClientFactory
-from messenger.settings import Settings
 from messenger.status import StatusEvent, StatusStore
-from tests.integration.test_consumer_runtime import Running, wait_until
+from tests.integration import test_consumer_runtime
+from tests.integration.test_consumer_runtime import wait_until
 
 E = StatusEvent
+
+# The consumer-runtime tests' fixtures: `running(cls, **ConsumerSettings changes)`.
+running = test_consumer_runtime.running
+runtime = test_consumer_runtime.runtime
 
 
 class TrackedProducer(Producer):
@@ -49,37 +50,14 @@ class Tracked(Consumer):
         self.done.append(kind)
 
 
-@pytest.fixture
-def start(settings: Settings, clients: ClientFactory, tmp_path: Path
-          ) -> Iterator[Callable[..., Running]]:
-    runs: list[Running] = []
-    base = ConsumerSettings(health_file=str(tmp_path / "health.json"), shutdown_timeout=10,
-                            retry_delay=1)
-
-    def run(cls: type[Consumer], prepare: Callable[[Consumer], None] | None = None,
-            **changes: Any) -> Running:
-        consumer = cls(settings=settings, clients=clients, runtime=replace(base, **changes))
-        if prepare is not None:
-            prepare(consumer)
-        running = Running(consumer)
-        runs.append(running)
-        return running
-
-    yield run
-    for running in runs:
-        if running.thread.is_alive():
-            running.consumer.request_shutdown()
-            running.thread.join(20)
-
-
 @pytest.mark.timeout(60)
-def test_timelines_run_from_queued_to_the_last_consumer_event(settings, clients, start):
+def test_timelines_run_from_queued_to_the_last_consumer_event(settings, clients, running):
     # The table exists first (the CDK stack's, in the cloud): moto's CreateTable is not atomic, so
     # the producer's and the consumer's concurrent creations could replace each other's table.
     StatusStore(clients, settings).ensure_table()
     producer = TrackedProducer(settings=settings, clients=clients)
     ids = {kind: producer.push({"kind": kind}) for kind in ("ok", "flaky", "slow")}
-    run = start(Tracked, concurrency=3)
+    run = running(Tracked, concurrency=3, retry_delay=1)
     wait_until(lambda: sorted(run.consumer.done) == ["flaky", "ok"], timeout=20)
     # ok: 3 events, flaky: 7, slow: 4 (it times out after 1 s)
     wait_until(lambda: run.consumer.status.store.stats.recorded == 14, timeout=10)
@@ -106,17 +84,19 @@ def test_timelines_run_from_queued_to_the_last_consumer_event(settings, clients,
 
 
 @pytest.mark.timeout(60)
-def test_a_dead_status_store_neither_fails_nor_loses_a_message(settings, clients, start):
+def test_a_dead_status_store_neither_fails_nor_loses_a_message(settings, clients, running):
     producer = TrackedProducer(settings=settings, clients=clients)
     for n in range(3):
         producer.push({"kind": "ok", "n": n})
 
-    def dead_store(consumer: Consumer) -> None:
-        assert consumer.status is not None
-        consumer.status.store = StatusStore(
-            ClientFactory("us-east-1", endpoint_url="http://127.0.0.1:9"), settings)
+    class DeadStore(Tracked):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            assert self.status is not None
+            self.status.store = StatusStore(
+                ClientFactory("us-east-1", endpoint_url="http://127.0.0.1:9"), settings)
 
-    run = start(Tracked, prepare=dead_store, concurrency=3)
+    run = running(DeadStore, concurrency=3)
     wait_until(lambda: len(run.consumer.done) == 3, timeout=30)
     run.stop()
     stats = run.consumer.status.store.stats
@@ -130,7 +110,7 @@ def test_a_dead_status_store_neither_fails_nor_loses_a_message(settings, clients
 
 
 @pytest.mark.timeout(60)
-def test_the_log_is_the_same_with_tracking_on_and_off(settings, clients, start, caplog):
+def test_the_log_is_the_same_with_tracking_on_and_off(settings, clients, running, caplog):
     class UntrackedProducer(Producer):
         channel = "untracked"
 
@@ -140,7 +120,7 @@ def test_the_log_is_the_same_with_tracking_on_and_off(settings, clients, start, 
 
     def handle_one(cls: type[Consumer], producer: type[Producer]) -> list[tuple[str, list[str]]]:
         producer(settings=settings, clients=clients).push({"kind": "flaky"})
-        run = start(cls, concurrency=1)
+        run = running(cls, concurrency=1, retry_delay=1)
         wait_until(lambda: run.consumer.done, timeout=20)
         run.stop()
         records = [r for r in caplog.records if r.name == "messenger.consumer.events"
