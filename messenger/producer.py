@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from messenger.aws import ClientFactory, call_with_budget, error_code
 from messenger.channel import (
     MAX_BATCH_ENTRIES,
@@ -210,8 +212,8 @@ class _BaseProducer:
         for index, item in enumerate(items):
             try:
                 prepared, offloaded = self._prepare(index, item)
-            except MessengerError as error:
-                result.failures.append(PushFailure(index, type(error).__name__, str(error)))
+            except (MessengerError, ClientError, BotoCoreError) as error:
+                result.failures.append(PushFailure(index, _failure_code(error), str(error)))
                 continue
             result.offloaded += offloaded
             by_level.setdefault(prepared.level, []).append(prepared)
@@ -389,10 +391,11 @@ class _BaseProducer:
         while pending:
             try:
                 failures = self._with_target(level, send, "push_many")
-            except MessengerError as error:
+            except (MessengerError, ClientError, BotoCoreError) as error:
+                # e.g. access denied: report this batch; batches already sent keep their ids.
                 for entry in pending:
                     result.failures.append(
-                        PushFailure(entry.index, type(error).__name__, str(error))
+                        PushFailure(entry.index, _failure_code(error), str(error))
                     )
                 return
             failed = {failure.index: failure for failure in failures}
@@ -411,6 +414,10 @@ class _BaseProducer:
             if pending:
                 attempt += 1
                 time.sleep(min(2.0, 0.05 * 2**attempt))
+
+
+def _failure_code(error: BaseException) -> str:
+    return error_code(error) or type(error).__name__
 
 
 class Producer(_BaseProducer):

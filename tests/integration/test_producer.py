@@ -258,3 +258,30 @@ def test_settings_come_from_the_environment(endpoint, monkeypatch):
     producer = OrderProducer()
     assert producer.settings == Settings.from_env()
     assert producer.threshold == 1000
+
+
+def test_push_many_reports_a_non_transient_error_and_keeps_earlier_ids(settings, clients):
+    # Given the first batch goes through and every later batch is refused (not a throttle)
+    producer = OrderProducer(settings=settings, clients=clients)
+    producer.push({"warm": 1})  # locate the queue first
+    calls = []
+
+    def deny_after_first(request, event_name="", **_):
+        calls.append(event_name)
+        if len(calls) > 1:
+            from botocore.awsrequest import AWSResponse
+
+            from tests.faults import _RawBody
+
+            body = b'{"__type":"com.amazonaws.sqs#AccessDenied","message":"no"}'
+            return AWSResponse(request.url, 403, {"x-amzn-query-error": "AccessDenied;Sender"},
+                               _RawBody(body))
+        return None
+
+    clients.register("before-send.sqs.SendMessageBatch", deny_after_first)
+    result = producer.push_many([{"n": n} for n in range(25)])
+    clients.unregister("before-send.sqs.SendMessageBatch", deny_after_first)
+    # Then the first 10 keep their ids and the other 15 are reported, none raised
+    assert result.published == 10 and all(result.message_ids[:10])
+    assert [f.index for f in result.failures] == list(range(10, 25))
+    assert {f.code for f in result.failures} == {"AccessDenied"}
