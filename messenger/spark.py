@@ -27,9 +27,11 @@ import json
 import os
 import sys
 import threading
+import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from messenger.aws import ClientFactory, RequestCounter, error_code
@@ -50,6 +52,9 @@ MAX_CONSECUTIVE_BATCH_ERRORS = 3
 #: Failure codes that say the channel, not the message, is the problem.
 _CHANNEL_FAILURE_CODES = frozenset({"PublishFailed", "ChannelNotFound", "ProvisioningError"})
 NOT_ATTEMPTED = "NotAttempted"
+#: Batches a partition has in flight at once (each lane sends its batches in order).
+DEFAULT_LANES = 4
+MAX_LANES = 16
 
 #: A column name, or a function of the Row.
 RowField = str | Callable[[Any], Any]
@@ -202,10 +207,21 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+@dataclass
+class _BatchOutcome:
+    failures: list[tuple[Any, str, str]]
+    published: int = 0
+    offloaded: int = 0
+    channel_error: bool = False
+
+
 class PartitionPublisher:
     """The function run on each partition: one producer, batches of 10, failed rows yielded.
 
-    counters: Spark accumulators named published, offloaded, failed, requests.
+    Batches go out on `lanes` threads: a row's lane is fixed by its message group, and each lane
+    sends its batches one after the other, so a group's order is kept while requests of other
+    groups overlap (AWS calls are latency-bound). counters: Spark accumulators named published,
+    offloaded, failed, requests.
     """
 
     def __init__(
@@ -214,71 +230,97 @@ class PartitionPublisher:
         executor: ExecutorSettings,
         mapping: RowMapping,
         counters: Mapping[str, Any],
+        lanes: int = DEFAULT_LANES,
     ) -> None:
         self.producer_class = producer_class
         self.executor = executor
         self.mapping = mapping
         self.counters = counters
+        self.lanes = lanes
 
     def __call__(self, rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
         clients = self.executor.client_factory()
         requests = RequestCounter().attach(clients)
+        lanes = [ThreadPoolExecutor(max_workers=1) for _ in range(self.lanes)]
         try:
             producer = self.producer_class(settings=self.executor.settings, clients=clients)
-            yield from self._publish(producer, iter(rows))
+            yield from self._publish(producer, iter(rows), lanes)
         finally:
+            for lane in lanes:
+                lane.shutdown(wait=True)
             requests.detach(clients)
             self.counters["requests"].add(requests.total)
 
-    def _publish(self, producer: _BaseProducer, rows: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
+    def _publish(
+        self, producer: _BaseProducer, rows: Iterator[Any], lanes: list[ThreadPoolExecutor]
+    ) -> Iterator[tuple[Any, ...]]:
         counts = {"published": 0, "offloaded": 0, "failed": 0}
+        batches: list[list[tuple[Any, PushItem]]] = [[] for _ in lanes]
+        in_flight: deque[Future[_BatchOutcome]] = deque()
         batch_errors, last_error = 0, ""
-        for chunk in iter(lambda: list(islice(rows, MAX_BATCH_ENTRIES)), []):
+
+        def settle(outcome: _BatchOutcome, sent: bool = True) -> Iterator[tuple[Any, ...]]:
+            nonlocal batch_errors, last_error
+            counts["published"] += outcome.published
+            counts["offloaded"] += outcome.offloaded
+            counts["failed"] += len(outcome.failures)
+            if sent:
+                batch_errors = batch_errors + 1 if outcome.channel_error else 0
+            for row, code, reason in outcome.failures:
+                if sent:
+                    last_error = f"{code}: {reason}"
+                yield failed_row(row, code, reason)
+
+        def send(lane: int) -> Iterator[tuple[Any, ...]]:
+            batch, batches[lane] = batches[lane], []
             if batch_errors >= MAX_CONSECUTIVE_BATCH_ERRORS:
                 # The channel is unusable: keep the rest for a rerun instead of hammering AWS.
-                for row in chunk:
-                    counts["failed"] += 1
-                    yield failed_row(row, NOT_ATTEMPTED, f"after repeated errors: {last_error}")
+                reason = f"after repeated errors: {last_error}"
+                not_attempted = [(row, NOT_ATTEMPTED, reason) for row, _ in batch]
+                yield from settle(_BatchOutcome(not_attempted), sent=False)
+                return
+            in_flight.append(lanes[lane].submit(self._send, producer, batch))
+            while len(in_flight) > 2 * len(lanes):
+                yield from settle(in_flight.popleft().result())
+
+        rotation = 0
+        for row in rows:
+            try:
+                item = self.mapping.item(row)
+            except Exception as error:  # the user's mapping failed on this row: keep the row
+                failure = (row, type(error).__name__, str(error))
+                yield from settle(_BatchOutcome([failure]), sent=False)
                 continue
-            failures, published, offloaded, channel_error = self._publish_chunk(producer, chunk)
-            counts["published"] += published
-            counts["offloaded"] += offloaded
-            counts["failed"] += len(failures)
-            for row, code, reason in failures:
-                yield failed_row(row, code, reason)
-            batch_errors = batch_errors + 1 if channel_error else 0
-            if failures:
-                last_error = f"{failures[-1][1]}: {failures[-1][2]}"
+            if producer.ordered:  # a group always takes the same lane: its order is kept
+                group = (item.group_id or "").encode("utf-8")
+                lane = zlib.crc32(group) % len(lanes)
+            else:
+                lane = rotation // MAX_BATCH_ENTRIES % len(lanes)
+                rotation += 1
+            batches[lane].append((row, item))
+            if len(batches[lane]) == MAX_BATCH_ENTRIES:
+                yield from send(lane)
+        for lane, batch in enumerate(batches):
+            if batch:
+                yield from send(lane)
+        while in_flight:
+            yield from settle(in_flight.popleft().result())
         for name, value in counts.items():
             self.counters[name].add(value)
 
-    def _publish_chunk(
-        self, producer: _BaseProducer, chunk: list[Any]
-    ) -> tuple[list[tuple[Any, str, str]], int, int, bool]:
-        """Publish up to 10 rows. Returns the failed (row, code, reason), the published and
-        offloaded counts, and whether the whole batch failed for a reason of the channel's."""
-        failures: list[tuple[Any, str, str]] = []
-        items: list[PushItem] = []
-        sources: list[Any] = []
-        for row in chunk:
-            try:
-                items.append(self.mapping.item(row))
-                sources.append(row)
-            except Exception as error:  # the user's mapping failed on this row: keep the row
-                failures.append((row, type(error).__name__, str(error)))
-        if not items:
-            return failures, 0, 0, False
+    @staticmethod
+    def _send(producer: _BaseProducer, batch: list[tuple[Any, PushItem]]) -> _BatchOutcome:
+        """Publish up to 10 rows; channel_error: the whole batch failed for a channel reason."""
         try:
-            result = producer.push_many(items)
+            result = producer.push_many([item for _, item in batch])
         except Exception as error:  # neither retryable nor per entry (e.g. AccessDenied)
             code = error_code(error) or type(error).__name__
-            return failures + [(row, code, str(error)) for row in sources], 0, 0, True
-        for failure in result.failures:
-            failures.append((sources[failure.index], failure.code, failure.reason))
+            return _BatchOutcome([(row, code, str(error)) for row, _ in batch], channel_error=True)
+        failures = [(batch[f.index][0], f.code, f.reason) for f in result.failures]
         channel_error = not result.published and all(
             failure.code in _CHANNEL_FAILURE_CODES for failure in result.failures
         )
-        return failures, result.published, result.offloaded, channel_error
+        return _BatchOutcome(failures, result.published, result.offloaded, channel_error)
 
 
 def failed_row(row: Any, code: str, reason: str) -> tuple[Any, ...]:
@@ -296,6 +338,7 @@ def publish(
     dedup_key: Sequence[str] | Callable[[Any], Any] | None = None,
     order_by: Sequence[str] = (),
     executor: ExecutorSettings | None = None,
+    lanes: int = DEFAULT_LANES,
 ) -> PublishReport:
     """Publish every row of `df` to `producer_class`'s channel; returns the counts.
 
@@ -312,11 +355,15 @@ def publish(
         None: the topic's content-based deduplication.
     order_by: columns giving the order of messages within a group (sorted per partition).
     executor: settings shipped to the executors (default: `ExecutorSettings.from_env()`).
+    lanes: batches a partition sends at once (1 to 16, default 4); a message group always
+        uses the same lane, so its order is kept.
     producer_class must be importable on the executors: defined in the job script itself or in
     a module shipped with --py-files.
     """
     from pyspark.sql.types import StringType, StructField, StructType
 
+    if not 1 <= lanes <= MAX_LANES:
+        raise InvalidSettings(f"publish(lanes=...) must be from 1 to {MAX_LANES}, got {lanes}")
     mapping = RowMapping(body, routing_key, group_id, dedup_key)
     mapping.check(df.columns, producer_class)
     missing = [column for column in order_by if column not in df.columns]
@@ -335,7 +382,7 @@ def publish(
         name: spark.sparkContext.accumulator(0)
         for name in ("published", "offloaded", "failed", "requests")
     }
-    task = PartitionPublisher(producer_class, executor, mapping, counters)
+    task = PartitionPublisher(producer_class, executor, mapping, counters, lanes)
     schema = StructType(
         [
             *df.schema.fields,
