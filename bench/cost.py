@@ -18,7 +18,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
-from messenger.local import start_local_process  # noqa: E402
+from messenger.local import endpoint_from_env  # noqa: E402
 from messenger.producer import MultiProducer, Producer, PushItem  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
 
@@ -53,12 +53,7 @@ def measure(producer_class: type, mode: str, settings: Settings) -> dict[str, fl
 
 
 def main() -> dict[str, object]:
-    endpoint = None
-    if not os.environ.get("AWS_ENDPOINT_URL"):
-        # A child process: the server does not share this process's GIL with the client.
-        endpoint = start_local_process()
-        os.environ.update(endpoint.env())
-    try:
+    with endpoint_from_env():
         results: dict[str, object] = {"messages": MESSAGES}
         for producer_class in (BenchQueueProducer, BenchExchangeProducer):
             for mode in ("push", "push_many"):
@@ -71,9 +66,6 @@ def main() -> dict[str, object]:
             for c in (BenchQueueProducer, BenchExchangeProducer)
         )
         return results
-    finally:
-        if endpoint is not None:
-            endpoint.stop()
 
 
 if __name__ == "__main__":

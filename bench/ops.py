@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
 from messenger.channel import ChannelSpec, ChannelTags  # noqa: E402
-from messenger.local import start_local_process  # noqa: E402
+from messenger.local import endpoint_from_env  # noqa: E402
 from messenger.ops.cleaner import run_resource_cleaner  # noqa: E402
 from messenger.ops.queue_alarm import run_queue_alarm  # noqa: E402
 from messenger.ops.report import render_text  # noqa: E402
@@ -149,11 +149,7 @@ def counted(clients: ClientFactory, work: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def main() -> dict[str, Any]:
-    endpoint = None
-    if not os.environ.get("AWS_ENDPOINT_URL"):
-        endpoint = start_local_process()
-        os.environ.update(endpoint.env())
-    try:
+    with endpoint_from_env():
         namespace = f"b{uuid.uuid4().hex[:6]}"
         clients = ClientFactory(os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
         settings = OpsSettings("unused-here", namespace=namespace, default_alarm_threshold=100)
@@ -192,9 +188,6 @@ def main() -> dict[str, Any]:
         if os.environ.get("BENCH_SHOW_REPORTS") and notifier.messages:
             print(render_text(notifier.messages[0]), file=sys.stderr)
         return results
-    finally:
-        if endpoint is not None:
-            endpoint.stop()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ process (what the test suite and `make demo` use, so the server has a CPU of its
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +128,22 @@ def start_local_process(port: int = 0, timeout: float = 30.0) -> LocalProcess:
             raise MessengerError("the local endpoint did not start (python -m messenger local)")
         time.sleep(0.05)
     return LocalProcess(process=process, url=found[0])
+
+
+@contextlib.contextmanager
+def endpoint_from_env() -> Iterator[str | None]:
+    """Use `AWS_ENDPOINT_URL` when it is set (LocalStack, AWS); else start a local endpoint in a
+    child process for the duration (it does not share this process's GIL), pointing the
+    environment at it. Yields the local endpoint's URL, or None when one was given."""
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        yield None
+        return
+    server = start_local_process()
+    os.environ.update(server.env())
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 def serve_forever(host: str, port: int) -> int:
