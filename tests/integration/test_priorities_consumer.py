@@ -188,3 +188,36 @@ def test_an_exchange_consumer_gets_every_level_through_the_filter_policies(setti
     levels = {e.message_id: e.fields["priority"] for e in run.consumer.events
               if e.name == "received"}
     assert sorted(levels.values()) == ["default", "high", "low"]
+
+
+@pytest.mark.timeout(60)
+def test_messages_a_long_poll_returns_after_shutdown_are_given_back_at_once(
+        settings, clients, running):
+    # Given an idle consumer long-polling one of its (empty) levels
+    long_polls: list[str] = []
+
+    def note(params: dict[str, Any], **_: Any) -> None:
+        if params["WaitTimeSeconds"] > 0:
+            long_polls.append(params["QueueUrl"])
+
+    clients.register("provide-client-params.sqs.ReceiveMessage", note)
+    run = running(Jobs, concurrency=1)
+    wait_until(lambda: long_polls)
+    time.sleep(0.2)  # the request is on its way
+    # When it shuts down (boto3 cannot cancel the outstanding poll) and messages then arrive
+    run.stop()
+    JobsProducer(settings=settings).push_many(
+        PushItem({"level": level}, priority=level) for level in LEVELS).raise_for_failures()
+    # Then the one the orphaned poll got is released in its own level's queue, not held for the
+    # 30 s lease
+    released = wait_until(lambda: [e for e in run.consumer.events if e.name == "released"])
+    assert released[0].fields == {"reason": "shutdown", "ok": True}
+    sqs = clients.client("sqs")
+    visible = {
+        level.spec.priority_level: int(sqs.get_queue_attributes(
+            QueueUrl=level.queue.url, AttributeNames=["ApproximateNumberOfMessages"],
+        )["Attributes"]["ApproximateNumberOfMessages"])
+        for level in run.consumer.resources.levels
+    }
+    assert visible == {level: 1 for level in LEVELS}
+    assert run.consumer.order == []
