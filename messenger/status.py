@@ -198,18 +198,26 @@ class StatusStore:
         while not self._closed.is_set():
             self._wake.wait(self.flush_interval)
             self._wake.clear()
-            self.flush()
+            self.flush(full_batches_only=True)
 
-    def flush(self) -> None:
-        """Write everything buffered now (also called by close)."""
+    def flush(self, full_batches_only: bool = False) -> None:
+        """Write what is buffered (close() writes everything). With `full_batches_only`, a
+        partial batch waits until its oldest record is `flush_interval` old, so requests carry
+        25 records whenever traffic allows."""
         while True:
             with self._lock:
+                if not self._buffer:
+                    return
+                if (
+                    full_batches_only
+                    and len(self._buffer) < DYNAMODB_MAX_BATCH
+                    and time.time() - self._buffer[0].at < self.flush_interval
+                ):
+                    return
                 batch = [
                     self._buffer.popleft()
                     for _ in range(min(DYNAMODB_MAX_BATCH, len(self._buffer)))
                 ]
-            if not batch:
-                return
             self._write(batch)
 
     def _write(self, batch: list[StatusRecord]) -> None:
