@@ -12,8 +12,9 @@
 
 Each partition builds its own producer from `ExecutorSettings` shipped in the task closure
 (settings, region, endpoint): nothing depends on driver-only globals or the executors' environment.
-Rows go out with `push_many` in batches of 10 (SendMessageBatch / PublishBatch), large bodies are
-offloaded to S3, transient per-entry failures are retried within the retry budget. Rows that still
+Rows go out with `push_many` in batches of 10 (SendMessageBatch / PublishBatch), a few batches in
+flight per partition (one lane per message group), large bodies offloaded to S3, transient
+per-entry failures retried within the retry budget. Rows that still
 fail are written, with the reason, to `failed_path` (JSON lines) by the same Spark action that
 publishes, so publishing runs exactly once per task attempt and nothing is dropped silently.
 """
