@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
 from messenger.consumer import Consumer, ConsumerSettings, ConsumerState  # noqa: E402
-from messenger.local import start_local_process  # noqa: E402
+from messenger.local import endpoint_from_env  # noqa: E402
 from messenger.mailbox import ReceivedMessage  # noqa: E402
 from messenger.producer import Producer  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
@@ -178,15 +178,8 @@ def measure(settings: Settings) -> dict[str, Any]:
 
 
 def main() -> dict[str, Any]:
-    endpoint = None
-    if not os.environ.get("AWS_ENDPOINT_URL"):
-        endpoint = start_local_process()
-        os.environ.update(endpoint.env())
-    try:
+    with endpoint_from_env():
         return measure(Settings.from_env(namespace=f"b{uuid.uuid4().hex[:6]}"))
-    finally:
-        if endpoint is not None:
-            endpoint.stop()
 
 
 if __name__ == "__main__":
