@@ -1,4 +1,4 @@
-"""`messenger top`: snapshot rows from queue attributes and CloudWatch, JSON, requeue with a prompt."""
+"""`messenger top`: rows from queue attributes and CloudWatch, JSON, requeue with a prompt."""
 
 from __future__ import annotations
 
