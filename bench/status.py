@@ -27,10 +27,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.consume import CountingConsumer  # noqa: E402
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
-from messenger.consumer import Consumer, ConsumerSettings, ConsumerState  # noqa: E402
+from messenger.consumer import ConsumerSettings, ConsumerState  # noqa: E402
 from messenger.local import endpoint_from_env  # noqa: E402
-from messenger.mailbox import ReceivedMessage  # noqa: E402
 from messenger.producer import Producer  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
 
@@ -42,25 +42,11 @@ CONCURRENCY = 10
 TARGET_EXTRA_REQUESTS = 0.3
 
 
-class Counting(Consumer):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.handled = 0
-        self._lock = threading.Lock()
-
-    def handler(self, message: ReceivedMessage) -> None:
-        with self._lock:
-            self.handled += 1
-
-    def on_event(self, event: Any) -> None:
-        pass  # thousands of log lines would only measure the terminal (tracking still records)
-
-
-class UntrackedConsumer(Counting):
+class UntrackedConsumer(CountingConsumer):
     channel = "bench_status_off"
 
 
-class TrackedConsumer(Counting):
+class TrackedConsumer(CountingConsumer):
     channel = "bench_status_on"
     track_status = True
 
@@ -84,7 +70,7 @@ def push(cls: type[Producer], settings: Settings, count: int) -> dict[str, int]:
     return {op: n for op, n in counter.counts.items() if op.startswith("dynamodb.")}
 
 
-def consume(cls: type[Counting], settings: Settings, count: int) -> dict[str, Any]:
+def consume(cls: type[CountingConsumer], settings: Settings, count: int) -> dict[str, Any]:
     """Drain `count` messages with a fresh consumer; its figures (see `combine`)."""
     clients = ClientFactory(settings.region)
     counter = RequestCounter().attach(clients)
