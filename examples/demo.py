@@ -15,6 +15,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -245,10 +246,12 @@ def step_lambdas(ctx: DemoContext) -> str:
     depth = int(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
         "ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"])
     dimensions = [{"Name": "QueueName", "Value": backlog.queue_name}]
+    at = datetime.now(UTC) - timedelta(seconds=30)  # SQS reports each minute
     ctx.clients.client("cloudwatch").put_metric_data(Namespace="AWS/SQS", MetricData=[
         {"MetricName": "ApproximateNumberOfMessagesVisible", "Value": depth,
-         "Dimensions": dimensions},
-        {"MetricName": "ApproximateAgeOfOldestMessage", "Value": 95, "Dimensions": dimensions},
+         "Dimensions": dimensions, "Timestamp": at},
+        {"MetricName": "ApproximateAgeOfOldestMessage", "Value": 95, "Dimensions": dimensions,
+         "Timestamp": at},
     ])
     sink = WebhookSink()
     try:
