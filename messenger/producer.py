@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -37,71 +36,21 @@ from messenger.errors import (
     InvalidSettings,
     MessengerError,
     PayloadTooLarge,
-    PublishFailed,
 )
 from messenger.message import EncodedMessage, Message
 from messenger.offload import PayloadStore, pointer_attributes
 from messenger.provision import Provisioner, is_missing_resource
+from messenger.push import PreparedItem, PushFailure, PushItem, PushManyResult
 from messenger.settings import Settings
 from messenger.status import StatusEvent, StatusRecord, StatusStore
 from messenger.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
+
+__all__ = ["MultiProducer", "Producer", "PushFailure", "PushItem", "PushManyResult"]
 
 logger = logging.getLogger("messenger.producer")
 
 #: Largest body the offload bucket takes (the AWS extended clients' limit is 2 GB).
 MAX_OFFLOADED_BYTES = 2 * 1024**3
-
-
-@dataclass(frozen=True)
-class PushItem:
-    """One message of `push_many`."""
-
-    body: Any
-    routing_key: str | None = None
-    group_id: str | None = None
-    dedup_id: str | None = None
-    meta_headers: Mapping[str, str] | None = None
-    priority: str | None = None
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """An item ready to send: its input index, wire form, id and priority level."""
-
-    index: int
-    outgoing: OutgoingMessage
-    message_id: str
-    level: str | None
-
-
-@dataclass(frozen=True)
-class PushFailure:
-    """An item `push_many` could not deliver: its index in the input and why."""
-
-    index: int
-    code: str
-    reason: str
-
-
-@dataclass
-class PushManyResult:
-    """message_ids[i] is the id of input item i, or None when it failed (see `failures`)."""
-
-    message_ids: list[str | None] = field(default_factory=list)
-    failures: list[PushFailure] = field(default_factory=list)
-    offloaded: int = 0
-
-    @property
-    def published(self) -> int:
-        return sum(1 for message_id in self.message_ids if message_id is not None)
-
-    def raise_for_failures(self) -> None:
-        if self.failures:
-            first = self.failures[0]
-            raise PublishFailed(
-                f"{len(self.failures)} of {len(self.message_ids)} messages failed; first: "
-                f"item {first.index}: {first.code}: {first.reason}"
-            )
 
 
 class _BaseProducer:
@@ -208,7 +157,7 @@ class _BaseProducer:
         """
         items = [item if isinstance(item, PushItem) else PushItem(item) for item in items]
         result = PushManyResult(message_ids=[None] * len(items))
-        by_level: dict[str | None, list[_Prepared]] = {}
+        by_level: dict[str | None, list[PreparedItem]] = {}
         for index, item in enumerate(items):
             try:
                 prepared, offloaded = self._prepare(index, item)
@@ -269,7 +218,7 @@ class _BaseProducer:
             )
         return priority
 
-    def _prepare(self, index: int, item: PushItem) -> tuple[_Prepared, int]:
+    def _prepare(self, index: int, item: PushItem) -> tuple[PreparedItem, int]:
         level = self._level(item.priority)
         headers = {**self.meta_headers(), **(item.meta_headers or {})}
         message = Message(body=item.body, routing_key=item.routing_key, meta_headers=headers)
@@ -285,7 +234,7 @@ class _BaseProducer:
             encoded = self._offload(encoded)
             offloaded = 1
         outgoing = OutgoingMessage(encoded, *self._fifo_fields(item))
-        return _Prepared(index, outgoing, message.message_id, level), offloaded
+        return PreparedItem(index, outgoing, message.message_id, level), offloaded
 
     def _record_queued(self, message_ids: list[str]) -> None:
         if self.status is None:
@@ -363,8 +312,8 @@ class _BaseProducer:
             )
             return call_with_budget(lambda: action(target), budget, f"{what} to {self.channel!r}")
 
-    def _batches(self, prepared: list[_Prepared]) -> Iterable[list[_Prepared]]:
-        batch: list[_Prepared] = []
+    def _batches(self, prepared: list[PreparedItem]) -> Iterable[list[PreparedItem]]:
+        batch: list[PreparedItem] = []
         size = 0
         for entry in prepared:
             entry_size = entry.outgoing.encoded.size
@@ -379,7 +328,7 @@ class _BaseProducer:
             yield batch
 
     def _send_batch(
-        self, level: str | None, batch: list[_Prepared], result: PushManyResult
+        self, level: str | None, batch: list[PreparedItem], result: PushManyResult
     ) -> None:
         pending = batch
 

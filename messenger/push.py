@@ -1,0 +1,62 @@
+"""What `push_many` takes and returns: items, per-item failures and the result."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from messenger.errors import PublishFailed
+from messenger.transport import OutgoingMessage
+
+
+@dataclass(frozen=True)
+class PushItem:
+    """One message of `push_many`."""
+
+    body: Any
+    routing_key: str | None = None
+    group_id: str | None = None
+    dedup_id: str | None = None
+    meta_headers: Mapping[str, str] | None = None
+    priority: str | None = None
+
+
+@dataclass(frozen=True)
+class PreparedItem:
+    """An item ready to send: its input index, wire form, id and priority level."""
+
+    index: int
+    outgoing: OutgoingMessage
+    message_id: str
+    level: str | None
+
+
+@dataclass(frozen=True)
+class PushFailure:
+    """An item `push_many` could not deliver: its index in the input and why."""
+
+    index: int
+    code: str
+    reason: str
+
+
+@dataclass
+class PushManyResult:
+    """message_ids[i] is the id of input item i, or None when it failed (see `failures`)."""
+
+    message_ids: list[str | None] = field(default_factory=list)
+    failures: list[PushFailure] = field(default_factory=list)
+    offloaded: int = 0
+
+    @property
+    def published(self) -> int:
+        return sum(1 for message_id in self.message_ids if message_id is not None)
+
+    def raise_for_failures(self) -> None:
+        if self.failures:
+            first = self.failures[0]
+            raise PublishFailed(
+                f"{len(self.failures)} of {len(self.message_ids)} messages failed; first: "
+                f"item {first.index}: {first.code}: {first.reason}"
+            )
