@@ -380,9 +380,13 @@ class ChannelSpec:
 
     def topic_attributes(self) -> dict[str, str]:
         """SNS attributes of the exchange topic, without KmsMasterKeyId."""
-        if self.ordered:
-            return {"FifoTopic": "true", "ContentBasedDeduplication": "true"}
-        return {}
+        return topic_attributes(self.ordered)
+
+    def topic_tags(self) -> dict[str, str]:
+        """Tags of the exchange topic: the exchange's own, shared by all its channels."""
+        if self.exchange is None:
+            raise InvalidChannelSpec(f"{self.name!r} is a single queue: it has no topic")
+        return exchange_tags(self.exchange, self.namespace)
 
     def filter_policy(self) -> dict[str, list[Any]] | None:
         """The subscription's filter policy (message-attributes scope), or None for all messages.
@@ -433,6 +437,19 @@ def default_level(priorities: tuple[str, ...], default_priority: str | None) -> 
     if default_priority is not None:
         return default_priority
     return "default" if "default" in priorities else priorities[-1]
+
+
+def topic_attributes(ordered: bool) -> dict[str, str]:
+    """SNS attributes of an exchange's topic, without KmsMasterKeyId."""
+    return {"FifoTopic": "true", "ContentBasedDeduplication": "true"} if ordered else {}
+
+
+def exchange_tags(exchange: str, namespace: str = "") -> dict[str, str]:
+    """Tags of an exchange's topic (not one channel's: every channel of it shares the topic)."""
+    tags = {TAG_MANAGED: "true", TAG_CHANNEL: exchange, TAG_ROLE: "topic"}
+    if namespace:
+        tags[TAG_NAMESPACE] = namespace
+    return tags
 
 
 def topic_name_for(exchange: str, namespace: str = "", ordered: bool = False) -> str:

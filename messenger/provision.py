@@ -17,11 +17,10 @@ from botocore.exceptions import ClientError
 
 from messenger.aws import ClientFactory, error_code
 from messenger.channel import (
-    TAG_CHANNEL,
     TAG_MANAGED,
-    TAG_NAMESPACE,
-    TAG_ROLE,
     ChannelSpec,
+    exchange_tags,
+    topic_attributes,
     topic_name_for,
 )
 from messenger.errors import ChannelNotFound, ProvisioningError
@@ -269,12 +268,12 @@ class Provisioner:
 
     def ensure_exchange(self, exchange: str, ordered: bool) -> str:
         """The topic of an exchange (what a MultiProducer publishes to)."""
-        name = topic_name_for(exchange, self.settings.namespace, ordered)
-        attributes = {"FifoTopic": "true", "ContentBasedDeduplication": "true"} if ordered else {}
-        tags = {TAG_MANAGED: "true", TAG_CHANNEL: exchange, TAG_ROLE: "topic"}
-        if self.settings.namespace:
-            tags[TAG_NAMESPACE] = self.settings.namespace
-        return self.ensure_topic(name, attributes, tags)
+        namespace = self.settings.namespace
+        return self.ensure_topic(
+            topic_name_for(exchange, namespace, ordered),
+            topic_attributes(ordered),
+            exchange_tags(exchange, namespace),
+        )
 
     def ensure_subscription(self, spec: ChannelSpec, topic_arn: str, queue: QueueRef) -> str:
         """The queue's subscription to the topic with raw delivery and the spec's filter policy."""
@@ -331,7 +330,7 @@ class Provisioner:
             topic_arn = None
             if spec.topic_name is not None:
                 topic_arn = self.ensure_topic(
-                    spec.topic_name, spec.topic_attributes(), spec.resource_tags("topic")
+                    spec.topic_name, spec.topic_attributes(), spec.topic_tags()
                 )
             queue, dlq = self.ensure_queues(spec, topic_arn)
             subscription = self.ensure_subscription(spec, topic_arn, queue) if topic_arn else None

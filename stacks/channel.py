@@ -21,10 +21,6 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct, IValidation
 
 from messenger.channel import (
-    TAG_CHANNEL,
-    TAG_MANAGED,
-    TAG_NAMESPACE,
-    TAG_ROLE,
     ChannelSpec,
 )
 
@@ -113,11 +109,7 @@ class ExchangeTopic(Construct):
                 statements=[_tls_only(self.resource.ref, "sns:Publish")]
             ),
         )
-        # The exchange's own tags (like the provisioner's ensure_exchange), not one channel's.
-        tags = {TAG_MANAGED: "true", TAG_CHANNEL: spec.exchange, TAG_ROLE: "topic"}
-        if spec.namespace:
-            tags[TAG_NAMESPACE] = spec.namespace
-        for key_name, value in tags.items():
+        for key_name, value in spec.topic_tags().items():
             Tags.of(self).add(key_name, value)
 
     @classmethod

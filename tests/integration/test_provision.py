@@ -8,7 +8,7 @@ import pytest
 
 from messenger import ChannelNotFound, ChannelSpec, ChannelTags, MessageFilter
 from messenger.aws import RequestCounter
-from messenger.channel import TAG_CRITICAL, TAG_MANAGED, TAG_OWNER
+from messenger.channel import TAG_CHANNEL, TAG_CRITICAL, TAG_MANAGED, TAG_OWNER, exchange_tags
 from messenger.provision import Provisioner
 
 
@@ -111,3 +111,16 @@ def test_offload_bucket_is_encrypted_private_and_expires_payloads(settings, clie
     assert all(block.values())
     [lifecycle] = s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]
     assert lifecycle["Expiration"]["Days"] == 15
+
+
+def test_the_topic_carries_the_exchanges_tags_whoever_creates_it(settings, clients):
+    # A consumer's channel and a producer both provision the exchange's topic: same tags.
+    spec = ChannelSpec("shop.audit", namespace=settings.namespace,
+                       tags=ChannelTags(owner="alice", critical=True))
+    provisioner = Provisioner(clients, settings)
+    arn = provisioner.ensure_channel(spec).topic_arn
+    assert provisioner.ensure_exchange("shop", ordered=False) == arn
+    sns = clients.client("sns")
+    tags = {t["Key"]: t["Value"] for t in sns.list_tags_for_resource(ResourceArn=arn)["Tags"]}
+    assert tags == exchange_tags("shop", settings.namespace)
+    assert tags[TAG_CHANNEL] == "shop" and TAG_OWNER not in tags
