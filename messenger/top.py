@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from messenger.aws import ClientFactory
-from messenger.channel import DLQ_SUFFIX, FIFO_SUFFIX
+from messenger.channel import FIFO_SUFFIX
 from messenger.errors import ChannelNotFound
 from messenger.ops.inventory import list_platform_resources
 from messenger.ops.metrics import fetch_series, latest, sqs_metric, total
@@ -51,9 +51,7 @@ class ChannelRow:
 
 def snapshot(clients: ClientFactory, settings: Settings) -> list[ChannelRow]:
     """Collect the rows: one tag query, one GetQueueAttributes per queue, one GetMetricData."""
-    resources = list_platform_resources(clients, settings.namespace, roles=("queue", "dlq"))
-    queues = [r for r in resources if r.role == "queue"]
-    dlqs = {r.name: r for r in resources if r.role == "dlq"}
+    queues = list_platform_resources(clients, settings.namespace, roles=("queue",))
     sqs = clients.client("sqs")
     end = datetime.now(UTC)
     start = end - timedelta(minutes=WINDOW_MINUTES)
@@ -71,10 +69,12 @@ def snapshot(clients: ClientFactory, settings: Settings) -> list[ChannelRow]:
     for i, queue in enumerate(queues):
         age, sent, deleted, received, empty = series[i * 5 : i * 5 + 5]
         attributes = _attributes(sqs, queue.name)
-        dlq_name = _dlq_name(queue.name)
-        dlq_depth = _attributes(sqs, dlq_name).get("ApproximateNumberOfMessages") if (
-            dlq_name in dlqs
-        ) else None
+        # The queue names its DLQ in its redrive policy (priority levels included).
+        redrive = json.loads(attributes.get("RedrivePolicy") or "{}")
+        dlq_name = str(redrive.get("deadLetterTargetArn", "")).rpartition(":")[2] or None
+        dlq_depth = (
+            _attributes(sqs, dlq_name).get("ApproximateNumberOfMessages") if dlq_name else None
+        )
         receives = [v for v in (total(received), total(empty)) if v is not None]
         rows.append(
             ChannelRow(
@@ -83,7 +83,7 @@ def snapshot(clients: ClientFactory, settings: Settings) -> list[ChannelRow]:
                 visible=int(attributes.get("ApproximateNumberOfMessages", 0)),
                 in_flight=int(attributes.get("ApproximateNumberOfMessagesNotVisible", 0)),
                 delayed=int(attributes.get("ApproximateNumberOfMessagesDelayed", 0)),
-                dlq=dlq_name if dlq_name in dlqs else None,
+                dlq=dlq_name,
                 dlq_depth=None if dlq_depth is None else int(dlq_depth),
                 oldest_age_seconds=latest(age),
                 in_per_minute=_rate(total(sent)),
@@ -102,12 +102,6 @@ def _attributes(sqs: Any, name: str) -> dict[str, str]:
         return dict(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"])
     except sqs.exceptions.QueueDoesNotExist:
         return {}
-
-
-def _dlq_name(queue_name: str) -> str:
-    if queue_name.endswith(FIFO_SUFFIX):
-        return queue_name[: -len(FIFO_SUFFIX)] + DLQ_SUFFIX + FIFO_SUFFIX
-    return queue_name + DLQ_SUFFIX
 
 
 def _rate(count: float | None) -> float | None:
