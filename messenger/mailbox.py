@@ -15,7 +15,7 @@ from typing import Any
 
 from messenger.aws import call_with_budget
 from messenger.channel import MAX_BATCH_ENTRIES
-from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE, Message
+from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE, Message, sendable_attributes
 from messenger.offload import OffloadPointer, PayloadStore
 
 #: Longest dead-letter reason kept in the attribute.
@@ -151,19 +151,6 @@ class EntryError:
 def _chunks(items: Sequence[Delivery]) -> Iterable[Sequence[Delivery]]:
     for start in range(0, len(items), MAX_BATCH_ENTRIES):
         yield items[start:start + MAX_BATCH_ENTRIES]
-
-
-def sendable_attributes(received: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Received MessageAttributes in SendMessage's shape (drops the empty list fields)."""
-    out: dict[str, dict[str, Any]] = {}
-    for name, value in received.items():
-        entry: dict[str, Any] = {"DataType": value["DataType"]}
-        if "StringValue" in value:
-            entry["StringValue"] = value["StringValue"]
-        if "BinaryValue" in value:
-            entry["BinaryValue"] = value["BinaryValue"]
-        out[name] = entry
-    return out
 
 
 class Mailbox:

@@ -41,6 +41,20 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
+def sendable_attributes(received: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Received MessageAttributes in SendMessage's shape (drops the empty list fields), to
+    forward a message unchanged (to a DLQ, or back from one)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in received.items():
+        entry: dict[str, Any] = {"DataType": value["DataType"]}
+        if "StringValue" in value:
+            entry["StringValue"] = value["StringValue"]
+        if "BinaryValue" in value:
+            entry["BinaryValue"] = value["BinaryValue"]
+        out[name] = entry
+    return out
+
+
 @dataclass(frozen=True)
 class EncodedMessage:
     """A message ready for SendMessage/Publish: body text and message attributes."""

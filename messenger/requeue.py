@@ -31,6 +31,7 @@ from messenger.message import (
     DEAD_LETTER_REASON_ATTRIBUTE,
     MESSAGE_ID_ATTRIBUTE,
     EncodedMessage,
+    sendable_attributes,
 )
 from messenger.provision import Provisioner, QueueRef
 from messenger.settings import Settings
@@ -219,11 +220,8 @@ class Requeuer:
         self._release([m["ReceiptHandle"] for i, m in enumerate(messages) if i in failed])
 
     def _outgoing(self, message: dict[str, Any]) -> OutgoingMessage:
-        attributes = {
-            name: {k: v for k, v in value.items() if k in ("DataType", "StringValue")}
-            for name, value in message.get("MessageAttributes", {}).items()
-            if name != DEAD_LETTER_REASON_ATTRIBUTE
-        }
+        attributes = sendable_attributes(message.get("MessageAttributes", {}))
+        attributes.pop(DEAD_LETTER_REASON_ATTRIBUTE, None)
         group_id = dedup_id = None
         if self.ordered:
             system = message.get("Attributes", {})

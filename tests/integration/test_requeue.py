@@ -153,3 +153,19 @@ def test_cli_requeues_with_a_summary(settings, clients, local_endpoint):
         timeout=60,
     )
     assert missing.returncode == 2 and "source queue 'nope-dlq' does not exist" in missing.stderr
+
+
+def test_requeue_keeps_binary_attributes(settings, clients):
+    resources = Provisioner(clients, settings).ensure_channel(
+        ChannelSpec("orders", namespace=settings.namespace))
+    sqs = clients.client("sqs")
+    encoded = Message({"n": 1}).encode()
+    sqs.send_message(
+        QueueUrl=resources.dlq.url, MessageBody=encoded.body,
+        MessageAttributes={**encoded.attributes,
+                           "signature": {"DataType": "Binary", "BinaryValue": b"\x00\x01sig"}},
+    )
+    report = Requeuer("orders-dlq", "orders", settings=settings, clients=clients).start()
+    assert (report.moved, report.failed) == (1, 0)
+    [raw] = drain(sqs, resources.queue.url)
+    assert raw["MessageAttributes"]["signature"]["BinaryValue"] == b"\x00\x01sig"

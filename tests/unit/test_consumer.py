@@ -22,7 +22,8 @@ from messenger import (
 )
 from messenger.consumer import load_consumer
 from messenger.lifecycle import JsonFormatter, LifecycleEvent, collect_hooks, log_event
-from messenger.mailbox import Delivery, Stage, sendable_attributes
+from messenger.mailbox import Delivery, Stage
+from messenger.message import sendable_attributes
 
 SETTINGS = Settings(namespace="unit")
 
