@@ -95,10 +95,6 @@ class StatusRecord:
         )
 
 
-def table_name(namespace: str) -> str:
-    return status_table_name(namespace)
-
-
 @dataclass
 class StatusStats:
     recorded: int = 0
@@ -125,7 +121,7 @@ class StatusStore:
     ) -> None:
         self.clients = clients
         self.settings = settings
-        self.table = table_name(settings.namespace)
+        self.table = status_table_name(settings.namespace)
         self.retention_seconds = retention_seconds
         self.flush_interval = flush_interval
         self.stats = StatusStats()

@@ -11,10 +11,9 @@ from typing import Any
 from aws_cdk.assertions import Match
 
 from examples.channels import example_channels, wishlist_channels
-from messenger.channel import DEFAULT_MAX_RECEIVES, TAG_CHANNEL, TAG_ROLE
+from messenger.channel import DEFAULT_MAX_RECEIVES, TAG_CHANNEL, TAG_ROLE, status_table_name
 from messenger.offload import OFFLOAD_PREFIX, lifecycle_days
 from messenger.settings import Settings
-from messenger.status import table_name as status_table_name
 from tests.infra.conftest import ACCOUNT, NAMESPACE, REGION, CloudAssembly
 
 SPECS = [level for spec in example_channels(NAMESPACE) for level in spec.level_specs()]

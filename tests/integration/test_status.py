@@ -8,7 +8,8 @@ import sys
 
 from messenger import ChannelSpec, Producer
 from messenger.aws import ClientFactory, RequestCounter
-from messenger.status import StatusEvent, StatusRecord, StatusStore, table_name
+from messenger.channel import status_table_name
+from messenger.status import StatusEvent, StatusRecord, StatusStore
 
 
 class TrackedOrders(Producer):
@@ -30,7 +31,8 @@ def test_push_records_queued_and_the_timeline_is_ordered(settings, clients):
     assert [r.event for r in timeline] == [StatusEvent.QUEUED, StatusEvent.RECEIVED,
                                            StatusEvent.FAILED]
     assert timeline[-1].error_class == "ValueError" and timeline[-1].duration == 0.25
-    ttl = clients.client("dynamodb").describe_time_to_live(TableName=table_name(settings.namespace))
+    ttl = clients.client("dynamodb").describe_time_to_live(
+        TableName=status_table_name(settings.namespace))
     assert ttl["TimeToLiveDescription"]["AttributeName"] == "expires_at"
 
 
