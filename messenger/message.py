@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from messenger.channel import ROUTING_KEY_ATTRIBUTE
@@ -62,7 +63,7 @@ class EncodedMessage:
     body: str
     attributes: AttributeMap
 
-    @property
+    @cached_property
     def size(self) -> int:
         """Size as SQS and SNS count it: body plus attribute names, types and values, in bytes."""
         total = len(self.body.encode("utf-8"))
