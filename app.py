@@ -20,6 +20,7 @@ from typing import Any
 
 from aws_cdk import App
 
+from examples.cdk import add_example_channels
 from stacks.config import DEFAULT_SLACK_WEBHOOK_SECRET, MessengerConfig
 from stacks.messenger_app import build_app
 
@@ -61,7 +62,7 @@ def read_config(app: App) -> MessengerConfig:
 
 def main() -> None:
     app = App()
-    build_app(app, read_config(app))
+    build_app(app, read_config(app), channels=add_example_channels)
     app.synth()
 
 

@@ -22,11 +22,11 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
-from messenger.consumer import Consumer, ConsumerSettings  # noqa: E402
-from messenger.local import endpoint_from_env  # noqa: E402
-from messenger.mailbox import ReceivedMessage  # noqa: E402
-from messenger.producer import Producer  # noqa: E402
+from messenger.consume.consumer import Consumer, ConsumerSettings  # noqa: E402
+from messenger.consume.mailbox import ReceivedMessage  # noqa: E402
+from messenger.produce.producer import Producer  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
+from messenger.tools.local import endpoint_from_env  # noqa: E402
 
 MESSAGES = 1_000
 CONCURRENCY = 10

@@ -18,9 +18,9 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
-from messenger.local import endpoint_from_env  # noqa: E402
-from messenger.producer import MultiProducer, Producer, PushItem  # noqa: E402
+from messenger.produce.producer import MultiProducer, Producer, PushItem  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
+from messenger.tools.local import endpoint_from_env  # noqa: E402
 
 MESSAGES = 1_000
 

@@ -26,11 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
 from messenger.channel import ChannelSpec, ChannelTags  # noqa: E402
-from messenger.local import endpoint_from_env  # noqa: E402
 from messenger.ops.cleaner import run_resource_cleaner  # noqa: E402
 from messenger.ops.queue_alarm import run_queue_alarm  # noqa: E402
 from messenger.ops.report import render_text  # noqa: E402
 from messenger.ops.settings import OpsSettings  # noqa: E402
+from messenger.tools.local import endpoint_from_env  # noqa: E402
 
 QUEUES = 1_000
 EXCHANGES = 20

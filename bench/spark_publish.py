@@ -25,8 +25,8 @@ from pyspark.sql import SparkSession
 
 from messenger import MultiProducer, Settings
 from messenger.aws import RequestCounter
-from messenger.local import LOCAL_CREDENTIALS, start_local_process
 from messenger.spark import ExecutorSettings, publish
+from messenger.tools.local import LOCAL_CREDENTIALS, start_local_process
 
 
 class PublishBench(MultiProducer):

@@ -29,10 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.consume import CountingConsumer  # noqa: E402
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
-from messenger.consumer import ConsumerSettings, ConsumerState  # noqa: E402
-from messenger.local import endpoint_from_env  # noqa: E402
-from messenger.producer import Producer  # noqa: E402
+from messenger.consume.consumer import ConsumerSettings, ConsumerState  # noqa: E402
+from messenger.produce.producer import Producer  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
+from messenger.tools.local import endpoint_from_env  # noqa: E402
 
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "1000"))
 #: Off and on alternate in rounds of MESSAGES / ROUNDS, so that a change in the machine's load (or

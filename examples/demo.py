@@ -27,13 +27,13 @@ from examples.channels import WISHLIST_EXCHANGE, example_channels, wishlist_chan
 from examples.wishlist import OrdersProducer, WishlistEventProducer
 from messenger.aws import ClientFactory
 from messenger.channel import ChannelSpec, ChannelTags
-from messenger.local import start_local_process
 from messenger.ops.report import render_text
-from messenger.ops.sink import WebhookSink
-from messenger.producer import Producer, PushItem
+from messenger.produce.producer import Producer, PushItem
 from messenger.provision import Provisioner
-from messenger.requeue import Requeuer
 from messenger.settings import Settings
+from messenger.tools.local import start_local_process
+from messenger.tools.requeue import Requeuer
+from messenger.tools.webhook_sink import WebhookSink
 
 console = Console()
 NAMESPACE = "demo"

@@ -1,8 +1,9 @@
 """Example producers and consumers of the wishlist exchange and the orders channel.
 
-The CDK app deploys these consumers on Fargate (stacks/messenger_app.py); `make demo` runs them as
-real processes (`messenger consume examples.wishlist:AppleEventsConsumer`). Their channel
-attributes come from `examples/channels.py`, the one description of the example channels.
+The CDK app deploys these consumers on Fargate (examples/cdk.py, added by app.py); `make demo`
+runs them as real processes (`messenger consume examples.wishlist:AppleEventsConsumer`).
+Their channel attributes come from `examples/channels.py`, the one description of the example
+channels.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import ClassVar
 from examples.channels import WISHLIST_EXCHANGE, orders_channel, wishlist_channels
 from messenger import Consumer, MultiProducer, Producer
 from messenger.channel import ChannelSpec
-from messenger.mailbox import ReceivedMessage
+from messenger.consume.mailbox import ReceivedMessage
 
 logger = logging.getLogger("examples.wishlist")
 _SPECS = {spec.name: spec for spec in [*wishlist_channels(), orders_channel()]}

@@ -1,5 +1,5 @@
 import sys
 
-from messenger.cli import main
+from messenger.tools.cli import main
 
 sys.exit(main())

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from messenger.aws import ClientFactory, RequestCounter, error_code
 from messenger.channel import MAX_BATCH_ENTRIES
 from messenger.errors import InvalidSettings
-from messenger.producer import PushItem, _BaseProducer
+from messenger.produce.producer import PushItem, _BaseProducer
 from messenger.settings import Settings
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DateType, DoubleType, StringType, StructField, StructType
 
-from messenger.producer import MultiProducer
+from messenger.produce.producer import MultiProducer
 from messenger.spark import ExecutorSettings, publish, spark_session
 
 WISHLIST_SCHEMA = StructType(

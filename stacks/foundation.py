@@ -101,7 +101,7 @@ class Foundation(Construct):
             ],
             removal_policy=removal_policy,
         )
-        # Lifecycle records of channels with track_status (messenger.status); they expire by TTL.
+        # Lifecycle records of channels with track_status (messenger.jobs.status); expire by TTL.
         self.status_table = dynamodb.Table(
             self,
             "StatusTable",
@@ -122,7 +122,7 @@ class Foundation(Construct):
             Tags.of(self).add(TAG_NAMESPACE, namespace)
 
     def grant_status_write(self, grantee: iam.IGrantable) -> None:
-        """Record message status (messenger.status.StatusStore): check the table, write batches."""
+        """Record message status (`jobs.status.StatusStore`): check the table, write batches."""
         iam.Grant.add_to_principal(
             grantee=grantee,
             actions=["dynamodb:DescribeTable", "dynamodb:BatchWriteItem", "dynamodb:PutItem"],

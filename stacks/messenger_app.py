@@ -1,27 +1,23 @@
-"""Compose the app from a `MessengerConfig`: platform, example channels, EMR pipeline, cdk-nag."""
+"""Compose the app from a `MessengerConfig`: platform, a channel stack, EMR pipeline, cdk-nag.
+
+The channels come from the caller (`app.py` adds the examples); this module never imports them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from aws_cdk import App, Duration, Environment, Validations
+from aws_cdk import App, Environment, Validations
 from cdk_nag import AwsSolutionsChecks
 
-from examples.channels import example_channels
 from stacks.channel_stack import ChannelStack
 from stacks.config import MessengerConfig
 from stacks.pipeline_stack import PipelineStack
 from stacks.platform_stack import PlatformStack
 
-#: The example consumer classes (module `examples.wishlist`) per example channel.
-EXAMPLE_CONSUMERS = {
-    "wishlist_events.all_events": "examples.wishlist:AllEventsConsumer",
-    "wishlist_events.mobile_events": "examples.wishlist:MobileEventsConsumer",
-    "wishlist_events.apple_events": "examples.wishlist:AppleEventsConsumer",
-    "orders": "examples.wishlist:OrdersConsumer",
-}
-#: The example classes' `processing_timeout`.
-EXAMPLE_PROCESSING_TIMEOUT = Duration.seconds(30)
+#: Adds channels (and their consumers) to a channel stack, given the namespace.
+ChannelSetup = Callable[[ChannelStack, str], None]
 
 
 @dataclass(frozen=True)
@@ -31,22 +27,22 @@ class MessengerStacks:
     pipeline: PipelineStack | None
 
 
-def build_app(app: App, config: MessengerConfig) -> MessengerStacks:
-    """Add the stacks of `config` to `app`, with the cdk-nag AwsSolutions pack on every stack."""
+def build_app(
+    app: App, config: MessengerConfig, channels: ChannelSetup | None = None
+) -> MessengerStacks:
+    """Add the stacks of `config` to `app`, with the cdk-nag AwsSolutions pack on every stack.
+
+    channels: fills the `<prefix>MessengerExamples` channel stack (None, or
+    `config.example_channels` false: no such stack).
+    """
     Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     env = Environment(account=config.account, region=config.region)
     prefix = config.stack_prefix
     platform = PlatformStack(app, f"{prefix}MessengerPlatform", config=config, env=env)
     examples = None
-    if config.example_channels:
+    if config.example_channels and channels is not None:
         examples = ChannelStack(app, f"{prefix}MessengerExamples", platform=platform, env=env)
-        for spec in example_channels(config.namespace):
-            channel = examples.add_channel(spec)
-            consumer = EXAMPLE_CONSUMERS.get(spec.name)
-            if consumer is not None:
-                examples.add_consumer(
-                    channel, consumer, processing_timeout=EXAMPLE_PROCESSING_TIMEOUT
-                )
+        channels(examples, config.namespace)
     pipeline = None
     if config.pipeline:
         publishes_to = list(examples.channels.values()) if examples else []

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from messenger.aws import ClientFactory
-from messenger.local import LOCAL_CREDENTIALS, LocalProcess, reset, start_local_process
-from messenger.producer import _BaseProducer
+from messenger.produce.producer import _BaseProducer
 from messenger.settings import Settings
+from messenger.tools.local import LOCAL_CREDENTIALS, LocalProcess, reset, start_local_process
 
 # Never reach real AWS from a test, whatever the developer's shell has.
 for _name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):

@@ -4,6 +4,7 @@
 - `metrics`: batched CloudWatch GetMetricData (up to 500 queries per call).
 - `queue_alarm`: queues deeper than their alarm threshold.
 - `cleaner`: unused topics and queues, classified, deleted or reported.
+- `findings`: the report types both fill.
 - `report`: Slack Block Kit messages for both, and their plain-text preview.
 - `slack`: posting a message to a Slack incoming webhook (needs slack_sdk).
 - `settings`: the Lambdas' typed settings.

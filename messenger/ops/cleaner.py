@@ -27,6 +27,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from messenger.aws import ClientFactory, error_code
+from messenger.ops.findings import CleanerReport, Finding
 from messenger.ops.inventory import PlatformResource, list_platform_resources
 from messenger.ops.metrics import fetch_series, peak, sns_metric, sqs_metric, total
 from messenger.ops.report import Notifier, cleaner_message
@@ -107,40 +108,6 @@ def judge_idle(state: QueueState, now: datetime, lookback: timedelta = QUEUE_LOO
     if now - state.last_changed < lookback:
         return TOO_NEW
     return UNUSED
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One reported resource: its name, why, and the CloudFormation stack that owns it (if any)."""
-
-    name: str
-    detail: str
-    stack: str | None = None
-
-
-@dataclass(frozen=True)
-class CleanerReport:
-    """What one run did (or, in a dry run, would do)."""
-
-    namespace: str
-    dry_run: bool
-    checked_at: datetime
-    topics_checked: int
-    queues_checked: int
-    deleted_topics: tuple[Finding, ...] = ()
-    deleted_queues: tuple[Finding, ...] = ()
-    stale: tuple[Finding, ...] = ()
-    no_producers: tuple[Finding, ...] = ()
-    no_consumers: tuple[Finding, ...] = ()
-    kept_by_stack: tuple[Finding, ...] = ()
-    failed: tuple[Finding, ...] = ()
-
-    @property
-    def has_findings(self) -> bool:
-        return any(
-            (self.deleted_topics, self.deleted_queues, self.stale, self.no_producers,
-             self.no_consumers, self.kept_by_stack, self.failed)
-        )
 
 
 @dataclass(frozen=True)

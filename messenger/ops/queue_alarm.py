@@ -8,12 +8,13 @@ GetResources pages + ceil(2N/500) GetMetricData calls (about 19 calls for 1,000 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from messenger.aws import ClientFactory
 from messenger.errors import MessengerError
+from messenger.ops.findings import QueueAlarmReport, QueueProblem
 from messenger.ops.inventory import PlatformResource, list_platform_resources
 from messenger.ops.metrics import fetch_series, latest, sqs_metric
 from messenger.ops.report import Notifier, queue_alarm_message
@@ -42,35 +43,6 @@ def parse_scope(event: Any) -> str:
             f"got {scope!r}"
         )
     return str(scope)
-
-
-@dataclass(frozen=True)
-class QueueProblem:
-    """A queue over its threshold. oldest_age_seconds: None when CloudWatch has no datapoint."""
-
-    name: str
-    channel: str
-    depth: int
-    threshold: int
-    oldest_age_seconds: float | None
-    critical: bool
-    owner: str = ""
-    team: str = ""
-
-
-@dataclass(frozen=True)
-class QueueAlarmReport:
-    """What one run found: `problems` critical first, then deepest first."""
-
-    scope: str
-    namespace: str
-    checked_at: datetime
-    checked: int
-    problems: tuple[QueueProblem, ...] = field(default_factory=tuple)
-
-    @property
-    def critical(self) -> tuple[QueueProblem, ...]:
-        return tuple(p for p in self.problems if p.critical)
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from messenger.ops.cleaner import CleanerReport, Finding
-    from messenger.ops.queue_alarm import QueueAlarmReport, QueueProblem
+from messenger.ops.findings import CleanerReport, Finding, QueueAlarmReport, QueueProblem
 
 MAX_BLOCKS = 50
 MAX_SECTION_CHARS = 3000

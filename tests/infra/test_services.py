@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from examples.cdk import EXAMPLE_CONSUMERS
 from examples.channels import example_channels
 from messenger.settings import Settings
 from stacks.bundle import spark_job_scripts
-from stacks.messenger_app import EXAMPLE_CONSUMERS
 from tests.infra.conftest import NAMESPACE, CloudAssembly, as_list, policy_statements
 
 SPECS = [level for spec in example_channels(NAMESPACE) for level in spec.level_specs()]
@@ -195,7 +195,7 @@ def test_pipeline_provides_code_bucket_roles_and_job_runner(assembly: CloudAssem
     # The --py-files bundle: `import messenger` works on EMR (boto3 ships with EMR).
     libraries = [p for p in assembly.outdir.glob("asset.*") if (p / "spark_jobs").is_dir()]
     assert len(libraries) == 1
-    assert (libraries[0] / "messenger" / "producer.py").is_file()
+    assert (libraries[0] / "messenger" / "produce" / "producer.py").is_file()
     assert (libraries[0] / "filelock" / "__init__.py").is_file()
 
 

@@ -12,6 +12,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 
 import stacks.nag
+from examples.cdk import add_example_channels
 from messenger.channel import ChannelSpec, MessageFilter
 from stacks.channel import Channel
 from stacks.config import MessengerConfig
@@ -140,7 +141,10 @@ def test_every_acknowledgement_answers_a_real_finding(
 
     monkeypatch.setattr(stacks.nag, "Validations", RecordingValidations)
     app = _app(tmp_path)
-    build_app(app, MessengerConfig(namespace="nag", account=ACCOUNT, region=REGION))
+    build_app(
+        app, MessengerConfig(namespace="nag", account=ACCOUNT, region=REGION),
+        channels=add_example_channels,
+    )
     # When synthesized, cdk-nag reports every finding
     with pytest.raises(Exception, match="ValidationFailed"):
         app.synth()

@@ -216,7 +216,8 @@ def test_heartbeat_keeps_a_long_handler_from_being_delivered_twice(
 
 @pytest.mark.timeout(60)
 def test_health_check_fails_for_a_consumer_stuck_in_processing(start, producer, tmp_path):
-    health = [sys.executable, "-m", "messenger.health", "--file", str(tmp_path / "health.json")]
+    health_file = str(tmp_path / "health.json")
+    health = [sys.executable, "-m", "messenger.consume.health", "--file", health_file]
     consumer = start("StuckConsumer", MESSENGER_HEALTH_GRACE="1", MESSENGER_SHUTDOWN_TIMEOUT="30")
     consumer.wait_for_state("LISTENING")
     assert subprocess.run(health, capture_output=True).returncode == 0

@@ -24,7 +24,7 @@ from messenger import (
     register_hook,
 )
 from messenger.aws import ClientFactory, RequestCounter
-from messenger.lifecycle import LifecycleEvent
+from messenger.consume.lifecycle import LifecycleEvent
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.offload import OffloadPointer, pointer_attributes
 
@@ -303,7 +303,7 @@ def test_offloaded_body_is_read_from_s3_and_deletes_are_batched(settings, client
 
 @pytest.mark.timeout(60)
 def test_timeout_without_a_dlq_raises_and_keeps_the_message(settings, clients, running):
-    from messenger.consumer import ProcessingTimeout
+    from messenger.consume.consumer import ProcessingTimeout
 
     class NoDlq(Recording):
         visibility_timeout = 2
@@ -353,7 +353,7 @@ def test_a_spinning_handler_is_interrupted_at_its_timeout_and_frees_its_worker(
 
 
 def test_delete_batches_report_each_entry_sqs_refuses(clients, endpoint):
-    from messenger.mailbox import DeleteBatcher, Delivery, Mailbox
+    from messenger.consume.mailbox import DeleteBatcher, Delivery, Mailbox
 
     sqs = clients.client("sqs")
     url = sqs.create_queue(QueueName="delete_batch_test")["QueueUrl"]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from messenger.aws import ClientFactory
-from messenger.cli import main
-from messenger.emr import package_zip
+from messenger.tools.cli import main
+from messenger.tools.emr import package_zip
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "spark_jobs" / "wishlist_price_drops.py"
@@ -79,7 +79,8 @@ def test_submit_uploads_package_and_script_and_adds_a_spark_submit_step(
     assert script == JOB.read_bytes()
     package = s3.get_object(Bucket=BUCKET, Key=f"{key}/messenger.zip")["Body"].read()
     names = zipfile.ZipFile(io.BytesIO(package)).namelist()
-    assert {"messenger/__init__.py", "messenger/spark.py", "messenger/producer.py"} <= set(names)
+    expected = {"messenger/__init__.py", "messenger/spark.py", "messenger/produce/producer.py"}
+    assert expected <= set(names)
     assert all(name.startswith("messenger/") and "__pycache__" not in name for name in names)
 
 

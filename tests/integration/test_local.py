@@ -4,7 +4,7 @@ import signal
 
 import boto3
 
-from messenger.local import LOCAL_CREDENTIALS, start_local_process
+from messenger.tools.local import LOCAL_CREDENTIALS, start_local_process
 
 
 def test_local_endpoint_serves_and_stops_on_ctrl_c():

@@ -13,9 +13,9 @@ import pytest
 
 from messenger import Consumer, MultiProducer, Producer, ReceivedMessage
 from messenger.aws import ClientFactory
-from messenger.lifecycle import LifecycleEvent
+from messenger.consume.lifecycle import LifecycleEvent
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
-from messenger.producer import PushItem
+from messenger.produce.producer import PushItem
 from messenger.settings import Settings
 from tests.integration import test_consumer_runtime
 from tests.integration.helpers import drain

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from messenger import ChannelSpec, InvalidChannelSpec, InvalidMessage, MultiProducer, Producer
-from messenger.producer import PushItem
+from messenger.produce.producer import PushItem
 from messenger.provision import Provisioner
 from tests.integration.helpers import decode, drain
 

@@ -10,9 +10,9 @@ import pytest
 
 from messenger import ChannelSpec, MessageFilter, PublishFailed
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE, Message
-from messenger.producer import Producer, PushItem
+from messenger.produce.producer import Producer, PushItem
 from messenger.provision import Provisioner
-from messenger.requeue import Requeuer, SubscriberTypes
+from messenger.tools.requeue import Requeuer, SubscriberTypes
 from tests.faults import Throttle
 from tests.integration.helpers import decode, drain, queue_url
 

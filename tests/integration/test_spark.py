@@ -21,7 +21,6 @@ import pytest
 
 from messenger import ChannelSpec, MessageFilter, MultiProducer, Settings
 from messenger.aws import ClientFactory
-from messenger.local import LocalProcess
 from messenger.provision import ChannelResources, Provisioner
 from messenger.spark import (
     DEFAULT_LANES,
@@ -31,6 +30,7 @@ from messenger.spark import (
     PublishReport,
     publish,
 )
+from messenger.tools.local import LocalProcess
 
 pyspark = pytest.importorskip("pyspark")
 from pyspark import cloudpickle  # noqa: E402

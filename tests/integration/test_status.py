@@ -9,7 +9,7 @@ import sys
 from messenger import ChannelSpec, Producer
 from messenger.aws import ClientFactory, RequestCounter
 from messenger.channel import status_table_name
-from messenger.status import StatusEvent, StatusRecord, StatusStore
+from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 
 
 class TrackedOrders(Producer):
@@ -74,7 +74,7 @@ def test_status_cli_prints_the_timeline(settings, clients, local_endpoint):
 
 def test_requeue_records_requeued_when_tracking_is_on(settings, clients):
     from messenger.provision import Provisioner
-    from messenger.requeue import Requeuer
+    from messenger.tools.requeue import Requeuer
     from tests.integration.helpers import drain
 
     resources = Provisioner(clients, settings).ensure_channel(

@@ -12,7 +12,7 @@ import pytest
 
 from messenger import Consumer, Producer, ReceivedMessage
 from messenger.aws import ClientFactory
-from messenger.status import StatusEvent, StatusStore
+from messenger.jobs.status import StatusEvent, StatusStore
 from tests.integration import test_consumer_runtime
 from tests.integration.test_consumer_runtime import wait_until
 

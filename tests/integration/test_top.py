@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from messenger import ChannelSpec, ChannelTags, MessageFilter, Producer
 from messenger.provision import Provisioner
-from messenger.top import requeue_channel, snapshot
+from messenger.tools.top import requeue_channel, snapshot
 
 
 def make_channels(clients, settings):

@@ -20,9 +20,9 @@ from messenger import (
     Settings,
     register_hook,
 )
-from messenger.consumer import load_consumer
-from messenger.lifecycle import JsonFormatter, LifecycleEvent, collect_hooks, log_event
-from messenger.mailbox import Delivery, Stage
+from messenger.consume.consumer import load_consumer
+from messenger.consume.lifecycle import JsonFormatter, LifecycleEvent, collect_hooks, log_event
+from messenger.consume.mailbox import Delivery, Stage
 from messenger.message import sendable_attributes
 
 SETTINGS = Settings(namespace="unit")

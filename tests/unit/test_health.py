@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from messenger.health import HealthFile, HealthRecord, main
+from messenger.consume.health import HealthFile, HealthRecord, main
 
 NOW = 1_000_000.0
 
@@ -69,7 +69,7 @@ def test_main_exit_codes(tmp_path, capsys):
 def test_console_script_reads_the_file_named_by_the_environment(tmp_path):
     # The HEALTHCHECK runs `check_consumer_health` with no arguments.
     script = shutil.which("check_consumer_health", path=os.path.dirname(sys.executable))
-    command = [script] if script else [sys.executable, "-m", "messenger.health"]
+    command = [script] if script else [sys.executable, "-m", "messenger.consume.health"]
     path = tmp_path / "h.json"
     write(path, "EXITING", age=NOW, timeout=45)
     env = {**os.environ, "MESSENGER_HEALTH_FILE": str(path)}

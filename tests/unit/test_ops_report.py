@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 
-from messenger.ops.cleaner import CleanerReport, Finding
-from messenger.ops.queue_alarm import QueueAlarmReport, QueueProblem
+from messenger.ops.findings import CleanerReport, Finding, QueueAlarmReport, QueueProblem
 from messenger.ops.report import (
     MAX_BLOCKS,
     MAX_SECTION_CHARS,

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from messenger import Consumer, InvalidChannelSpec, Settings
-from messenger.lifecycle import LifecycleEvent
-from messenger.priority import PriorityPolicy, default_weights
-from messenger.status import StatusEvent
-from messenger.tracking import consumer_id, status_record
+from messenger.consume.lifecycle import LifecycleEvent
+from messenger.consume.tracking import consumer_id, status_record
+from messenger.jobs.priority import PriorityPolicy, default_weights
+from messenger.jobs.status import StatusEvent
 
 LEVELS = ("high", "default", "low")
 

@@ -12,11 +12,11 @@ from types import ModuleType
 import pytest
 
 from messenger.aws import ClientFactory
-from messenger.local import LocalProcess
 from messenger.ops.runtime import OpsRuntime
 from messenger.ops.settings import OpsSettings
-from messenger.ops.sink import WebhookSink
 from messenger.settings import Settings
+from messenger.tools.local import LocalProcess
+from messenger.tools.webhook_sink import WebhookSink
 
 # Powertools reads these when a handler module is imported: set them before that happens.
 os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "messenger-tests")

@@ -13,8 +13,8 @@ import pytest
 from messenger.aws import RequestCounter
 from messenger.channel import ChannelSpec, ChannelTags
 from messenger.ops.queue_alarm import InvalidEvent, check_queues
-from messenger.ops.sink import WebhookSink
 from messenger.provision import Provisioner
+from messenger.tools.webhook_sink import WebhookSink
 
 from .conftest import FakeContext, LambdaEnv, load_handler, seed
 

@@ -12,9 +12,9 @@ from botocore.exceptions import ClientError
 from messenger.channel import ChannelSpec
 from messenger.ops.cleaner import run_resource_cleaner
 from messenger.ops.inventory import CLOUDFORMATION_STACK_TAG
-from messenger.ops.sink import WebhookSink
 from messenger.ops.slack import SlackNotifier
 from messenger.provision import ChannelResources, Provisioner
+from messenger.tools.webhook_sink import WebhookSink
 
 from .conftest import FakeContext, LambdaEnv, load_handler, seed
 

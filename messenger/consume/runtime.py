@@ -4,12 +4,12 @@
   memory while its visibility runs out. On an ordered channel a poll's messages of one group
   form a chain that one worker runs in order (SQS hands out a group's next message only after
   the previous one is deleted or visible again). On a prioritized channel a `LevelPoller`
-  (`messenger.priority`) chooses the level of each poll; every delivery remembers its mailbox,
+  (`messenger.jobs.priority`) chooses the level of each poll; every delivery remembers its mailbox,
   so it is deleted, extended, retried and dead-lettered in its own level's queue and DLQ.
 - A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
   for deletion (success), makes it visible again after `retry_delay` (error) or forwards it to the
   DLQ (undecodable, payload missing).
-- The watchdog (`messenger.watchdog`) extends leases, times out handlers, flushes deletes.
+- The watchdog (`messenger.consume.watchdog`) extends leases, times out handlers, flushes deletes.
 """
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from messenger.aws import is_transient
-from messenger.errors import MessageDecodeError, PayloadMissing
-from messenger.lifecycle import ConsumerState, LifecycleHooks
-from messenger.mailbox import (
+from messenger.consume.host import RuntimeHost
+from messenger.consume.levels import LevelPoller
+from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
+from messenger.consume.mailbox import (
     DeleteBatcher,
     Delivery,
     EntryError,
@@ -31,12 +32,9 @@ from messenger.mailbox import (
     ReceivedMessage,
     Stage,
 )
+from messenger.consume.watchdog import ProcessingTimeout, Watchdog, interrupt
+from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.offload import PayloadStore
-from messenger.priority import LevelPoller
-from messenger.watchdog import ProcessingTimeout, Watchdog, interrupt
-
-if TYPE_CHECKING:
-    from messenger.consumer import Consumer
 
 #: How long the receiver waits for more workers to free up before polling for fewer messages.
 COALESCE_SECONDS = 0.02
@@ -47,7 +45,7 @@ class Runtime:
     """Runs one consumer against its mailbox until `stop()` or a fatal error."""
 
     def __init__(
-        self, consumer: Consumer, mailbox: Mailbox, store: PayloadStore,
+        self, consumer: RuntimeHost, mailbox: Mailbox, store: PayloadStore,
         poller: LevelPoller | None = None,
     ) -> None:
         self.consumer = consumer

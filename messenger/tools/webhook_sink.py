@@ -15,7 +15,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from messenger.local import LOOPBACK
+from messenger.tools.local import LOOPBACK
 
 
 class WebhookSink:

@@ -13,8 +13,9 @@
 
     ProcessMobileEventsConsumer().run()     # or: messenger consume package.module:Class
 
-The runtime (threads, heartbeat, timeouts, deletes) is in `messenger.worker`; the SQS calls in
-`messenger.mailbox`; states, hooks and the JSON log in `messenger.lifecycle`.
+The runtime (threads, heartbeat, timeouts, deletes) is in `messenger.consume.runtime`; the SQS
+calls in `messenger.consume.mailbox`; states, hooks and the JSON log in
+`messenger.consume.lifecycle`.
 """
 
 from __future__ import annotations
@@ -39,10 +40,9 @@ from messenger.channel import (
     ChannelTags,
     MessageFilter,
 )
-from messenger.consumer_settings import ConsumerSettings
-from messenger.errors import InvalidChannelSpec, InvalidSettings
-from messenger.health import HealthFile, HealthRecord
-from messenger.lifecycle import (
+from messenger.consume.health import HealthFile, HealthRecord
+from messenger.consume.levels import LevelPoller
+from messenger.consume.lifecycle import (
     ConsumerState,
     LifecycleEvent,
     LifecycleHooks,
@@ -50,14 +50,16 @@ from messenger.lifecycle import (
     configure_json_logging,
     log_event,
 )
-from messenger.mailbox import Mailbox, ReceivedMessage
+from messenger.consume.mailbox import Mailbox, ReceivedMessage
+from messenger.consume.runtime import ProcessingTimeout, Runtime
+from messenger.consume.settings import ConsumerSettings
+from messenger.consume.tracking import StatusTracker
+from messenger.errors import InvalidChannelSpec, InvalidSettings
+from messenger.jobs.priority import PriorityPolicy
+from messenger.jobs.status import StatusStore
 from messenger.offload import PayloadStore
-from messenger.priority import LevelPoller, PriorityPolicy
 from messenger.provision import ChannelResources, Provisioner
 from messenger.settings import Settings
-from messenger.status import StatusStore
-from messenger.tracking import StatusTracker
-from messenger.worker import ProcessingTimeout, Runtime
 
 logger = logging.getLogger("messenger.consumer")
 
@@ -86,7 +88,7 @@ class Consumer:
     for ConsumerSettings (the environment wins).
     priorities: the channel's levels, highest first (default none); default_priority: see
     ChannelSpec. priority_weights: a whole number >= 1 per level (default halving: 4, 2, 1);
-    priority_mode: 'weighted' (default) or 'strict' (see `messenger.priority`).
+    priority_mode: 'weighted' (default) or 'strict' (see `messenger.jobs.priority`).
     track_status: record the messages' lifecycle in the status table (default False).
     """
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from messenger.consume.host import RuntimeHost
+from messenger.consume.lifecycle import LifecycleHooks
+from messenger.consume.mailbox import DeleteBatcher, Delivery, EntryError, Mailbox, Stage
+from messenger.consume.settings import ConsumerSettings
 from messenger.errors import MessengerError
-from messenger.lifecycle import LifecycleHooks
-from messenger.mailbox import EntryError, Stage
-
-if TYPE_CHECKING:
-    from messenger.worker import Runtime
 
 TICK_SECONDS = 0.1
 
@@ -40,10 +39,34 @@ def interrupt(thread_id: int, exception: type[BaseException] | None) -> None:
     )
 
 
+class Watched(Protocol):
+    """What the watchdog needs of the runtime it watches (implemented by `Runtime`)."""
+
+    consumer: RuntimeHost
+    config: ConsumerSettings
+    mailbox: Mailbox
+    deleter: DeleteBatcher
+    visibility: int
+    stopping: threading.Event
+
+    @property
+    def progress(self) -> int: ...
+
+    def held(self, *stages: Stage) -> list[Delivery]: ...
+
+    def fail(self, error: BaseException) -> None: ...
+
+    def mark_stuck(self, thread_id: int, since: float) -> None: ...
+
+    def stuck_since(self) -> list[float]: ...
+
+    def dead_letter(self, delivery: Delivery, reason: str, expected: Stage) -> bool: ...
+
+
 class Watchdog:
     """Watches one runtime's held messages until `stop()`."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Watched) -> None:
         self.runtime = runtime
         self.consumer = runtime.consumer
         self._stop = threading.Event()

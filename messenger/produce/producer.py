@@ -37,13 +37,13 @@ from messenger.errors import (
     MessengerError,
     PayloadTooLarge,
 )
+from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.message import EncodedMessage, Message
 from messenger.offload import PayloadStore, pointer_attributes
+from messenger.produce.push import PreparedItem, PushFailure, PushItem, PushManyResult
+from messenger.produce.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, is_missing_resource
-from messenger.push import PreparedItem, PushFailure, PushItem, PushManyResult
 from messenger.settings import Settings
-from messenger.status import StatusEvent, StatusRecord, StatusStore
-from messenger.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 
 __all__ = ["MultiProducer", "Producer", "PushFailure", "PushItem", "PushManyResult"]
 

@@ -15,8 +15,8 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from messenger.lifecycle import LifecycleEvent
-from messenger.status import StatusEvent, StatusRecord, StatusStore
+from messenger.consume.lifecycle import LifecycleEvent
+from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 
 logger = logging.getLogger("messenger.consumer")
 

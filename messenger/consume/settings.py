@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from messenger.consume.health import DEFAULT_HEALTH_FILE
 from messenger.errors import InvalidSettings
-from messenger.health import DEFAULT_HEALTH_FILE
 
 LONG_POLL_SECONDS = 20
 RETRY_DELAY_SECONDS = 5

@@ -147,7 +147,7 @@ def requeue_channel(
     confirm: Callable[[str], bool],
 ) -> int:
     """Move a channel's DLQ back to it (through the Requeuer) after `confirm(question)`."""
-    from messenger.requeue import Requeuer, SubscriberTypes
+    from messenger.tools.requeue import Requeuer, SubscriberTypes
 
     rows = [r for r in snapshot(clients, settings) if channel in (r.channel, r.queue)]
     if not rows or rows[0].dlq is None:

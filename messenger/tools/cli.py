@@ -14,21 +14,21 @@ from messenger.errors import MessengerError
 
 
 def _local(args: argparse.Namespace) -> int:
-    from messenger.local import serve_forever
+    from messenger.tools.local import serve_forever
 
     return serve_forever(args.host, args.port)
 
 
 def _requeue(args: argparse.Namespace) -> int:
-    from messenger.requeue import run_cli
+    from messenger.tools.requeue import run_cli
 
     return run_cli(args)
 
 
 def _status(args: argparse.Namespace) -> int:
     from messenger.aws import ClientFactory
+    from messenger.jobs.status import StatusStore, render_timeline
     from messenger.settings import Settings
-    from messenger.status import StatusStore, render_timeline
 
     settings = Settings.from_env()
     records = StatusStore(ClientFactory(settings.region), settings).timeline(args.message_id)
@@ -37,13 +37,13 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _consume(args: argparse.Namespace) -> int:
-    from messenger.consumer import run_cli
+    from messenger.consume.consumer import run_cli
 
     return run_cli(args)
 
 
 def _emr(args: argparse.Namespace) -> int:
-    from messenger.emr import run_cli
+    from messenger.tools.emr import run_cli
 
     return run_cli(args)
 
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     local.set_defaults(run=_local)
 
-    from messenger.top import add_parser as add_top
+    from messenger.tools.top import add_parser as add_top
 
     add_top(commands)
 

@@ -27,16 +27,16 @@ from messenger.channel import (
     queue_name_for,
 )
 from messenger.errors import ChannelNotFound, InvalidSettings
+from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.message import (
     DEAD_LETTER_REASON_ATTRIBUTE,
     MESSAGE_ID_ATTRIBUTE,
     EncodedMessage,
     sendable_attributes,
 )
+from messenger.produce.transport import OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, QueueRef
 from messenger.settings import Settings
-from messenger.status import StatusEvent, StatusRecord, StatusStore
-from messenger.transport import OutgoingMessage, QueueTarget, TopicTarget
 
 logger = logging.getLogger("messenger.requeue")
 

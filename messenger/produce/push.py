@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from messenger.errors import PublishFailed
-from messenger.transport import OutgoingMessage
+from messenger.produce.transport import OutgoingMessage
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,47 @@
+"""`RuntimeHost`: what the runtime and its watchdog need of the consumer they run.
+
+`Consumer` implements it; the runtime depends on this small interface, not on the consumer class,
+so that imports run one way: consumer → runtime → watchdog → host.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol
+
+from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
+from messenger.consume.mailbox import ReceivedMessage
+from messenger.consume.settings import ConsumerSettings
+
+
+class RuntimeHost(Protocol):
+    """The consumer as its runtime sees it: settings, the handler, events, hooks and state."""
+
+    runtime: ConsumerSettings
+    transition_lock: threading.RLock
+
+    # The consumer class's attributes (class variables): read-only here.
+    @property
+    def ordered(self) -> bool: ...
+
+    @property
+    def processing_timeout(self) -> float: ...
+
+    @property
+    def visibility_timeout(self) -> int: ...
+
+    @property
+    def max_receives(self) -> int: ...
+
+    def handler(self, message: ReceivedMessage) -> None: ...
+
+    def emit(self, name: str, message_id: str | None = None, duration: float | None = None,
+             fields: dict[str, Any] | None = None) -> None: ...
+
+    def run_hooks(self, hook: LifecycleHooks, *args: Any) -> None: ...
+
+    def check_delay(self, message: ReceivedMessage) -> None: ...
+
+    def transition(self, state: ConsumerState) -> None: ...
+
+    def touch_health(self) -> None: ...

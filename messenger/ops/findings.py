@@ -1,0 +1,70 @@
+"""What the operations Lambdas found: the report types that the checks fill and `report` renders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class QueueProblem:
+    """A queue over its threshold. oldest_age_seconds: None when CloudWatch has no datapoint."""
+
+    name: str
+    channel: str
+    depth: int
+    threshold: int
+    oldest_age_seconds: float | None
+    critical: bool
+    owner: str = ""
+    team: str = ""
+
+
+@dataclass(frozen=True)
+class QueueAlarmReport:
+    """What one run found: `problems` critical first, then deepest first."""
+
+    scope: str
+    namespace: str
+    checked_at: datetime
+    checked: int
+    problems: tuple[QueueProblem, ...] = field(default_factory=tuple)
+
+    @property
+    def critical(self) -> tuple[QueueProblem, ...]:
+        return tuple(p for p in self.problems if p.critical)
+
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reported resource: its name, why, and the CloudFormation stack that owns it (if any)."""
+
+    name: str
+    detail: str
+    stack: str | None = None
+
+
+@dataclass(frozen=True)
+class CleanerReport:
+    """What one run did (or, in a dry run, would do)."""
+
+    namespace: str
+    dry_run: bool
+    checked_at: datetime
+    topics_checked: int
+    queues_checked: int
+    deleted_topics: tuple[Finding, ...] = ()
+    deleted_queues: tuple[Finding, ...] = ()
+    stale: tuple[Finding, ...] = ()
+    no_producers: tuple[Finding, ...] = ()
+    no_consumers: tuple[Finding, ...] = ()
+    kept_by_stack: tuple[Finding, ...] = ()
+    failed: tuple[Finding, ...] = ()
+
+    @property
+    def has_findings(self) -> bool:
+        return any(
+            (self.deleted_topics, self.deleted_queues, self.stale, self.no_producers,
+             self.no_consumers, self.kept_by_stack, self.failed)
+        )

@@ -1,0 +1,161 @@
+"""The package layout: imports run one way, and the producing side never loads the consumer."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "messenger"
+
+#: Layer of each part of `messenger`; a module may import only its own layer or lower ones.
+LAYERS = {
+    "core": 0,
+    "jobs": 1,
+    "produce": 2,
+    "consume": 2,
+    "ops": 2,
+    "spark": 3,
+    "tools": 4,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def part_of(module: str) -> str:
+    """'messenger.consume.runtime' → 'consume'; core modules ('messenger.channel') → 'core'.
+
+    Siblings of one layer (produce, consume, ops) never import each other."""
+    pieces = module.split(".")
+    if module == "messenger.__main__":  # `python -m messenger` is the command
+        return "tools"
+    if len(pieces) == 1:
+        return "core"
+    if pieces[1] in LAYERS:
+        return pieces[1]
+    return "core"
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every messenger module `path` imports, typing-only imports included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("messenger"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "messenger":
+                found.update(f"messenger.{a.name}" for a in node.names)
+            elif node.module.startswith("messenger."):
+                found.add(node.module)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges[name] = {t for t in imports_of(path) if t in modules} - {name}
+    return edges
+
+
+def test_imports_point_down_the_layers():
+    wrong = []
+    for source, targets in graph().items():
+        if source == "messenger":  # the facade re-exports the public API (lazily)
+            continue
+        for target in targets:
+            a, b = part_of(source), part_of(target)
+            if a == b:
+                continue
+            if LAYERS[b] >= LAYERS[a]:
+                wrong.append(f"{source} ({a}) imports {target} ({b})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycles_between_modules():
+    edges = graph()
+    edges.pop("messenger", None)
+    for targets in edges.values():
+        targets.discard("messenger")
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(trail[trail.index(nxt):] + [nxt] if nxt in trail else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "\n".join(" → ".join(c) for c in cycles)
+
+
+def test_the_library_imports_no_deployment_code():
+    forbidden = ("aws_cdk", "constructs", "cdk_nag", "stacks", "lambdas", "spark_jobs", "examples")
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            wrong += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                      if n.split(".")[0] in forbidden]
+    assert not wrong, wrong
+
+
+def test_stacks_never_import_the_examples():
+    wrong = []
+    for path in (ROOT / "stacks").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("examples"):
+                wrong.append(str(path.relative_to(ROOT)))
+            if isinstance(node, ast.Import) and any(
+                a.name.startswith("examples") for a in node.names
+            ):
+                wrong.append(str(path.relative_to(ROOT)))
+    assert not wrong, wrong
+
+
+def _modules_after(code: str) -> list[str]:
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_producing_side_loads_nothing_of_the_consumer_runtime():
+    # Given a fresh interpreter, as on a Spark executor or in a Lambda
+    loaded = _modules_after(
+        "from messenger import Producer, MultiProducer, PushItem, Settings\n"
+        "import messenger.produce.producer, messenger.spark, messenger.jobs.status"
+    )
+    # Then neither the consumer runtime nor its dependencies nor the tools were imported
+    unwanted = [
+        m for m in loaded
+        if m.startswith(("messenger.consume", "messenger.tools", "messenger.ops", "filelock"))
+    ]
+    assert unwanted == []
+    assert "messenger.produce.producer" in loaded
+
+
+def test_the_public_api_is_importable_from_the_package():
+    loaded = _modules_after(
+        "import messenger\n"
+        "missing = [n for n in messenger.__all__ if getattr(messenger, n, None) is None]\n"
+        "assert not missing, missing"
+    )
+    assert "messenger.consume.consumer" in loaded
