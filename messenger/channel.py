@@ -161,6 +161,12 @@ class MessageFilter:
         return routing_key not in self.values
 
 
+def _check_flag(name: str, value: object) -> None:
+    """A yes/no field must be a real bool: `ordered="false"` would otherwise read as true."""
+    if not isinstance(value, bool):
+        raise InvalidChannelSpec(f"{name} must be True or False, got {value!r}")
+
+
 @dataclass(frozen=True)
 class ChannelTags:
     """Ownership and alerting tags of a channel.
@@ -175,6 +181,12 @@ class ChannelTags:
     critical: bool = False
 
     def __post_init__(self) -> None:
+        for field_name in ("owner", "team"):
+            if not isinstance(getattr(self, field_name), str):
+                raise InvalidChannelSpec(
+                    f"tags.{field_name} must be a string, got {getattr(self, field_name)!r}"
+                )
+        _check_flag("tags.critical", self.critical)
         if self.alarm_threshold is not None and (
             not isinstance(self.alarm_threshold, int) or self.alarm_threshold < 0
         ):
@@ -264,6 +276,8 @@ class ChannelSpec:
                 )
         if not isinstance(self.tags, ChannelTags):
             raise InvalidChannelSpec("tags must be a ChannelTags")
+        _check_flag("ordered", self.ordered)
+        _check_flag("track_status", self.track_status)
         self._check_priorities()
 
     def _check_priorities(self) -> None:

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -75,10 +76,13 @@ class Settings:
                 f"offload_threshold (MESSENGER_OFFLOAD_THRESHOLD) must be from 1 to "
                 f"{SQS_MAX_MESSAGE_BYTES} bytes, got {self.offload_threshold}"
             )
-        if self.retry_budget_seconds <= 0:
+        budget = self.retry_budget_seconds
+        # NaN compares false with everything and inf never runs out: both would retry forever.
+        if isinstance(budget, bool) or not isinstance(budget, int | float) \
+                or not math.isfinite(budget) or budget <= 0:
             raise InvalidSettings(
-                f"retry_budget_seconds (MESSENGER_RETRY_BUDGET) must be > 0, "
-                f"got {self.retry_budget_seconds}"
+                f"retry_budget_seconds (MESSENGER_RETRY_BUDGET) must be a finite number of "
+                f"seconds > 0, got {budget!r}"
             )
         if self.default_alarm_threshold < 0:
             raise InvalidSettings(

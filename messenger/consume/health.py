@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -26,6 +27,10 @@ DEFAULT_HEALTH_FILE = "/tmp/messenger-health.json"
 HEALTH_FILE_VARIABLE = "MESSENGER_HEALTH_FILE"
 #: States in which a consumer can be stuck; the others have no limit.
 LIMITED_STATES = frozenset({"INITIALIZING", "INITIALIZED", "PROCESSING", "EXITING"})
+#: Every state a consumer writes (`ConsumerState` values, exactly as written).
+KNOWN_STATES = LIMITED_STATES | {"LISTENING", "IDLE", "EXITED"}
+#: How far `since` may lie in the future (clock steps) before the file counts as corrupt.
+CLOCK_SKEW_SECONDS = 5.0
 LOCK_TIMEOUT_SECONDS = 5.0
 
 
@@ -86,16 +91,10 @@ class HealthFile:
             except FileNotFoundError:
                 return None
         try:
-            timeout = data.get("timeout_seconds")
-            return HealthRecord(
-                state=str(data["state"]),
-                since=float(data["since"]),
-                timeout_seconds=None if timeout is None else float(timeout),
-                pid=int(data.get("pid", 0)),
-                consumer=str(data.get("consumer", "")),
-            )
+            record = _parse(data)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"health file {self.path} is malformed: {error}") from None
+        return record
 
     def check(self, now: float | None = None) -> HealthVerdict:
         """Whether the consumer is healthy now (see the module docstring)."""
@@ -107,6 +106,10 @@ class HealthFile:
             return HealthVerdict(True, f"no health file at {self.path} yet: starting")
         now = time.time() if now is None else now
         elapsed = now - record.since
+        if elapsed < -CLOCK_SKEW_SECONDS:  # a future `since` would never run out
+            return HealthVerdict(
+                False, f"health file {self.path} is malformed: since lies {-elapsed:.1f} s ahead"
+            )
         if (
             record.state in LIMITED_STATES
             and record.timeout_seconds is not None
@@ -118,6 +121,32 @@ class HealthFile:
                 f"(limit {record.timeout_seconds:g} s)",
             )
         return HealthVerdict(True, f"{record.consumer} {record.state} for {elapsed:.1f} s")
+
+
+def _parse(data: Any) -> HealthRecord:
+    """A record from the file's JSON, refusing anything that could read as healthy by accident:
+    an unknown (or lowercase) state, a NaN/inf time, a limited state without a finite limit."""
+    state = data["state"]
+    if state not in KNOWN_STATES:
+        raise ValueError(f"state {state!r} is not one of {', '.join(sorted(KNOWN_STATES))}")
+    since = _finite("since", data["since"])
+    raw_timeout = data.get("timeout_seconds")
+    timeout = None if raw_timeout is None else _finite("timeout_seconds", raw_timeout)
+    if state in LIMITED_STATES and (timeout is None or timeout <= 0):
+        raise ValueError(f"state {state} needs timeout_seconds > 0, got {raw_timeout!r}")
+    return HealthRecord(
+        state=state, since=since, timeout_seconds=timeout,
+        pid=int(data.get("pid", 0)), consumer=str(data.get("consumer", "")),
+    )
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number
 
 
 def main(argv: Sequence[str] | None = None) -> int:

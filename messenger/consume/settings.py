@@ -3,6 +3,7 @@ the environment; the consumer class's attributes give the defaults."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -13,6 +14,18 @@ from messenger.errors import InvalidSettings
 
 LONG_POLL_SECONDS = 20
 RETRY_DELAY_SECONDS = 5
+
+
+def _check_seconds(name: str, variable: str | None, value: object, low: float | None) -> None:
+    """A duration must be a finite number: NaN compares false with every limit, so a NaN grace
+    or timeout would make a stuck consumer read as healthy forever. low None: > 0, else >= low."""
+    label = f"{name} ({variable})" if variable else name
+    allowed = "> 0" if low is None else f">= {low:g}"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or (value <= 0 if low is None else value < low):
+        raise InvalidSettings(
+            f"{label} must be a finite number of seconds {allowed}, got {value!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -46,13 +59,15 @@ class ConsumerSettings:
                 f"concurrency (MESSENGER_CONCURRENCY) must be a whole number >= 1, "
                 f"got {self.concurrency!r}"
             )
-        for name, variable in (("shutdown_timeout", "MESSENGER_SHUTDOWN_TIMEOUT"),
-                               ("startup_timeout", "MESSENGER_STARTUP_TIMEOUT")):
-            if not getattr(self, name) > 0:
-                raise InvalidSettings(f"{name} ({variable}) must be > 0 seconds, "
-                                      f"got {getattr(self, name)!r}")
-        if self.health_grace < 0:
-            raise InvalidSettings("health_grace (MESSENGER_HEALTH_GRACE) must be >= 0 seconds")
+        for name, variable, low in (
+            ("shutdown_timeout", "MESSENGER_SHUTDOWN_TIMEOUT", None),
+            ("startup_timeout", "MESSENGER_STARTUP_TIMEOUT", None),
+            ("health_grace", "MESSENGER_HEALTH_GRACE", 0.0),
+            ("delete_linger", None, 0.0),
+        ):
+            _check_seconds(name, variable, getattr(self, name), low)
+        if self.stuck_grace is not None:
+            _check_seconds("stuck_grace", None, self.stuck_grace, 0.0)
         if not 0 <= self.wait_time_seconds <= LONG_POLL_SECONDS:
             raise InvalidSettings(f"wait_time_seconds must be from 0 to {LONG_POLL_SECONDS}")
 

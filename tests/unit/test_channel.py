@@ -163,3 +163,19 @@ def test_tags_round_trip_through_resource_tags():
     assert parse_tags(resource_tags) == tags
     with pytest.raises(InvalidChannelSpec, match="alarm_threshold"):
         ChannelTags(alarm_threshold=-1)
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda: ChannelSpec("orders", ordered="false"), "ordered must be True or False"),
+        (lambda: ChannelSpec("orders", ordered=1), "ordered must be True or False"),
+        (lambda: ChannelSpec("orders", track_status="yes"), "track_status must be True or False"),
+        (lambda: ChannelTags(critical="no"), "tags.critical must be True or False"),
+        (lambda: ChannelTags(owner=7), "tags.owner must be a string"),
+    ],
+)
+def test_yes_no_fields_take_only_booleans(make, fragment):
+    # "false" is a truthy string: taken as is it would make a FIFO channel or a critical tag
+    with pytest.raises(InvalidChannelSpec, match=fragment):
+        make()

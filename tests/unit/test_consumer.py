@@ -100,7 +100,12 @@ def test_channel_errors_come_from_the_channel_spec():
     [
         ({"concurrency": 0}, r"concurrency \(MESSENGER_CONCURRENCY\) must be a whole number >= 1"),
         ({"concurrency": 1.5}, "concurrency"),
-        ({"shutdown_timeout": 0}, r"shutdown_timeout \(MESSENGER_SHUTDOWN_TIMEOUT\) must be > 0"),
+        ({"shutdown_timeout": 0},
+         r"shutdown_timeout \(MESSENGER_SHUTDOWN_TIMEOUT\) must be a finite number of seconds > 0"),
+        ({"shutdown_timeout": "abc"}, r"shutdown_timeout .* got 'abc'"),
+        ({"health_grace": float("nan")}, r"health_grace \(MESSENGER_HEALTH_GRACE\) .* got nan"),
+        ({"startup_timeout": float("inf")}, "startup_timeout"),
+        ({"stuck_grace": float("nan")}, "stuck_grace"),
         ({"startup_timeout": -1}, "startup_timeout"),
         ({"health_grace": -1}, "health_grace"),
         ({"wait_time_seconds": 21}, "wait_time_seconds must be from 0 to 20"),
@@ -109,6 +114,12 @@ def test_channel_errors_come_from_the_channel_spec():
 def test_runtime_settings_are_validated(changes, pattern):
     with pytest.raises(InvalidSettings, match=pattern):
         ConsumerSettings(**changes)
+
+
+@pytest.mark.parametrize("raw", ["nan", "inf", "-1"])
+def test_a_health_grace_that_never_runs_out_is_rejected_from_the_environment(raw):
+    with pytest.raises(InvalidSettings, match="MESSENGER_HEALTH_GRACE"):
+        ConsumerSettings.from_env({"MESSENGER_HEALTH_GRACE": raw})
 
 
 def test_runtime_settings_from_environment_override_class_defaults():

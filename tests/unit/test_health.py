@@ -41,11 +41,31 @@ def test_missing_file_is_healthy_while_starting(tmp_path):
     assert verdict.healthy and "starting" in verdict.reason
 
 
-@pytest.mark.parametrize("content", ["not json", "{}", '{"state": "PROCESSING", "since": "x"}'])
+@pytest.mark.parametrize("content", [
+    "not json", "{}", '{"state": "PROCESSING", "since": "x"}',
+    # Values that compare false with every limit, or never run out, must not read as healthy.
+    '{"state": "PROCESSING", "since": 999000, "timeout_seconds": NaN}',
+    '{"state": "PROCESSING", "since": 999000, "timeout_seconds": null}',
+    '{"state": "PROCESSING", "since": NaN, "timeout_seconds": 90}',
+    '{"state": "PROCESSING", "since": Infinity, "timeout_seconds": 90}',
+    '{"state": "processing", "since": 999000, "timeout_seconds": 90}',
+    '{"state": "STUCK", "since": 999000, "timeout_seconds": 90}',
+    '{"state": "EXITING", "since": 999000, "timeout_seconds": true}',
+])
 def test_a_malformed_file_is_unhealthy(tmp_path, content):
     path = tmp_path / "h.json"
     path.write_text(content)
     assert not HealthFile(str(path)).check(now=NOW).healthy
+
+
+def test_a_since_in_the_future_is_unhealthy(tmp_path):
+    # Given a record whose clock would only start an hour from now
+    health = write(tmp_path / "h.json", "PROCESSING", age=-3600, timeout=90)
+    # Then it is not read as "within its limit"
+    verdict = health.check(now=NOW)
+    assert not verdict.healthy and "ahead" in verdict.reason
+    # A small clock step is tolerated
+    assert write(tmp_path / "h.json", "PROCESSING", age=-1, timeout=90).check(now=NOW).healthy
 
 
 def test_write_is_atomic_and_leaves_no_temporary_files(tmp_path):

@@ -20,7 +20,9 @@ def test_defaults_and_environment():
         ({"MESSENGER_PROVISIONING": "sometimes"}, "must be one of auto, verify"),
         ({"MESSENGER_OFFLOAD_THRESHOLD": "2000000"}, "from 1 to 1048576"),
         ({"MESSENGER_OFFLOAD_THRESHOLD": "big"}, "MESSENGER_OFFLOAD_THRESHOLD must be a number"),
-        ({"MESSENGER_RETRY_BUDGET": "0"}, "must be > 0"),
+        ({"MESSENGER_RETRY_BUDGET": "0"}, "must be a finite number of seconds > 0"),
+        ({"MESSENGER_RETRY_BUDGET": "nan"}, r"MESSENGER_RETRY_BUDGET\) .* got nan"),
+        ({"MESSENGER_RETRY_BUDGET": "inf"}, r"MESSENGER_RETRY_BUDGET\) .* got inf"),
         ({"MESSENGER_NAMESPACE": "a b"}, "MESSENGER_NAMESPACE"),
     ],
 )
