@@ -48,6 +48,7 @@ from messenger.consume.lifecycle import (
     LifecycleHooks,
     collect_hooks,
     configure_json_logging,
+    hook_arity,
     log_event,
 )
 from messenger.consume.mailbox import Mailbox, ReceivedMessage
@@ -249,15 +250,21 @@ class Consumer:
             logger.error("writing health file %s failed: %s", self.health.path, error)
 
     def run_hooks(self, hook: LifecycleHooks, *args: Any) -> None:
-        """Call the hooks registered for `hook`; one that raises is logged and skipped."""
+        """Call the hooks registered for `hook`; one that raises (anything but Ctrl-C) is logged
+        and skipped. A hook gets as many of `args` as its signature takes, so seed-style hooks
+        such as `def hook(self)` on MSG_PROCESSING_END run too."""
         for name in self.hooks.get(hook, ()):
+            method = getattr(self, name)
             try:
-                getattr(self, name)(*args)
-            except Exception as error:
+                method(*args[: hook_arity(method, len(args))])
+            except KeyboardInterrupt:
+                raise
+            except BaseException as error:  # SystemExit in a hook must not kill the worker
                 message = args[0] if args and isinstance(args[0], ReceivedMessage) else None
                 self.emit("hook_failed", message.message_id if message else None, fields={
                     "hook": hook.value, "method": name,
                     "error": f"{type(error).__name__}: {error}",
+                    "error_class": type(error).__name__,
                 })
 
     def check_delay(self, message: ReceivedMessage) -> None:

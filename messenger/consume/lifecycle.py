@@ -22,6 +22,7 @@ about one message). A hook that raises is logged and skipped.
 from __future__ import annotations
 
 import enum
+import inspect
 import json
 import logging
 import sys
@@ -83,6 +84,22 @@ def register_hook(*hooks: LifecycleHooks) -> Callable[[F], F]:
         return function
 
     return mark
+
+
+def hook_arity(method: Callable[..., Any], offered: int) -> int:
+    """How many of `offered` positional arguments a (bound) hook method takes."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature (a builtin): offer everything
+        return offered
+    count = 0
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return offered
+        if parameter.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                              inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            count += 1
+    return min(count, offered)
 
 
 def collect_hooks(cls: type) -> dict[LifecycleHooks, list[str]]:

@@ -297,8 +297,13 @@ class Runtime:
         self._finish(delivery, progress=True)
         return True
 
-    def _call_handler(self, delivery: Delivery, message: ReceivedMessage) -> Exception | None:
-        """Run the handler: what it raised, or None (also on a timeout: the watchdog has it)."""
+    def _call_handler(
+        self, delivery: Delivery, message: ReceivedMessage
+    ) -> BaseException | None:
+        """Run the handler: what it raised, or None (also on a timeout: the watchdog has it).
+
+        Anything but Ctrl-C counts as the handler's failure, `SystemExit` included: the message
+        is retried (or dead-lettered by redrive) with that reason and the worker lives on."""
         try:
             with delivery.lock:
                 if delivery.stage is not Stage.RUNNING:  # timed out in a START hook
@@ -313,7 +318,9 @@ class Runtime:
                         interrupt(threading.get_ident(), None)
         except ProcessingTimeout:
             return None
-        except Exception as error:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:
             return error
         return None
 

@@ -378,3 +378,61 @@ def test_delete_batches_report_each_entry_sqs_refuses(clients, endpoint):
     attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert attributes["ApproximateNumberOfMessages"] == "0"
     assert attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
+
+
+@pytest.mark.timeout(60)
+def test_a_handler_calling_sys_exit_is_a_failure_and_the_worker_lives_on(settings, running):
+    # Given a handler that calls sys.exit() on its first delivery, with one worker
+    class Exiting(Recording):
+        def handler(self, message: ReceivedMessage) -> None:
+            super().handler(message)
+            if message.body.get("exit") and message.receive_count == 1:
+                raise SystemExit(3)
+
+    producer = producer_for(settings, "runtime_test")
+    exiting = producer.push({"exit": True})
+    run = running(Exiting, retry_delay=1, concurrency=1)
+    wait_until(lambda: run.consumer.named("failed"))
+    # When a later message arrives
+    later = producer.push({"exit": False})
+    # Then the same worker handles it, and the exiting message is retried with the true reason
+    wait_until(lambda: {e.message_id for e in run.consumer.named("completed")} >= {exiting, later})
+    run.stop()
+    [failed] = run.consumer.named("failed")
+    assert failed.message_id == exiting
+    assert failed.fields["error_class"] == "SystemExit"
+    assert failed.fields["receive_count"] == 1
+    assert not run.consumer.named("timed_out")
+
+
+@pytest.mark.timeout(60)
+def test_hooks_written_with_fewer_parameters_run(settings, running):
+    # Seed 000 writes its END hook `def hook(self)`; the runtime offers (message,)
+    calls: list[str] = []
+
+    class SeedStyle(Recording):
+        @register_hook(LifecycleHooks.MSG_PROCESSING_END)
+        def deactivate_locale(self) -> None:
+            calls.append("end")
+
+        @register_hook(LifecycleHooks.ON_ERROR)
+        def note(self, message: ReceivedMessage) -> None:  # takes the message, not the error
+            calls.append(f"error {message.body['n']}")
+
+        @register_hook(LifecycleHooks.MSG_PROCESSING_START)
+        def exits(self, message: ReceivedMessage) -> None:
+            raise SystemExit("hook")  # logged as hook_failed; the message still runs
+
+        def handler(self, message: ReceivedMessage) -> None:
+            super().handler(message)
+            raise ValueError("fail once")
+
+    message_id = producer_for(settings, "runtime_test").push({"n": 1})
+    run = running(SeedStyle, retry_delay=30)
+    wait_until(lambda: run.consumer.named("retried"))
+    run.stop()
+    assert calls == ["end", "error 1"]
+    failures = run.consumer.named("hook_failed")
+    assert [(e.message_id, e.fields["error_class"]) for e in failures] == [
+        (message_id, "SystemExit")
+    ]
