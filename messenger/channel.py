@@ -59,6 +59,7 @@ TAG_NAMESPACE = "messenger:namespace"
 TAG_OWNER = "messenger:owner"
 TAG_TEAM = "messenger:team"
 TAG_ALARM_THRESHOLD = "messenger:alarm-threshold"
+TAG_DLQ_ALARM_THRESHOLD = "messenger:dlq-alarm-threshold"
 TAG_CRITICAL = "messenger:critical"
 TAG_ROLE = "messenger:role"  # "queue", "dlq" or "topic"
 
@@ -172,13 +173,16 @@ class ChannelTags:
     """Ownership and alerting tags of a channel.
 
     owner/team: who to ask about it. alarm_threshold: queue depth above which the queue alarm
-    reports it (None: the platform default). critical: listed first and flagged in alerts.
+    reports it (None: the platform default). dlq_alarm_threshold: the same for the channel's
+    dead-letter queues (None: the platform's DLQ default, 0 = any dead letter); the source's
+    threshold never applies to a DLQ. critical: listed first and flagged in alerts.
     """
 
     owner: str = ""
     team: str = ""
     alarm_threshold: int | None = None
     critical: bool = False
+    dlq_alarm_threshold: int | None = None
 
     def __post_init__(self) -> None:
         for field_name in ("owner", "team"):
@@ -187,12 +191,14 @@ class ChannelTags:
                     f"tags.{field_name} must be a string, got {getattr(self, field_name)!r}"
                 )
         _check_flag("tags.critical", self.critical)
-        if self.alarm_threshold is not None and (
-            not isinstance(self.alarm_threshold, int) or self.alarm_threshold < 0
-        ):
-            raise InvalidChannelSpec(
-                f"tags.alarm_threshold must be a whole number >= 0, got {self.alarm_threshold!r}"
-            )
+        for field_name in ("alarm_threshold", "dlq_alarm_threshold"):
+            value = getattr(self, field_name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise InvalidChannelSpec(
+                    f"tags.{field_name} must be a whole number >= 0, got {value!r}"
+                )
 
 
 @dataclass(frozen=True)
@@ -437,6 +443,8 @@ class ChannelSpec:
             tags[TAG_TEAM] = self.tags.team
         if self.tags.alarm_threshold is not None:
             tags[TAG_ALARM_THRESHOLD] = str(self.tags.alarm_threshold)
+        if self.tags.dlq_alarm_threshold is not None:
+            tags[TAG_DLQ_ALARM_THRESHOLD] = str(self.tags.dlq_alarm_threshold)
         return tags
 
     def with_namespace(self, namespace: str) -> ChannelSpec:
@@ -491,10 +499,14 @@ def _check_range(what: str, value: Any, low: int, high: int) -> None:
 
 def parse_tags(tags: Mapping[str, str]) -> ChannelTags:
     """Read ownership tags back from a resource's tags (used by the ops Lambdas)."""
-    threshold = tags.get(TAG_ALARM_THRESHOLD)
+    def threshold(tag: str) -> int | None:
+        value = tags.get(tag)
+        return int(value) if value and value.isdigit() else None
+
     return ChannelTags(
         owner=tags.get(TAG_OWNER, ""),
         team=tags.get(TAG_TEAM, ""),
-        alarm_threshold=int(threshold) if threshold and threshold.isdigit() else None,
+        alarm_threshold=threshold(TAG_ALARM_THRESHOLD),
+        dlq_alarm_threshold=threshold(TAG_DLQ_ALARM_THRESHOLD),
         critical=tags.get(TAG_CRITICAL, "false").lower() == "true",
     )

@@ -64,9 +64,14 @@ class PlatformResource:
         """The CloudFormation stack that owns the resource, if any."""
         return self.tags.get(CLOUDFORMATION_STACK_TAG)
 
-    def alarm_threshold(self, default: int) -> int:
-        threshold = self.channel_tags.alarm_threshold
-        return default if threshold is None else threshold
+    def alarm_threshold(self, default: int, dlq_default: int = 0) -> int:
+        """The depth above which the queue alarm reports this queue: a DLQ's own threshold
+        (tag `messenger:dlq-alarm-threshold`, else `dlq_default`), a source queue's tag
+        `messenger:alarm-threshold`, else `default`."""
+        tags = self.channel_tags
+        if self.role == "dlq":
+            return dlq_default if tags.dlq_alarm_threshold is None else tags.dlq_alarm_threshold
+        return default if tags.alarm_threshold is None else tags.alarm_threshold
 
 
 def list_platform_resources(

@@ -74,11 +74,14 @@ def check_queues(
     namespace: str,
     default_threshold: int,
     now: datetime | None = None,
+    dlq_threshold: int = 0,
 ) -> QueueAlarmReport:
     """Compare each platform queue of `scope` ('source' or 'dlq') with its alarm threshold.
 
     A queue is a problem when its newest ApproximateNumberOfMessagesVisible is above its
-    `messenger:alarm-threshold` tag (else `default_threshold`). No datapoint: not a problem
+    `messenger:alarm-threshold` tag (else `default_threshold`); for a DLQ, its
+    `messenger:dlq-alarm-threshold` tag (else `dlq_threshold`, default 0: any dead letter
+    alarms). No datapoint: not a problem
     (SQS keeps reporting any queue that holds messages).
     """
     now = now or datetime.now(UTC)
@@ -96,7 +99,7 @@ def check_queues(
     problems = []
     for index, queue in enumerate(queues):
         depth = latest(series[2 * index])
-        threshold = queue.alarm_threshold(default_threshold)
+        threshold = queue.alarm_threshold(default_threshold, dlq_threshold)
         if depth is not None and depth > threshold:
             problems.append(_problem(queue, int(depth), threshold, latest(series[2 * index + 1])))
     problems.sort(key=lambda p: (not p.critical, -p.depth, p.name))
@@ -128,6 +131,9 @@ def run_queue_alarm(
 ) -> QueueAlarmOutcome:
     """The Lambda's work: check the event's scope, post one Slack message if any queue is over."""
     scope = parse_scope(event)
-    report = check_queues(clients, scope, settings.namespace, settings.default_alarm_threshold, now)
+    report = check_queues(
+        clients, scope, settings.namespace, settings.default_alarm_threshold, now,
+        dlq_threshold=settings.dlq_alarm_threshold,
+    )
     posted = bool(report.problems) and notifier.post(queue_alarm_message(report))
     return QueueAlarmOutcome(report, posted)

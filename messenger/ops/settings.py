@@ -27,13 +27,16 @@ class OpsSettings:
 
     slack_webhook_secret: name of the secret whose value is the webhook URL (or JSON {"url": ...}).
     namespace: the stage whose resources are checked. default_alarm_threshold: queue depth above
-    which a queue without an alarm-threshold tag is reported (>= 0). dry_run: the cleaner reports
+    which a queue without an alarm-threshold tag is reported (>= 0). dlq_alarm_threshold: the
+    same for dead-letter queues without a dlq-alarm-threshold tag (default 0: any dead letter,
+    MESSENGER_DLQ_ALARM_THRESHOLD). dry_run: the cleaner reports
     what it would delete and deletes nothing.
     """
 
     slack_webhook_secret: str
     namespace: str = ""
     default_alarm_threshold: int = 100
+    dlq_alarm_threshold: int = 0
     dry_run: bool = False
     region: str = "us-east-1"
 
@@ -52,10 +55,17 @@ class OpsSettings:
                 f"CLEANER_DRY_RUN must be one of {', '.join(BOOLEAN_VALUES)}, got {dry_run!r}"
             )
         core = Settings.from_env(env)
+        raw_dlq = env.get("MESSENGER_DLQ_ALARM_THRESHOLD", "0").strip()
+        if not raw_dlq.isdigit():
+            raise InvalidSettings(
+                f"MESSENGER_DLQ_ALARM_THRESHOLD must be a whole number >= 0 (0: any dead letter "
+                f"alarms), got {raw_dlq!r}"
+            )
         return cls(
             slack_webhook_secret=secret,
             namespace=core.namespace,
             default_alarm_threshold=core.default_alarm_threshold,
+            dlq_alarm_threshold=int(raw_dlq),
             dry_run=dry_run == "true",
             region=core.region,
         )

@@ -77,9 +77,15 @@ def test_settings_from_the_lambda_environment() -> None:
     settings = OpsSettings.from_env({
         "SLACK_WEBHOOK_SECRET": "ops/slack", "MESSENGER_NAMESPACE": "prod",
         "MESSENGER_ALARM_THRESHOLD": "250", "CLEANER_DRY_RUN": "TRUE", "AWS_REGION": "eu-west-1",
+        "MESSENGER_DLQ_ALARM_THRESHOLD": "4",
     })
-    assert settings == OpsSettings("ops/slack", "prod", 250, True, "eu-west-1")
-    assert OpsSettings.from_env({"SLACK_WEBHOOK_SECRET": "s"}).dry_run is False
+    assert settings == OpsSettings(
+        "ops/slack", "prod", default_alarm_threshold=250, dlq_alarm_threshold=4, dry_run=True,
+        region="eu-west-1",
+    )
+    defaults = OpsSettings.from_env({"SLACK_WEBHOOK_SECRET": "s"})
+    assert defaults.dry_run is False
+    assert defaults.dlq_alarm_threshold == 0  # any dead letter alarms
 
 
 @pytest.mark.parametrize(("env", "message"), [
@@ -88,6 +94,8 @@ def test_settings_from_the_lambda_environment() -> None:
      "CLEANER_DRY_RUN must be one of true, false, got 'yes'"),
     ({"SLACK_WEBHOOK_SECRET": "s", "MESSENGER_ALARM_THRESHOLD": "many"},
      "MESSENGER_ALARM_THRESHOLD must be a number"),
+    ({"SLACK_WEBHOOK_SECRET": "s", "MESSENGER_DLQ_ALARM_THRESHOLD": "-1"},
+     "MESSENGER_DLQ_ALARM_THRESHOLD must be a whole number >= 0"),
 ])
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(InvalidSettings, match=message):

@@ -47,7 +47,8 @@ def estate(lambda_env: LambdaEnv) -> dict[str, ChannelSpec]:
                                 tags=ChannelTags(owner="ana", team="pay", alarm_threshold=10,
                                                  critical=True)),
         "orders": ChannelSpec("orders", namespace=ns, tags=ChannelTags(alarm_threshold=50)),
-        "emails": ChannelSpec("emails", namespace=ns),  # the default threshold: 100
+        # the default threshold: 100; its DLQ tolerates 5 dead letters
+        "emails": ChannelSpec("emails", namespace=ns, tags=ChannelTags(dlq_alarm_threshold=5)),
         "audit": ChannelSpec("wishlist.audit", namespace=ns, tags=ChannelTags(alarm_threshold=5)),
     }
     for spec in specs.values():
@@ -57,6 +58,8 @@ def estate(lambda_env: LambdaEnv) -> dict[str, ChannelSpec]:
     _depth(lambda_env, specs["emails"].queue_name, 100)  # not above the threshold
     _depth(lambda_env, specs["audit"].queue_name, 300, age=42)
     _depth(lambda_env, specs["orders"].dlq_name, 60)
+    _depth(lambda_env, specs["audit"].dlq_name, 1)  # one dead letter: the DLQ default alarms
+    _depth(lambda_env, specs["emails"].dlq_name, 3)  # under its own DLQ threshold
     return specs
 
 
@@ -89,10 +92,15 @@ def test_dlq_scope_checks_only_dead_letter_queues(
     # Secrets Manager through Powertools Parameters.
     result = load_handler("queue_alarm").handler({"scope": "dlq"}, FakeContext())
 
-    assert result["problems"] == [estate["orders"].dlq_name]  # threshold tag 50 < 60
+    # A DLQ's threshold is its own (default 0: any dead letter), never the source's: the audit
+    # DLQ with one message alarms although its channel's threshold is 5; the emails DLQ with 3
+    # stays under its dlq-alarm-threshold tag of 5.
+    assert result["problems"] == [estate["orders"].dlq_name, estate["audit"].dlq_name]
     blocks = webhook.posts[0]["blocks"]
     # The non-critical variant of the message.
-    assert blocks[0]["text"]["text"] == "⚠️ 1 dead-letter queue over threshold"
+    assert blocks[0]["text"]["text"] == "⚠️ 2 dead-letter queues over threshold"
+    assert "Depth *1* / threshold 0" in webhook.texts()[0]
+    assert estate["emails"].dlq_name not in webhook.texts()[0]
     assert "Dead-letter queues" in blocks[1]["elements"][0]["text"]
     assert estate["payments"].queue_name not in webhook.texts()[0]
 
