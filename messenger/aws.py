@@ -56,16 +56,33 @@ _TRANSIENT_EXCEPTIONS = (
 #: botocore retries each call this often (standard mode: exponential backoff with jitter)
 #: before the retry budget below takes over.
 BOTOCORE_MAX_ATTEMPTS = 4
+#: Seconds to connect, and to wait for a response once sent (per attempt). An endpoint that
+#: accepts connections and never answers costs at most this much past the retry budget.
+CONNECT_TIMEOUT_SECONDS = 5.0
+CALL_TIMEOUT_SECONDS = 15.0
+#: ReceiveMessage long-polls up to this long before it answers.
+LONG_POLL_SECONDS = 20
+
+_budget = threading.local()
 
 
-def client_config() -> Config:
-    # read_timeout above the 20 s long poll of ReceiveMessage.
+def client_config(read_timeout: float = CALL_TIMEOUT_SECONDS) -> Config:
     return Config(
         retries={"mode": "standard", "max_attempts": BOTOCORE_MAX_ATTEMPTS},
-        connect_timeout=5,
-        read_timeout=35,
+        connect_timeout=CONNECT_TIMEOUT_SECONDS,
+        read_timeout=read_timeout,
         max_pool_connections=50,
     )
+
+
+def _stop_retrying_past_the_budget(caught_exception: BaseException | None = None,
+                                   **_: Any) -> None:
+    """botocore `needs-retry` hook: inside `call_with_budget`, a timed-out or broken attempt is
+    not retried by botocore once the budget's deadline has passed (each attempt may take a whole
+    call timeout, so botocore's own retries would otherwise run far past the budget)."""
+    deadline = getattr(_budget, "deadline", None)
+    if caught_exception is not None and deadline is not None and time.monotonic() >= deadline:
+        raise caught_exception
 
 
 class ClientFactory:
@@ -75,24 +92,36 @@ class ClientFactory:
     made before or after, which is how benchmarks count requests and tests inject faults.
     """
 
-    def __init__(self, region: str, endpoint_url: str | None = None) -> None:
+    def __init__(
+        self, region: str, endpoint_url: str | None = None,
+        call_timeout: float = CALL_TIMEOUT_SECONDS,
+    ) -> None:
         self.region = region
         #: None: boto3's own resolution (AWS_ENDPOINT_URL, then AWS).
         self.endpoint_url = endpoint_url
+        #: Seconds an attempt may wait for its response (long polls: plus their wait).
+        self.call_timeout = call_timeout
         self._lock = threading.Lock()
-        self._clients: dict[str, Any] = {}
+        self._clients: dict[tuple[str, bool], Any] = {}
         self._hooks: list[tuple[str, Callable[..., Any]]] = []
 
-    def client(self, service: str) -> Any:
+    def client(self, service: str, long_poll: bool = False) -> Any:
+        """The service's client; `long_poll`: one whose read timeout also covers a 20 s
+        ReceiveMessage wait (a consumer's mailbox)."""
+        key = (service, long_poll)
         with self._lock:
-            existing = self._clients.get(service)
+            existing = self._clients.get(key)
             if existing is not None:
                 return existing
             session = boto3.session.Session(region_name=self.region)
-            made = session.client(service, config=client_config(), endpoint_url=self.endpoint_url)
+            timeout = self.call_timeout + (LONG_POLL_SECONDS if long_poll else 0)
+            made = session.client(
+                service, config=client_config(timeout), endpoint_url=self.endpoint_url
+            )
+            made.meta.events.register_first("needs-retry", _stop_retrying_past_the_budget)
             for event, handler in self._hooks:
                 made.meta.events.register(event, handler)
-            self._clients[service] = made
+            self._clients[key] = made
             return made
 
     def register(self, event: str, handler: Callable[..., Any]) -> None:
@@ -157,10 +186,13 @@ def call_with_budget(
 ) -> T:
     """Run `call`, retrying transient errors with capped exponential backoff and full jitter
     until `budget_seconds` have passed; then raise PublishFailed naming `what`.
-    Non-transient errors propagate at once."""
+    Non-transient errors propagate at once. Wall time is bounded by the budget plus one attempt
+    (connect + call timeout), also against an endpoint that never answers."""
     deadline = time.monotonic() + budget_seconds
     attempt = 0
     while True:
+        outer = getattr(_budget, "deadline", None)
+        _budget.deadline = deadline if outer is None else min(outer, deadline)
         try:
             return call()
         except Exception as error:
@@ -174,3 +206,5 @@ def call_with_budget(
                     f"retry budget: {error}"
                 ) from error
             sleep(min(remaining, random.uniform(0, min(2.0, 0.05 * 2**attempt))))
+        finally:
+            _budget.deadline = outer

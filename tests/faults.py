@@ -70,3 +70,32 @@ class Throttle:
             "json" if "x-amz-json" in str(request.headers.get("Content-Type", "")) else "query"
         )
         return throttling_response(protocol, request.url)
+
+
+class Blackhole:
+    """A TCP server on loopback that accepts connections and never answers: what a hung
+    endpoint or a silently dropping network path looks like to a client."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.connections: list[Any] = []
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                connection, _ = self._server.accept()
+            except OSError:
+                return
+            self.connections.append(connection)  # held open, never read from or written to
+
+    def close(self) -> None:
+        self._closed.set()
+        self._server.close()
+        for connection in self.connections:
+            connection.close()

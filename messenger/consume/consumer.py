@@ -319,9 +319,9 @@ class Consumer:
     def _mailboxes(self, resources: ChannelResources) -> tuple[Mailbox, LevelPoller | None]:
         """The default level's mailbox, and a poller over every level's (prioritized channel)."""
         def mailbox(found: ChannelResources) -> Mailbox:
-            return Mailbox(self.clients.client("sqs"), found.queue.url, found.dlq.url,
-                           self.ordered, self.settings.retry_budget_seconds,
-                           level=found.spec.priority_level)
+            sqs = self.clients.client("sqs", long_poll=True)
+            return Mailbox(sqs, found.queue.url, found.dlq.url, self.ordered,
+                           self.settings.retry_budget_seconds, level=found.spec.priority_level)
 
         if self.policy is None:
             return mailbox(resources), None

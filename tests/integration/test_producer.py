@@ -18,11 +18,12 @@ from messenger import (
     Producer,
     PublishFailed,
     PushItem,
+    aws,
 )
 from messenger.aws import ClientFactory, RequestCounter
 from messenger.provision import Provisioner
 from messenger.settings import Settings
-from tests.faults import Throttle
+from tests.faults import Blackhole, Throttle
 from tests.integration.helpers import decode, drain, queue_url
 
 KEYS = ["MOBILE.APPLE", "MOBILE.ANDROID", "WEB.CHROME", "MOBILE.APPLE", "TV", "MOBILE.APPLE.WATCH"]
@@ -285,3 +286,26 @@ def test_push_many_reports_a_non_transient_error_and_keeps_earlier_ids(settings,
     assert result.published == 10 and all(result.message_ids[:10])
     assert [f.index for f in result.failures] == list(range(10, 25))
     assert {f.code for f in result.failures} == {"AccessDenied"}
+
+
+@pytest.mark.timeout(60)
+def test_an_endpoint_that_never_answers_costs_at_most_the_budget_plus_one_attempt(settings):
+    # Given an endpoint that accepts connections and never answers, a 1 s budget and 2 s calls
+    hole = Blackhole()
+    try:
+        clients = ClientFactory("us-east-1", endpoint_url=hole.url, call_timeout=2)
+        sends = RequestCounter().attach(clients)
+        producer = OrderProducer(
+            settings=settings.with_changes(retry_budget_seconds=1), clients=clients
+        )
+        started = time.monotonic()
+        # When a push is attempted
+        with pytest.raises(PublishFailed, match="retry budget"):
+            producer.push({"n": 1})
+        elapsed = time.monotonic() - started
+    finally:
+        hole.close()
+    # Then the first timed-out attempt, already past the budget, is not retried by botocore
+    # (4 attempts of 2 s each before), so the wall time is the budget plus one attempt at most.
+    assert sends.total == 1
+    assert elapsed < 1 + aws.CONNECT_TIMEOUT_SECONDS + 2
