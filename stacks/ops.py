@@ -4,17 +4,26 @@
 - queue alarm, `{"scope": "dlq"}` every 12 hours: dead-letter queues holding messages;
 - resource cleaner, `{}` once a day: unused channel resources of the namespace.
 Both report to Slack through a webhook URL kept in Secrets Manager (the secret must exist).
+
+The watchers are watched: each function's errors raise a CloudWatch alarm, and a schedule event
+that could not be delivered after its retries lands in a dead-letter queue that alarms too; all
+alarms go to the `alarm_topic` (subscribe an e-mail, a pager or a chat integration to it).
 """
 
 from __future__ import annotations
 
-from aws_cdk import Aws, Duration, RemovalPolicy
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from stacks.bundle import lambda_bundle
@@ -24,6 +33,10 @@ RUNTIME = lambda_.Runtime.PYTHON_3_11
 SOURCE_ALERT_SCHEDULE = events.Schedule.rate(Duration.minutes(15))
 DLQ_ALERT_SCHEDULE = events.Schedule.rate(Duration.hours(12))
 CLEANER_SCHEDULE = events.Schedule.rate(Duration.days(1))
+#: EventBridge retries a failed asynchronous invocation this often, for at most this long, then
+#: moves the event to the schedule dead-letter queue.
+SCHEDULE_RETRY_ATTEMPTS = 2
+SCHEDULE_MAX_EVENT_AGE = Duration.hours(2)
 #: What `messenger.ops` calls. The queue alarm finds queues by tag and reads their depth from
 #: CloudWatch; the cleaner also deletes unused queues and topics of the namespace. Tagging,
 #: metric and account-wide subscription listing APIs have no resource-level permissions.
@@ -45,6 +58,8 @@ class OpsFunctions(Construct):
     slack_webhook_secret: name of the Secrets Manager secret holding the Slack webhook URL.
     alarm_threshold: default queue depth that raises an alert (MESSENGER_ALARM_THRESHOLD).
     cleaner_dry_run: report what the cleaner would delete without deleting (default True).
+    key: the platform key; encrypts the alarm topic and the schedule dead-letter queue.
+    Outputs: `alarm_topic`, `schedule_dlq`, `error_alarms` (one per function).
     """
 
     def __init__(
@@ -56,9 +71,11 @@ class OpsFunctions(Construct):
         slack_webhook_secret: str,
         alarm_threshold: int = 100,
         cleaner_dry_run: bool = True,
+        key: kms.IKey,
     ) -> None:
         super().__init__(scope, id)
         self.namespace = namespace
+        self._watchers(key)
         self.secret = secretsmanager.Secret.from_secret_name_v2(
             self, "SlackWebhook", slack_webhook_secret
         )
@@ -85,6 +102,61 @@ class OpsFunctions(Construct):
             "DeadLetterAlerts", DLQ_ALERT_SCHEDULE, self.queue_alarm, {"scope": "dlq"}
         )
         self.cleaning = self._schedule("DailyCleanup", CLEANER_SCHEDULE, self.resource_cleaner, {})
+        self.error_alarms = [
+            self._error_alarm("QueueAlarm", self.queue_alarm),
+            self._error_alarm("ResourceCleaner", self.resource_cleaner),
+        ]
+
+    def _watchers(self, key: kms.IKey) -> None:
+        account = Stack.of(self).account
+        self.alarm_topic = sns.Topic(
+            self, "Alarms", display_name="messenger operations alarms", master_key=key,
+            enforce_ssl=True,
+        )
+        self.schedule_dlq = sqs.Queue(
+            self, "ScheduleDeadLetters", encryption=sqs.QueueEncryption.KMS,
+            encryption_master_key=key,
+            enforce_ssl=True, retention_period=Duration.days(14),
+        )
+        acknowledge(
+            self.schedule_dlq, "AwsSolutions-SQS3",
+            "This queue is itself the dead-letter queue of the ops schedules' EventBridge targets.",
+        )
+        # CloudWatch publishes alarm notifications to the encrypted topic, EventBridge sends
+        # undeliverable events to the encrypted queue: both need the key ("*" = this key).
+        for sid, service in (("CloudWatchAlarmsToOpsTopic", "cloudwatch.amazonaws.com"),
+                             ("EventBridgeToScheduleDlq", "events.amazonaws.com")):
+            key.add_to_resource_policy(iam.PolicyStatement(
+                sid=sid, principals=[iam.ServicePrincipal(service)],
+                actions=["kms:GenerateDataKey*", "kms:Decrypt"], resources=["*"],
+                conditions={"StringEquals": {"aws:SourceAccount": account}},
+            ))
+        undelivered = cloudwatch.Alarm(
+            self, "ScheduleDeadLettersAlarm",
+            alarm_description="An ops schedule event could not invoke its Lambda (see the queue "
+                              "ScheduleDeadLetters).",
+            metric=self.schedule_dlq.metric_approximate_number_of_messages_visible(
+                period=Duration.minutes(5), statistic="Maximum"
+            ),
+            threshold=1, evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        undelivered.add_alarm_action(cloudwatch_actions.SnsAction(self.alarm_topic))
+
+    def _error_alarm(self, id: str, function: lambda_.Function) -> cloudwatch.Alarm:
+        """Any error (an exception, a timeout, a failed Slack post) in a 15-minute window."""
+        alarm = cloudwatch.Alarm(
+            self, f"{id}Errors",
+            alarm_description=f"messenger ops Lambda {id} failed: its report may be missing or "
+                              "incomplete; read its log.",
+            metric=function.metric_errors(period=Duration.minutes(15), statistic="Sum"),
+            threshold=1, evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        alarm.add_alarm_action(cloudwatch_actions.SnsAction(self.alarm_topic))
+        return alarm
 
     def _name_pattern(self, service: str) -> str:
         prefix = f"{self.namespace}-" if self.namespace else ""
@@ -166,7 +238,9 @@ class OpsFunctions(Construct):
             schedule=schedule,
             targets=[
                 targets.LambdaFunction(
-                    function, event=events.RuleTargetInput.from_object(payload), retry_attempts=2
+                    function, event=events.RuleTargetInput.from_object(payload),
+                    retry_attempts=SCHEDULE_RETRY_ATTEMPTS, max_event_age=SCHEDULE_MAX_EVENT_AGE,
+                    dead_letter_queue=self.schedule_dlq,
                 )
             ],
         )

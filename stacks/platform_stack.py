@@ -69,7 +69,9 @@ class PlatformStack(Stack):
             slack_webhook_secret=config.slack_webhook_secret,
             alarm_threshold=config.alarm_threshold,
             cleaner_dry_run=config.cleaner_dry_run,
+            key=self.foundation.key,
         )
+        CfnOutput(self, "OpsAlarmTopicArn", value=self.ops.alarm_topic.topic_arn)
         CfnOutput(self, "KeyArn", value=self.foundation.key.key_arn)
         CfnOutput(self, "OffloadBucketName", value=self.foundation.offload_bucket.bucket_name)
         Tags.of(self).add(TAG_MANAGED, "true")

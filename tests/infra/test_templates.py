@@ -22,7 +22,7 @@ SPECS = [level for spec in example_channels(NAMESPACE) for level in spec.level_s
 def _by_name(assembly: CloudAssembly, resource_type: str, name_key: str) -> dict[str, dict]:
     return {
         resource["Properties"][name_key]: resource
-        for resource in assembly.resources(resource_type).values()
+        for resource in assembly.resources(resource_type, "examples").values()
     }
 
 
@@ -59,13 +59,20 @@ def test_cfn_lint_passes_on_every_template(assembly: CloudAssembly) -> None:
 
 # -- channels ----------------------------------------------------------------------------------
 def test_every_queue_and_topic_is_encrypted_with_the_platform_key(assembly: CloudAssembly) -> None:
-    queues = assembly.resources("AWS::SQS::Queue")
-    topics = assembly.resources("AWS::SNS::Topic")
+    queues = assembly.resources("AWS::SQS::Queue", "examples")
+    topics = assembly.resources("AWS::SNS::Topic", "examples")
     assert len(queues) == 2 * len(SPECS)
     assert topics
     for resource in [*queues.values(), *topics.values()]:
         key = resource["Properties"]["KmsMasterKeyId"]
         assert "Fn::ImportValue" in key and "FoundationKey" in key["Fn::ImportValue"]
+    # The platform's own queue and topic (ops alarms, schedule dead letters) use it too.
+    own = [*assembly.resources("AWS::SQS::Queue", "platform").values(),
+           *assembly.resources("AWS::SNS::Topic", "platform").values()]
+    assert len(own) == 2
+    for resource in own:
+        key = resource["Properties"]["KmsMasterKeyId"]
+        assert "FoundationKey" in key["Fn::GetAtt"][0]
     for resource in queues.values():
         assert resource["Properties"]["KmsDataKeyReusePeriodSeconds"] == 300
 
@@ -200,7 +207,7 @@ def test_subscriptions_carry_the_spec_filter_policy(assembly: CloudAssembly) -> 
 
 
 def test_queue_policies_are_tls_only_and_admit_only_their_topic(assembly: CloudAssembly) -> None:
-    policies = assembly.resources("AWS::SQS::QueuePolicy")
+    policies = assembly.resources("AWS::SQS::QueuePolicy", "examples")
     assert len(policies) == 2 * len(SPECS)
     for policy in policies.values():
         statements = policy["Properties"]["PolicyDocument"]["Statement"]
@@ -215,3 +222,51 @@ def test_queue_policies_are_tls_only_and_admit_only_their_topic(assembly: CloudA
         (deny,) = policy["Properties"]["PolicyDocument"]["Statement"]
         assert deny["Effect"] == "Deny"
         assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+
+def test_the_ops_lambdas_are_watched(assembly: CloudAssembly) -> None:
+    """A failing ops Lambda (missing secret, Slack down, timeout) or an undeliverable schedule
+    event raises an alarm on the operators' topic instead of failing silently every 15 min."""
+    template = assembly.template("platform")
+    resources = template["Resources"]
+    functions = {
+        logical_id: r for logical_id, r in resources.items()
+        if r["Type"] == "AWS::Lambda::Function"
+        and "lambdas." in r["Properties"].get("Handler", "")
+    }
+    assert len(functions) == 2
+    (topic_id,) = [i for i, r in resources.items() if r["Type"] == "AWS::SNS::Topic"]
+    (dlq_id,) = [i for i, r in resources.items() if r["Type"] == "AWS::SQS::Queue"]
+    alarms = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::CloudWatch::Alarm"]
+    errors = [a for a in alarms if a["MetricName"] == "Errors"]
+    # One error alarm per function: any error in 15 minutes, to the ops topic
+    assert sorted(a["Dimensions"][0]["Value"]["Ref"] for a in errors) == sorted(functions)
+    for alarm in alarms:
+        assert alarm["Threshold"] == 1
+        assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+        assert alarm["TreatMissingData"] == "notBreaching"
+        assert alarm["AlarmActions"] == [{"Ref": topic_id}]
+    assert all(a["Period"] == 900 and a["Statistic"] == "Sum" for a in errors)
+    (undelivered,) = [a for a in alarms if a["MetricName"] == "ApproximateNumberOfMessagesVisible"]
+    assert undelivered["Dimensions"][0]["Value"] == {"Fn::GetAtt": [dlq_id, "QueueName"]}
+    # Every schedule target retries, then dead-letters the event
+    rules = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::Events::Rule"]
+    assert len(rules) == 3
+    for rule in rules:
+        (target,) = rule["Targets"]
+        assert target["RetryPolicy"] == {"MaximumRetryAttempts": 2,
+                                         "MaximumEventAgeInSeconds": 7200}
+        assert target["DeadLetterConfig"] == {"Arn": {"Fn::GetAtt": [dlq_id, "Arn"]}}
+    # EventBridge may write to the DLQ; CloudWatch and EventBridge may use the key
+    queue_policies = [r["Properties"] for r in resources.values()
+                      if r["Type"] == "AWS::SQS::QueuePolicy"
+                      and {"Ref": dlq_id} in r["Properties"]["Queues"]]
+    statements = [s for p in queue_policies for s in p["PolicyDocument"]["Statement"]]
+    assert any(s.get("Principal") == {"Service": "events.amazonaws.com"}
+               and s["Effect"] == "Allow" for s in statements)
+    tls_only = {"Bool": {"aws:SecureTransport": "false"}}
+    assert any(s["Effect"] == "Deny" and s["Condition"] == tls_only for s in statements)
+    key_statements = [s for r in resources.values() if r["Type"] == "AWS::KMS::Key"
+                      for s in r["Properties"]["KeyPolicy"]["Statement"]]
+    principals = {s.get("Principal", {}).get("Service") for s in key_statements}
+    assert {"cloudwatch.amazonaws.com", "events.amazonaws.com"} <= principals
