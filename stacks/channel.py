@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 import jsii
-from aws_cdk import Stack, Tags
+from aws_cdk import RemovalPolicy, Stack, Tags
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
@@ -87,7 +87,10 @@ class ExchangeTopic(Construct):
     the others (in any stack of the app) subscribe to the same one.
     """
 
-    def __init__(self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey) -> None:
+    def __init__(
+        self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+    ) -> None:
         super().__init__(scope, id)
         assert spec.exchange is not None and spec.topic_name is not None
         self.name = spec.topic_name
@@ -98,6 +101,7 @@ class ExchangeTopic(Construct):
             **cfn_properties(spec.topic_attributes()),
             kms_master_key_id=key.key_arn,
         )
+        self.resource.apply_removal_policy(removal_policy)
         self.topic = sns.Topic.from_topic_attributes(
             self, "Ref", topic_arn=self.resource.ref, key_arn=key.key_arn
         )
@@ -113,7 +117,10 @@ class ExchangeTopic(Construct):
             Tags.of(self).add(key_name, value)
 
     @classmethod
-    def of(cls, scope: Construct, spec: ChannelSpec, key: kms.IKey) -> ExchangeTopic:
+    def of(
+        cls, scope: Construct, spec: ChannelSpec, key: kms.IKey,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+    ) -> ExchangeTopic:
         """The app's topic for `spec`'s exchange, created in `scope`'s stack on first use.
 
         Channels of one exchange in other stacks of the app subscribe to that same topic (a
@@ -125,7 +132,7 @@ class ExchangeTopic(Construct):
             existing = candidate.node.try_find_child(topic_id)
             if isinstance(existing, ExchangeTopic):
                 return existing
-        return cls(stack, topic_id, spec=spec, key=key)
+        return cls(stack, topic_id, spec=spec, key=key, removal_policy=removal_policy)
 
 
 class ChannelQueue(Construct):
@@ -134,7 +141,7 @@ class ChannelQueue(Construct):
 
     def __init__(
         self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey,
-        exchange: ExchangeTopic | None,
+        exchange: ExchangeTopic | None, removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, id)
         self.spec = spec
@@ -156,6 +163,10 @@ class ChannelQueue(Construct):
             kms_data_key_reuse_period_seconds=KMS_DATA_KEY_REUSE_SECONDS,
             redrive_policy=spec.redrive_policy(self.dlq_resource.attr_arn),
         )
+        # Retained by default: deleting or replacing the stack must not drop messages (a DLQ's
+        # dead letters above all); with fixed physical names a replacement would fail anyway.
+        self.dlq_resource.apply_removal_policy(removal_policy)
+        self.queue_resource.apply_removal_policy(removal_policy)
         self.queue = self._import_queue("QueueRef", self.queue_resource)
         self.dlq = self._import_queue("DeadLetterQueueRef", self.dlq_resource)
         self._queue_policy("DeadLetterQueuePolicy", self.dlq_resource, topic_arn=None)
@@ -225,6 +236,9 @@ class Channel(Construct):
 
     spec: the channel (its namespace is part of every physical name).
     key: the platform CMK; encrypts queues, DLQs and topic (the key policy lets SNS use it).
+    removal_policy: what CloudFormation does with the queues, DLQs and topic when they leave the
+        stack (default RETAIN: messages survive a stack deletion or a replacing update;
+        RemovalPolicy.DESTROY for throwaway stages).
 
     A channel with priorities gets one `ChannelQueue` per level (`spec.level_specs()`, highest
     first), each with its own DLQ and subscription. Exposes `.levels` (every `ChannelQueue`),
@@ -233,7 +247,10 @@ class Channel(Construct):
     `.topic_resource`, and `grant_publish` / `grant_consume` covering every level.
     """
 
-    def __init__(self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey) -> None:
+    def __init__(
+        self, scope: Construct, id: str, *, spec: ChannelSpec, key: kms.IKey,
+        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
+    ) -> None:
         super().__init__(scope, id)
         if not isinstance(spec, ChannelSpec):
             raise TypeError(
@@ -241,14 +258,16 @@ class Channel(Construct):
             )
         self.spec = spec
         self.key = key
-        self.exchange = ExchangeTopic.of(self, spec, key) if spec.exchange else None
+        self.exchange = (
+            ExchangeTopic.of(self, spec, key, removal_policy) if spec.exchange else None
+        )
         self.topic: sns.ITopic | None = self.exchange.topic if self.exchange else None
         self.topic_resource = self.exchange.resource if self.exchange else None
         self.levels = [
             ChannelQueue(
                 self,
                 f"Level{construct_id(level.priority_level)}" if level.priority_level else "Queue",
-                spec=level, key=key, exchange=self.exchange,
+                spec=level, key=key, exchange=self.exchange, removal_policy=removal_policy,
             )
             for level in spec.level_specs()
         ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Stack, Tags
+from aws_cdk import RemovalPolicy, Stack, Tags
 from constructs import Construct
 
 from messenger.channel import TAG_MANAGED, ChannelSpec
@@ -45,8 +45,13 @@ class ChannelStack(Stack):
         )
         Tags.of(self).add(TAG_MANAGED, "true")
 
-    def add_channel(self, spec: ChannelSpec) -> Channel:
-        """Deploy `spec` in the platform's namespace (a spec without namespace gets it)."""
+    def add_channel(
+        self, spec: ChannelSpec, removal_policy: RemovalPolicy = RemovalPolicy.RETAIN
+    ) -> Channel:
+        """Deploy `spec` in the platform's namespace (a spec without namespace gets it).
+
+        removal_policy: RETAIN (default) keeps the queues, DLQs and topic, with their messages,
+        when the stack is deleted or they are replaced; DESTROY deletes them."""
         if not spec.namespace:
             spec = spec.with_namespace(self.namespace)
         elif spec.namespace != self.namespace:
@@ -58,7 +63,7 @@ class ChannelStack(Stack):
             raise ValueError(f"channel {spec.name!r} is already in stack {self.stack_name}")
         channel = Channel(
             self, f"Channel{construct_id(spec.name, spec.ordered)}", spec=spec,
-            key=self.platform.foundation.key,
+            key=self.platform.foundation.key, removal_policy=removal_policy,
         )
         self.channels[spec.name] = channel
         self.dashboard.add_channel(channel)

@@ -117,6 +117,8 @@ class OpsFunctions(Construct):
             self, "ScheduleDeadLetters", encryption=sqs.QueueEncryption.KMS,
             encryption_master_key=key,
             enforce_ssl=True, retention_period=Duration.days(14),
+            # Holds only schedule events (the next run repeats them): nothing to keep.
+            removal_policy=RemovalPolicy.DESTROY,
         )
         acknowledge(
             self.schedule_dlq, "AwsSolutions-SQS3",

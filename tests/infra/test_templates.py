@@ -50,11 +50,23 @@ def test_cfn_lint_passes_on_every_template(assembly: CloudAssembly) -> None:
     result = subprocess.run(
         # W3005 (DependsOn also implied by a GetAtt) is how the CDK orders a role's policy
         # before the Lambda function or state machine that uses it: harmless and generated.
+        # Informational checks too: I3011 flags stateful resources without a DeletionPolicy.
         [str(Path(sys.executable).parent / "cfn-lint"), "--regions", REGION,
-         "--ignore-checks", "W3005", "--", *templates],
+         "--ignore-checks", "W3005", "--include-checks", "I", "--", *templates],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_channel_data_is_retained_when_the_stack_goes(assembly: CloudAssembly) -> None:
+    # Deleting the stack, or an update that replaces a queue, must not drop its messages
+    stateful = {**assembly.resources("AWS::SQS::Queue", "examples"),
+                **assembly.resources("AWS::SNS::Topic", "examples")}
+    assert len(stateful) == 2 * len(SPECS) + 1  # queues, DLQs, the wishlist exchange topic
+    for logical_id, resource in stateful.items():
+        assert resource.get("DeletionPolicy") == "Retain", logical_id
+        assert resource.get("UpdateReplacePolicy") == "Retain", logical_id
 
 
 # -- channels ----------------------------------------------------------------------------------

@@ -189,3 +189,20 @@ def test_an_exchange_spanning_two_stacks_has_one_topic(tmp_path: Path) -> None:
         if r["Type"] == "AWS::SNS::Subscription"
     ]
     assert "Fn::ImportValue" in subscription["Properties"]["TopicArn"]
+
+
+def test_a_throwaway_stage_may_opt_out_of_retained_channels(tmp_path: Path) -> None:
+    # Given a channel built with the documented switch
+    app = _app(tmp_path)
+    stack = cdk.Stack(app, "Scratch", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    foundation = Foundation(stack, "Foundation", namespace="dev")
+    Channel(stack, "Channel", spec=ChannelSpec("events.audit", namespace="dev"),
+            key=foundation.key, removal_policy=cdk.RemovalPolicy.DESTROY)
+    # When synthesized
+    resources = app.synth().get_stack_by_name("Scratch").template["Resources"].values()
+    stateful = [r for r in resources if r["Type"] in ("AWS::SQS::Queue", "AWS::SNS::Topic")]
+    # Then its queue, DLQ and topic are deleted with the stack
+    assert len(stateful) == 3
+    assert {(r["DeletionPolicy"], r["UpdateReplacePolicy"]) for r in stateful} == {
+        ("Delete", "Delete")
+    }
