@@ -10,6 +10,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from messenger.errors import MessengerError
 
 
@@ -113,17 +115,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Libraries whose INFO lines (e.g. botocore's "Found credentials in environment variables" on
+#: every client) are noise to a command's user; shown with --verbose.
+QUIET_LOGGERS = ("botocore", "boto3", "urllib3", "s3transfer")
+#: Exit codes: 0 done, 1 the command's own "not done" (e.g. messages left), 2 a messenger error
+#: (bad input, missing channel, budget exhausted), 3 AWS refused or could not be reached.
+EXIT_MESSENGER_ERROR = 2
+EXIT_AWS_ERROR = 3
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
+    if not args.verbose:
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args.run(args))
     except MessengerError as error:
         print(f"messenger: {error}", file=sys.stderr)
-        return 2
+        return EXIT_MESSENGER_ERROR
+    except (BotoCoreError, ClientError) as error:  # one line, not a botocore traceback
+        print(f"messenger: AWS error: {error}", file=sys.stderr)
+        return EXIT_AWS_ERROR
 
 
 if __name__ == "__main__":
