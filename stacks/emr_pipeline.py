@@ -30,6 +30,10 @@ DEFAULT_RELEASE_LABEL = "emr-7.9.0"
 EMR_MANAGED_TAG = "for-use-with-amazon-emr-managed-policies"
 #: Prefix of the code bucket where jobs may read and write their data.
 DATA_PREFIX = "data/"
+#: Where `messenger emr submit` uploads code (`messenger.tools.emr.CODE_PREFIX`); only uploaded
+#: code expires, never the jobs' input and output under `data/`.
+CODE_UPLOAD_PREFIX = "emr/"
+CODE_EXPIRY = Duration.days(30)
 MANAGED_POLICIES = {
     "ServiceRole": "service-role/AmazonEMRServicePolicy_v2",
     "AutoScalingRole": "service-role/AmazonElasticMapReduceforAutoScalingRole",
@@ -74,7 +78,11 @@ class EmrPipeline(Construct):
             bucket_key_enabled=True, block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True, server_access_logs_bucket=self.logs_bucket,
             server_access_logs_prefix="code-access/",
-            lifecycle_rules=[s3.LifecycleRule(expiration=Duration.days(30))],
+            lifecycle_rules=[
+                s3.LifecycleRule(prefix=CODE_UPLOAD_PREFIX, expiration=CODE_EXPIRY),
+                # Failed multipart uploads anywhere (a killed job's output) cost storage only.
+                s3.LifecycleRule(abort_incomplete_multipart_upload_after=Duration.days(7)),
+            ],
             removal_policy=RemovalPolicy.RETAIN,
         )
         self.library = s3_assets.Asset(self, "Library", path=str(library_bundle()))

@@ -9,7 +9,9 @@ import pytest
 from examples.cdk import EXAMPLE_CONSUMERS
 from examples.channels import example_channels
 from messenger.settings import Settings
+from messenger.tools.emr import CODE_PREFIX
 from stacks.bundle import spark_job_scripts
+from stacks.emr_pipeline import DATA_PREFIX
 from tests.infra.conftest import NAMESPACE, CloudAssembly, as_list, policy_statements
 
 SPECS = [level for spec in example_channels(NAMESPACE) for level in spec.level_specs()]
@@ -229,3 +231,14 @@ def test_state_machine_runs_each_job_on_a_transient_cluster(assembly: CloudAssem
     (catch,) = run["Catch"]
     assert "$states.input" in catch["Output"]
     assert states[catch["Next"]]["Resource"].endswith("terminateCluster.sync")
+
+
+def test_code_bucket_expires_only_uploaded_code(assembly: CloudAssembly) -> None:
+    # The documented job input and output live under data/ in the code bucket: they must stay
+    buckets = assembly.resources("AWS::S3::Bucket", "pipeline")
+    (code,) = [b for b in buckets.values()
+               if "KMSMasterKeyID" in json.dumps(b["Properties"].get("BucketEncryption", {}))]
+    rules = code["Properties"]["LifecycleConfiguration"]["Rules"]
+    expiring = [r for r in rules if "ExpirationInDays" in r]
+    assert [r.get("Prefix") for r in expiring] == [f"{CODE_PREFIX}/"]  # what emr submit writes
+    assert DATA_PREFIX != f"{CODE_PREFIX}/"
