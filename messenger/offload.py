@@ -11,6 +11,7 @@ queues); the bucket's lifecycle rule expires them after the retention period plu
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,9 +19,14 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from messenger.errors import PayloadMissing
+from messenger.errors import MessageDecodeError, PayloadMissing
 
 POINTER_CLASS = "software.amazon.payloadoffloading.PayloadS3Pointer"
+#: What older Java clients, and AWS's Python client with use_legacy_attribute=True, write.
+LEGACY_POINTER_CLASS = "com.amazon.sqs.javamessaging.MessageS3Pointer"
+POINTER_CLASSES = frozenset({POINTER_CLASS, LEGACY_POINTER_CLASS})
+#: S3 bucket names: 3-63 lowercase letters, digits, '.' and '-', starting and ending alphanumeric.
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 #: The size attribute of the current extended clients, and the legacy one still accepted on read.
 EXTENDED_SIZE_ATTRIBUTE = "ExtendedPayloadSize"
 LEGACY_SIZE_ATTRIBUTE = "SQSLargePayloadSize"
@@ -41,17 +47,33 @@ class OffloadPointer:
 
     @classmethod
     def parse(cls, body: str, attributes: Mapping[str, Any] | None) -> OffloadPointer | None:
-        """The pointer in a received message, or None when the message carries its body inline."""
+        """The pointer in a received message, or None when the message carries its body inline.
+
+        A message with a size attribute (`ExtendedPayloadSize` or the legacy
+        `SQSLargePayloadSize`) must carry a pointer of either class (current or legacy) with a
+        valid bucket name and a key; anything else raises MessageDecodeError (permanent: the
+        consumer dead-letters it at once), so a malformed pointer never reaches a handler."""
         attrs = attributes or {}
         if EXTENDED_SIZE_ATTRIBUTE not in attrs and LEGACY_SIZE_ATTRIBUTE not in attrs:
             return None
         try:
             kind, target = json.loads(body)
-            if kind != POINTER_CLASS:
-                return None
-            return cls(bucket=str(target["s3BucketName"]), key=str(target["s3Key"]))
-        except (ValueError, TypeError, KeyError):
-            return None
+        except (ValueError, TypeError, RecursionError):
+            raise MessageDecodeError(
+                "message has an offloaded-payload size attribute but its body is not a "
+                "[class, {s3BucketName, s3Key}] pointer"
+            ) from None
+        if kind not in POINTER_CLASSES or not isinstance(target, dict):
+            raise MessageDecodeError(
+                f"offloaded-payload pointer class {kind!r} is not one of "
+                f"{', '.join(sorted(POINTER_CLASSES))}"
+            )
+        bucket, key = target.get("s3BucketName"), target.get("s3Key")
+        if not isinstance(bucket, str) or not _BUCKET_NAME.match(bucket):
+            raise MessageDecodeError(f"offloaded-payload pointer has an invalid bucket {bucket!r}")
+        if not isinstance(key, str) or not key:
+            raise MessageDecodeError(f"offloaded-payload pointer has no s3Key ({target!r})")
+        return cls(bucket=bucket, key=key)
 
 
 def lifecycle_days(retention_seconds: int) -> int:

@@ -436,3 +436,46 @@ def test_hooks_written_with_fewer_parameters_run(settings, running):
     assert [(e.message_id, e.fields["error_class"]) for e in failures] == [
         (message_id, "SystemExit")
     ]
+
+
+@pytest.mark.timeout(60)
+def test_legacy_pointers_resolve_and_malformed_pointers_never_reach_the_handler(
+    settings, clients, running
+):
+    producer = producer_for(settings, "runtime_test")
+    producer.push({"warm": "up"})
+    run = running(Recording)
+    wait_until(lambda: run.consumer.handled)
+    queue = run.consumer.resources.queue.url
+    sqs, s3 = clients.client("sqs"), clients.client("s3")
+    # Given a payload written the way older Java clients (and AWS's Python client with
+    # use_legacy_attribute=True) write it: legacy pointer class, SQSLargePayloadSize
+    s3.create_bucket(Bucket="legacy-payloads")
+    s3.put_object(Bucket="legacy-payloads", Key="abc", Body=b'{"big": "legacy"}')
+    legacy = json.dumps(["com.amazon.sqs.javamessaging.MessageS3Pointer",
+                         {"s3BucketName": "legacy-payloads", "s3Key": "abc"}])
+    size = {"SQSLargePayloadSize": {"DataType": "Number", "StringValue": "17"}}
+    sqs.send_message(QueueUrl=queue, MessageBody=legacy, MessageAttributes=size)
+    # And three malformed pointers: no key, an impossible bucket name, an unknown class
+    extended = pointer_attributes(300_000)
+    malformed = [
+        json.dumps(["software.amazon.payloadoffloading.PayloadS3Pointer",
+                    {"s3BucketName": "legacy-payloads"}]),
+        json.dumps(["software.amazon.payloadoffloading.PayloadS3Pointer",
+                    {"s3BucketName": "Not_A_Bucket!", "s3Key": "k"}]),
+        json.dumps(["com.example.Pointer", {"s3BucketName": "legacy-payloads", "s3Key": "abc"}]),
+    ]
+    for body in malformed:
+        sqs.send_message(QueueUrl=queue, MessageBody=body, MessageAttributes=extended)
+    # Then the legacy payload reaches the handler, the malformed ones go to the DLQ at once
+    dead = dead_letters(clients, run.consumer, expected=3)
+    wait_until(lambda: len(run.consumer.handled) == 2)
+    run.stop()
+    assert [m.body for m in run.consumer.handled] == [{"warm": "up"}, {"big": "legacy"}]
+    assert sorted(m["Body"] for m in dead) == sorted(malformed)
+    reasons = sorted(m["MessageAttributes"][DEAD_LETTER_REASON_ATTRIBUTE]["StringValue"]
+                     for m in dead)
+    assert all(r.startswith("undecodable: offloaded-payload pointer") for r in reasons), reasons
+    # dead-lettered by the consumer on first receipt, not retried 3x until SQS's redrive
+    assert len(run.consumer.named("dead_lettered")) == 3
+    assert not run.consumer.named("failed")
