@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from pathlib import Path
 
 from examples.channels import example_channels
 from stacks.channel_stack import ChannelStack
+from stacks.consumer_image import ConsumerImage
 
 #: The example consumer classes (module `examples.wishlist`) per example channel.
 EXAMPLE_CONSUMERS = {
@@ -14,8 +15,8 @@ EXAMPLE_CONSUMERS = {
     "wishlist_events.apple_events": "examples.wishlist:AppleEventsConsumer",
     "orders": "examples.wishlist:OrdersConsumer",
 }
-#: The example classes' `processing_timeout`.
-EXAMPLE_PROCESSING_TIMEOUT = Duration.seconds(30)
+#: The image of the example consumers: the library and this folder (package `examples`).
+EXAMPLE_IMAGE = ConsumerImage.from_code(Path(__file__).resolve().parent)
 
 
 def add_example_channels(stack: ChannelStack, namespace: str) -> None:
@@ -24,4 +25,4 @@ def add_example_channels(stack: ChannelStack, namespace: str) -> None:
         channel = stack.add_channel(spec)
         consumer = EXAMPLE_CONSUMERS.get(spec.name)
         if consumer is not None:
-            stack.add_consumer(channel, consumer, processing_timeout=EXAMPLE_PROCESSING_TIMEOUT)
+            stack.add_consumer(channel, consumer, image=EXAMPLE_IMAGE)

@@ -37,7 +37,8 @@ class BundleError(RuntimeError):
     """A bundle cannot be staged (missing function folder or package)."""
 
 
-def _staging_root() -> Path:
+def staging_root() -> Path:
+    """A temporary folder for staged assets, removed when the process ends."""
     global _root
     if _root is None:
         _root = Path(tempfile.mkdtemp(prefix="messenger-bundles-"))
@@ -67,7 +68,7 @@ def lambda_bundle(function: str, packages: Sequence[str] = LAMBDA_PACKAGES) -> P
     source = REPO_ROOT / "lambdas" / function
     if not (source / "handler.py").is_file():
         raise BundleError(f"Lambda function folder {source} has no handler.py")
-    target = _staging_root() / f"lambda-{function}"
+    target = staging_root() / f"lambda-{function}"
     shutil.copytree(source, target / "lambdas" / function, ignore=_IGNORE)
     package_init = REPO_ROOT / "lambdas" / "__init__.py"
     if package_init.is_file():
@@ -84,7 +85,7 @@ def library_bundle() -> Path:
     EMR steps' --py-files, so a job may import the library and its sibling modules)."""
     cache_key = ("library",)
     if cache_key not in _staged:
-        target = _staging_root() / "library"
+        target = staging_root() / "library"
         shutil.copytree(REPO_ROOT / "messenger", target / "messenger", ignore=_IGNORE)
         jobs = REPO_ROOT / "spark_jobs"
         if jobs.is_dir():

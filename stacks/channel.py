@@ -20,9 +20,8 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct, IValidation
 
-from messenger.channel import (
-    ChannelSpec,
-)
+from messenger.channel import ChannelSpec
+from stacks.topology import Topology
 
 #: Seconds SQS reuses a data key before calling KMS again (the provisioner uses the same value):
 #: the 5-minute default, a balance between KMS cost and key freshness.
@@ -115,6 +114,10 @@ class ExchangeTopic(Construct):
         )
         for key_name, value in spec.topic_tags().items():
             Tags.of(self).add(key_name, value)
+        Topology.of(self).register(
+            self.resource, self, "topic",
+            f"exchange {spec.exchange!r} (namespace {spec.namespace!r})",
+        )
 
     @classmethod
     def of(
@@ -124,15 +127,23 @@ class ExchangeTopic(Construct):
         """The app's topic for `spec`'s exchange, created in `scope`'s stack on first use.
 
         Channels of one exchange in other stacks of the app subscribe to that same topic (a
-        cross-stack reference), so an exchange may span stacks without a second topic."""
+        cross-stack reference), so an exchange may span stacks without a second topic. The
+        lookup key is the stack's environment, the namespace, the exchange and its ordering: a
+        staging channel never finds prod's topic, and a stack in another account or region
+        gets its own."""
         assert spec.exchange is not None
-        stack = Stack.of(scope)
-        topic_id = f"Exchange{construct_id(spec.exchange, spec.ordered)}"
-        for candidate in (stack, *stack.node.root.node.children):
-            existing = candidate.node.try_find_child(topic_id)
-            if isinstance(existing, ExchangeTopic):
-                return existing
-        return cls(stack, topic_id, spec=spec, key=key, removal_policy=removal_policy)
+        topology = Topology.of(scope)
+        exchange = topology.exchange_key(scope, spec.namespace, spec.exchange)
+        existing = topology.find_exchange(exchange, spec.ordered)
+        if existing is None:
+            stack = Stack.of(scope)
+            topic_id = f"Exchange{construct_id(spec.exchange, spec.ordered)}"
+            if stack.node.try_find_child(topic_id) is not None:  # the same exchange, another
+                topic_id += construct_id(spec.namespace or "Default")  # namespace or account
+            existing = cls(stack, topic_id, spec=spec, key=key, removal_policy=removal_policy)
+            topology.add_exchange(exchange, spec.ordered, existing)
+        topology.add_exchange_channel(exchange, spec.ordered, spec.name)
+        return existing
 
 
 class ChannelQueue(Construct):
@@ -172,6 +183,9 @@ class ChannelQueue(Construct):
         self._queue_policy("DeadLetterQueuePolicy", self.dlq_resource, topic_arn=None)
         self._tag(self.dlq_resource, "dlq")
         self._tag(self.queue_resource, "queue")
+        topology = Topology.of(self)
+        topology.register(self.queue_resource, self, "queue", f"channel {spec.name!r}")
+        topology.register(self.dlq_resource, self, "dead-letter queue", f"channel {spec.name!r}")
 
         self.subscription: sns.CfnSubscription | None = None
         if exchange is not None:

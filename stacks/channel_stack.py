@@ -1,7 +1,7 @@
 """`ChannelStack`: a group of channels, their consumers and one dashboard.
 
 ```python
-stack = ChannelStack(app, "Orders", platform=platform)
+stack = ChannelStack(app, "Orders", platform=platform, code="orders")  # the team's folder
 orders = stack.add_channel(ChannelSpec("orders"))                       # one line per channel
 stack.add_consumer(orders, "orders.consumers:OrderConsumer")          # one line per consumer
 ```
@@ -14,13 +14,15 @@ Channels of one exchange may live in different stacks; they share the exchange's
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from aws_cdk import RemovalPolicy, Stack, Tags
+from aws_cdk import Environment, RemovalPolicy, Stack, Tags
 from constructs import Construct
 
 from messenger.channel import TAG_MANAGED, ChannelSpec
 from stacks.channel import Channel, construct_id
+from stacks.consumer_image import ConsumerImage
 from stacks.consumer_service import ConsumerService
 from stacks.dashboard import ChannelDashboard
 from stacks.platform_stack import PlatformStack
@@ -29,15 +31,30 @@ from stacks.platform_stack import PlatformStack
 class ChannelStack(Stack):
     """Channels of one namespace (the platform's), their Fargate consumers and a dashboard.
 
-    platform: the namespace's PlatformStack (key, bucket, cluster, consumer image).
+    platform: the namespace's PlatformStack (key, bucket, cluster). The stack deploys to the
+        platform's environment (account and region): it uses the platform's key and cluster,
+        which CloudFormation cannot reference across environments. An `env` that differs fails.
+    code: the folder of this stack's consumer classes (`ConsumerImage.from_code(code)`), or a
+        `ConsumerImage`; the default image of `add_consumer`.
     """
 
     def __init__(
-        self, scope: Construct, id: str, *, platform: PlatformStack, **kwargs: Any
+        self, scope: Construct, id: str, *, platform: PlatformStack,
+        code: str | Path | ConsumerImage | None = None, **kwargs: Any
     ) -> None:
-        super().__init__(scope, id, **kwargs)
+        env = kwargs.pop("env", None)
+        if env is not None and not _same_environment(env, platform.deploy_env):
+            raise ValueError(
+                f"ChannelStack {id!r}: env {_describe(env)} differs from the platform's "
+                f"{_describe(platform.deploy_env)}; a channel stack uses the platform's key and "
+                f"cluster, so it deploys where the platform does. Leave env out."
+            )
+        super().__init__(scope, id, env=platform.deploy_env, **kwargs)
         self.platform = platform
         self.namespace = platform.namespace
+        if code is not None and not isinstance(code, ConsumerImage):
+            code = ConsumerImage.from_code(code)
+        self.code = code
         self.channels: dict[str, Channel] = {}
         self.consumers: dict[str, ConsumerService] = {}
         self.dashboard = ChannelDashboard(
@@ -70,16 +87,30 @@ class ChannelStack(Stack):
         return channel
 
     def add_consumer(
-        self, channel: Channel, consumer_class: str, **options: Any
+        self, channel: Channel, consumer_class: str,
+        image: str | Path | ConsumerImage | None = None, **options: Any
     ) -> ConsumerService:
-        """Run `consumer_class` ('package.module:Class') on Fargate; options: ConsumerService's."""
+        """Run `consumer_class` ('package.module:Class') on Fargate.
+
+        image: the code folder or `ConsumerImage` (default: the stack's `code`).
+        options: ConsumerService's (processing_timeout, concurrency, cpu, ...)."""
+        if image is None:
+            image = self.code
+        if image is None:
+            raise ValueError(
+                f"ChannelStack {self.stack_name!r}: add_consumer({consumer_class!r}) needs the "
+                f"service's code: ChannelStack(..., code='path/to/folder') or "
+                f"add_consumer(..., image=ConsumerImage.from_code(...) or .from_image(...))"
+            )
+        if not isinstance(image, ConsumerImage):
+            image = ConsumerImage.from_code(image)
         service = ConsumerService(
             self,
             f"Consumer{construct_id(channel.spec.name, channel.spec.ordered)}",
             channel=channel,
             foundation=self.platform.foundation,
             cluster=self.platform.cluster,
-            image=self.platform.consumer_image,
+            image=image,
             consumer_class=consumer_class,
             namespace=self.namespace,
             **options,
@@ -87,3 +118,18 @@ class ChannelStack(Stack):
         self.consumers[channel.spec.name] = service
         return service
 
+
+
+def _same_environment(env: Any, other: Environment | None) -> bool:
+    def parts(value: Any) -> tuple[Any, Any]:
+        if value is None:
+            return None, None
+        if isinstance(value, dict):
+            return value.get("account"), value.get("region")
+        return value.account, value.region
+
+    return parts(env) == parts(other)
+
+
+def _describe(env: Any) -> str:
+    return "(environment-agnostic)" if env is None else repr(env)

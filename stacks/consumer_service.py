@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import jsii
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_applicationautoscaling as autoscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -12,11 +11,13 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
-from constructs import Construct, IValidation
+from constructs import Construct
 
 from stacks.channel import Channel
+from stacks.consumer_image import DEFAULT_ARCHITECTURE, ConsumerImage
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge
+from stacks.topology import Topology
 
 #: Container health check (ECS limits: interval 5-300 s, timeout 2-120 s, retries 1-10,
 #: start period 0-300 s): the consumer may take up to five minutes to initialize.
@@ -49,11 +50,17 @@ class ConsumerService(Construct):
     channel: the channel it consumes (grants: consume the queue, forward to the DLQ, the key).
     foundation: the platform key and offload bucket (grants: read offloaded payloads).
     cluster: the ECS cluster (its VPC's public subnets are used unless `subnets` is given).
-    image: the consumer image (built from `consumer_image/Dockerfile`).
-    consumer_class: 'package.module:Class'.
+    image: `ConsumerImage.from_code(folder)` (the service's own code, built for the task's
+        architecture from `consumer_image/Dockerfile`) or `ConsumerImage.from_image(...)`.
+    consumer_class: 'package.module:Class'; with code, `package` is the folder's name. At synth
+        the class is imported from that code alone (as in the image) and must consume this
+        channel: same name, ordering, priorities, filter and status tracking.
     namespace: MESSENGER_NAMESPACE of the container.
-    processing_timeout: the consumer's per-message processing limit; must not exceed the
-        channel's visibility timeout, or SQS redelivers messages still being processed.
+    processing_timeout: the consumer's per-message processing limit (default: the class's
+        `processing_timeout`; given, it must equal it); must not exceed the channel's
+        visibility timeout, or SQS redelivers messages still being processed.
+    cpu_architecture: 'X86_64' (default) or 'ARM64' (Graviton), of the task and of the image
+        built for it (see `stacks.consumer_image` for why X86_64).
     concurrency: MESSENGER_CONCURRENCY, messages processed in parallel per task (default 1).
     shutdown_timeout: seconds the consumer gets to finish in-flight work after SIGTERM (30).
     stop_timeout: seconds ECS waits after SIGTERM before SIGKILL; above `shutdown_timeout`,
@@ -73,10 +80,11 @@ class ConsumerService(Construct):
         channel: Channel,
         foundation: Foundation,
         cluster: ecs.ICluster,
-        image: ecs.ContainerImage,
+        image: ConsumerImage | ecs.ContainerImage,
         consumer_class: str,
         namespace: str,
-        processing_timeout: Duration = DEFAULT_PROCESSING_TIMEOUT,
+        processing_timeout: Duration | None = None,
+        cpu_architecture: str = DEFAULT_ARCHITECTURE,
         concurrency: int = 1,
         shutdown_timeout: Duration = DEFAULT_SHUTDOWN_TIMEOUT,
         stop_timeout: Duration = DEFAULT_STOP_TIMEOUT,
@@ -89,19 +97,29 @@ class ConsumerService(Construct):
         environment: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(scope, id)
-        if ":" not in consumer_class:
+        module, _, class_name = consumer_class.partition(":")
+        if not class_name.isidentifier() or not all(
+            part.isidentifier() for part in module.split(".")
+        ):
             raise ValueError(
                 f"ConsumerService {id!r}: consumer_class must be 'package.module:Class', "
                 f"got {consumer_class!r}"
             )
+        if not isinstance(image, ConsumerImage):
+            image = ConsumerImage.from_image(image)
+        container_image = image.container_image(cpu_architecture)  # checks the architecture
         if concurrency < 1:
             raise ValueError(f"ConsumerService {id!r}: concurrency must be >= 1, got {concurrency}")
         self.channel = channel
         self.consumer_class = consumer_class
-        self.processing_timeout = processing_timeout
+        self.image = image
+        self.requested_processing_timeout = processing_timeout
         self.shutdown_timeout = shutdown_timeout
         self.stop_timeout = stop_timeout
-        self.node.add_validation(_TimeoutValidation(self))
+        topology = Topology.of(self)
+        if image.code_dir is not None and image.contains(consumer_class):
+            topology.request_consumer(image.code_dir, consumer_class)
+        topology.attach(self, _ClassValidation(self).validate, _TimeoutValidation(self).validate)
 
         self.log_group = logs.LogGroup(
             self,
@@ -115,7 +133,7 @@ class ConsumerService(Construct):
             cpu=cpu,
             memory_limit_mib=memory_mib,
             runtime_platform=ecs.RuntimePlatform(
-                cpu_architecture=ecs.CpuArchitecture.X86_64,
+                cpu_architecture=ecs.CpuArchitecture.of(cpu_architecture),
                 operating_system_family=ecs.OperatingSystemFamily.LINUX,
             ),
         )
@@ -131,7 +149,7 @@ class ConsumerService(Construct):
         }
         self.container = self.task_definition.add_container(
             "Consumer",
-            image=image,
+            image=container_image,
             command=["messenger", "consume", consumer_class],
             environment=self.environment,
             health_check=HEALTH_CHECK,
@@ -199,6 +217,24 @@ class ConsumerService(Construct):
     def task_role(self) -> iam.IRole:
         return self.task_definition.task_role
 
+    @property
+    def class_facts(self) -> dict | None:
+        """What the consumer class declares (imported at synth from the image's code), or
+        {'error': ...}; None for a ready image."""
+        if self.image.code_dir is None or not self.image.contains(self.consumer_class):
+            return None
+        return Topology.of(self).consumer_facts(self.image.code_dir, self.consumer_class)
+
+    @property
+    def processing_timeout(self) -> Duration:
+        """The requested one, else the class's `processing_timeout`, else 60 s."""
+        if self.requested_processing_timeout is not None:
+            return self.requested_processing_timeout
+        facts = self.class_facts
+        if facts and "processing_timeout" in facts:
+            return Duration.millis(round(facts["processing_timeout"] * 1000))
+        return DEFAULT_PROCESSING_TIMEOUT
+
 
 def _visible_messages(channel: Channel) -> cloudwatch.IMetric:
     """Visible messages of the channel: its queue's, or the sum over its priority levels."""
@@ -217,7 +253,58 @@ def _visible_messages(channel: Channel) -> cloudwatch.IMetric:
     )
 
 
-@jsii.implements(IValidation)
+class _ClassValidation:
+    """The consumer class is in the image, importable from its code, and consumes the channel."""
+
+    def __init__(self, service: ConsumerService) -> None:
+        self.service = service
+
+    def validate(self) -> list[str]:
+        service = self.service
+        image, target, spec = service.image, service.consumer_class, service.channel.spec
+        if not image.contains(target):
+            return [
+                f"consumer class {target!r} is not in its image: ConsumerImage.from_code"
+                f"({str(image.code_dir)!r}) holds the package {image.package!r} only. Name the "
+                f"class '{image.package}.<module>:<Class>', or build the image from the folder "
+                f"of package {target.split('.')[0]!r}."
+            ]
+        facts = service.class_facts
+        if facts is None:
+            return []
+        if "error" in facts:
+            return [
+                f"consumer class {target!r} cannot be loaded from {image.code_dir} as the image "
+                f"would load it: {facts['error']}. Fix the module or class name (the class must "
+                f"subclass messenger's Consumer and define handler); packages it needs belong "
+                f"in {image.package}/requirements.txt and must be installed where `cdk synth` "
+                f"runs."
+            ]
+        deployed = {
+            "channel": spec.name, "ordered": spec.ordered,
+            "priorities": list(spec.priorities), "default_level": spec.default_level,
+            "track_status": spec.track_status,
+            "filter_policy": spec.message_filter.policy() if spec.message_filter else None,
+        }
+        errors = [
+            f"consumer class {target!r} declares {name}={facts[name]!r} but is deployed for "
+            f"channel {spec.name!r} with {name}={value!r}; the consumer would "
+            f"{'look for another channel' if name == 'channel' else 'not match its queues'}. "
+            f"Make the class attribute and the ChannelSpec agree."
+            for name, value in deployed.items()
+            if facts.get(name) != value
+        ]
+        requested = service.requested_processing_timeout
+        declared = facts["processing_timeout"]
+        if requested is not None and requested.to_seconds() != declared:
+            errors.append(
+                f"ConsumerService processing_timeout ({requested.to_seconds():g} s) differs from "
+                f"{target}.processing_timeout ({declared:g} s), which the consumer enforces; "
+                f"drop the argument (the class's value is used) or make them equal."
+            )
+        return errors
+
+
 class _TimeoutValidation:
     """Processing must fit in the visibility timeout, shutdown in the stop timeout."""
 

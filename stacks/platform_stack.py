@@ -1,35 +1,36 @@
 """`PlatformStack`: what every channel stack of a namespace shares.
 
-The platform key and offload bucket, the network and ECS cluster consumers run in, the consumer
-image, and the scheduled operations Lambdas. It holds no resource detail: the constructs do.
+The platform key and offload bucket, the network and ECS cluster consumers run in, and the
+scheduled operations Lambdas. It holds no resource detail: the constructs do.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, Fn, RemovalPolicy, Stack, Tags
+from aws_cdk import CfnOutput, Environment, Fn, RemovalPolicy, Stack, Tags
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from messenger.channel import TAG_MANAGED, TAG_NAMESPACE
-from stacks.bundle import REPO_ROOT
 from stacks.config import MessengerConfig
 from stacks.foundation import Foundation
 from stacks.ops import OpsFunctions
 
-CONSUMER_DOCKERFILE = "consumer_image/Dockerfile"
-
 
 class PlatformStack(Stack):
-    """Key, offload bucket, VPC + ECS cluster, consumer image, ops Lambdas of one namespace."""
+    """Key, offload bucket, VPC + ECS cluster and ops Lambdas of one namespace.
+
+    Consumer images belong to the channel stacks (`ChannelStack(code=...)`): each team's code."""
 
     def __init__(
         self, scope: Construct, id: str, *, config: MessengerConfig, **kwargs: Any
     ) -> None:
         super().__init__(scope, id, **kwargs)
+        #: Where the platform deploys; its channel stacks deploy there too.
+        self.deploy_env: Environment | None = kwargs.get("env")
         self.config = config
         self.namespace = config.namespace
         self.foundation = Foundation(self, "Foundation", namespace=config.namespace)
@@ -57,10 +58,6 @@ class PlatformStack(Stack):
         )
         self.cluster = ecs.Cluster(
             self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
-        )
-        # Staged from the repository root at synth (see .dockerignore); built at deploy.
-        self.consumer_image = ecs.ContainerImage.from_asset(
-            str(REPO_ROOT), file=CONSUMER_DOCKERFILE
         )
         self.ops = OpsFunctions(
             self,

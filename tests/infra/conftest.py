@@ -113,3 +113,90 @@ def policy_statements(assembly: CloudAssembly) -> list[tuple[str, dict[str, Any]
 
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
+
+
+# -- README snippets ---------------------------------------------------------------------------
+def readme_section(title: str) -> str:
+    """The text of one `## title` section of README.md (up to the next `## ` heading)."""
+    text = (REPO / "README.md").read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else len(text)]
+
+
+def code_blocks(text: str, language: str) -> list[str]:
+    """The fenced code blocks of one language, in order, exactly as written."""
+    blocks, current = [], None
+    for line in text.splitlines(keepends=True):
+        if current is None and line.strip() == f"```{language}":
+            current = []
+        elif current is not None and line.strip() == "```":
+            blocks.append("".join(current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+@dataclass
+class TeamApp:
+    """The app as a team extends it from the README: its folder, the synthesized assembly."""
+
+    folder: Path
+    outdir: Path
+    templates: dict[str, dict[str, Any]]
+    manifest: dict[str, Any]
+    environments: dict[str, str]
+
+    def assets(self, stack: str) -> dict[str, Any]:
+        return json.loads((self.outdir / f"{stack}.assets.json").read_text())
+
+
+TEAM_NAMESPACE = "team"
+
+
+@pytest.fixture(scope="session")
+def team_app(tmp_path_factory: pytest.TempPathFactory) -> TeamApp:
+    """The README's CDK snippets run exactly as written, once per session, in process.
+
+    Blocks starting with `# <folder>/<file>.py` are the team's files, written to a fresh folder
+    outside the repository; the block starting with `# app.py` is what the team adds to
+    `app.py`'s `main()`, run after `build_app` with `app` and `platform` bound as there. The
+    environment is the one the CLI gives with credentials (account and region)."""
+    import aws_cdk as cdk
+
+    from app import read_config
+    from examples.cdk import add_example_channels
+    from stacks.messenger_app import build_app
+
+    folder = tmp_path_factory.mktemp("team")
+    fragments = []
+    for block in code_blocks(readme_section("CDK app"), "python"):
+        first = block.splitlines()[0]
+        path = first.removeprefix("# ").split(",")[0].split()[0]
+        if path == "app.py":
+            fragments.append(block)
+        else:
+            assert first.startswith("# ") and path.endswith(".py"), first
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(block)
+    assert len(fragments) == 1, "the README shows one addition to app.py"
+    context = json.loads((REPO / "cdk.json").read_text())["context"]
+    context.update({"messenger:namespace": TEAM_NAMESPACE, "messenger:pipeline": "false"})
+    outdir = folder / "cdk.out"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)  # where `cdk` runs: relative code folders resolve here
+        patch.setenv("CDK_DEFAULT_ACCOUNT", ACCOUNT)
+        patch.setenv("CDK_DEFAULT_REGION", REGION)
+        app = cdk.App(outdir=str(outdir), context=context)
+        platform = build_app(app, read_config(app), channels=add_example_channels).platform
+        exec(compile(fragments[0], "README.md (app.py)", "exec"),  # noqa: S102
+             {"__name__": "app_main", "app": app, "platform": platform})
+        assembly = app.synth()
+    templates = {stack.stack_name: stack.template for stack in assembly.stacks}
+    manifest = json.loads((outdir / "manifest.json").read_text())
+    environments = {
+        stack.stack_name: f"aws://{stack.environment.account}/{stack.environment.region}"
+        for stack in assembly.stacks
+    }
+    return TeamApp(folder, outdir, templates, manifest, environments)

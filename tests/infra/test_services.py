@@ -242,3 +242,19 @@ def test_code_bucket_expires_only_uploaded_code(assembly: CloudAssembly) -> None
     expiring = [r for r in rules if "ExpirationInDays" in r]
     assert [r.get("Prefix") for r in expiring] == [f"{CODE_PREFIX}/"]  # what emr submit writes
     assert DATA_PREFIX != f"{CODE_PREFIX}/"
+
+
+def test_example_consumers_run_their_own_code_on_a_pinned_platform(
+    assembly: CloudAssembly,
+) -> None:
+    # One image for the four example services: the library and examples/, for linux/amd64
+    manifest = json.loads((assembly.outdir / f"{NAMESPACE}-MessengerExamples.assets.json")
+                          .read_text())
+    (image,) = manifest["dockerImages"].values()
+    assert image["source"]["dockerBuildArgs"] == {"APP_DIR": "examples"}
+    assert image["source"]["platform"] == "linux/amd64"
+    context = assembly.outdir / image["source"]["directory"]
+    assert (context / "examples" / "wishlist.py").is_file()
+    assert (context / "messenger" / "consume" / "consumer.py").is_file()
+    for task in assembly.resources("AWS::ECS::TaskDefinition", "examples").values():
+        assert task["Properties"]["RuntimePlatform"]["CpuArchitecture"] == "X86_64"
