@@ -195,8 +195,11 @@ class Provisioner:
         return found
 
     def _create_queue(
-        self, name: str, attributes: dict[str, str], tags: dict[str, str]
+        self, name: str, attributes: dict[str, str], tags: dict[str, str], *,
+        role: str, topic_arn: str | None = None,
     ) -> QueueRef:
+        """Create the queue, or bring an existing one in line with the spec; `role` says what it
+        is for in errors ("queue of channel 'x'"); `topic_arn`: the exchange it receives from."""
         sqs = self.clients.client("sqs")
         attributes = {
             **attributes,
@@ -208,8 +211,11 @@ class Provisioner:
         except ClientError as error:
             if error_code(error) not in QUEUE_EXISTS_CODES:
                 raise
-            # It exists with other attributes: bring the mutable ones in line with the spec.
+            # It exists with other attributes: bring the mutable ones in line with the spec,
+            # unless another exchange delivers to it (its policy would be replaced: that
+            # exchange's subscription would silently stop delivering).
             url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+            self._refuse_foreign_exchange(url, name, role, topic_arn)
             mutable = {k: v for k, v in attributes.items() if k not in _IMMUTABLE_QUEUE_ATTRIBUTES}
             sqs.set_queue_attributes(QueueUrl=url, Attributes=mutable)
             sqs.tag_queue(QueueUrl=url, Tags=tags)
@@ -228,14 +234,36 @@ class Provisioner:
             **spec.dlq_attributes(),
             "Policy": queue_policy(self.arn("sqs", spec.dlq_name), None),
         }
-        dlq = self._create_queue(spec.dlq_name, dlq_attributes, spec.resource_tags("dlq"))
+        dlq = self._create_queue(
+            spec.dlq_name, dlq_attributes, spec.resource_tags("dlq"),
+            role=f"dead-letter queue of channel {spec.name!r}",
+        )
         attributes = {
             **spec.queue_attributes(),
             "RedrivePolicy": json.dumps(spec.redrive_policy(dlq.arn)),
             "Policy": queue_policy(self.arn("sqs", spec.queue_name), topic_arn),
         }
-        queue = self._create_queue(spec.queue_name, attributes, spec.resource_tags("queue"))
+        queue = self._create_queue(
+            spec.queue_name, attributes, spec.resource_tags("queue"),
+            role=f"queue of channel {spec.name!r}", topic_arn=topic_arn,
+        )
         return queue, dlq
+
+    def _refuse_foreign_exchange(
+        self, url: str, name: str, role: str, topic_arn: str | None
+    ) -> None:
+        """ProvisioningError when the existing queue admits a topic other than `topic_arn`."""
+        current = self.clients.client("sqs").get_queue_attributes(
+            QueueUrl=url, AttributeNames=["Policy"]
+        )["Attributes"].get("Policy")
+        foreign = sorted(set(source_topics(current)) - {topic_arn})
+        if foreign:
+            raise ProvisioningError(
+                f"queue {name!r} already receives from the topic {', '.join(foreign)}; as the "
+                f"{role} it would stop that exchange's delivery. Queue names are unique per "
+                f"account and region: rename the channel (its queue part) or use another "
+                f"namespace; delete the old queue only if its channel is gone."
+            )
 
     # -- topics and subscriptions ---------------------------------------------------------
     def find_topic(self, name: str) -> str | None:
@@ -422,6 +450,22 @@ class Provisioner:
             f"{what} does not exist (provisioning={self.settings.provisioning}; deploy it with "
             f"the CDK app, or set MESSENGER_PROVISIONING=auto to create it at first use)"
         )
+
+
+def source_topics(policy: str | None) -> list[str]:
+    """The SNS topic ARNs a queue policy lets deliver (`aws:SourceArn` of its Allow statements)."""
+    if not policy:
+        return []
+    topics = []
+    for statement in json.loads(policy).get("Statement", []):
+        if statement.get("Effect") != "Allow":
+            continue
+        for operator in statement.get("Condition", {}).values():
+            sources = operator.get("aws:SourceArn", [])
+            for source in [sources] if isinstance(sources, str) else sources:
+                if str(source).startswith("arn:") and ":sns:" in str(source):
+                    topics.append(str(source))
+    return topics
 
 
 def _normalized(policy: str | None) -> Any:
