@@ -8,9 +8,11 @@ Context (cdk.json or `-c key=value`):
   messenger:alarm-threshold       default queue depth that raises an alert
   messenger:cleaner-dry-run       the resource cleaner only reports (true/false)
   messenger:pipeline              deploy the EMR pipeline stack (true/false)
-  messenger:account / :region     pin the target environment (else CDK_DEFAULT_ACCOUNT/REGION)
+  messenger:account / :region     pin the target environment, both or neither (else
+                                  CDK_DEFAULT_ACCOUNT/REGION)
 Environment: CDK_DEFAULT_ACCOUNT / CDK_DEFAULT_REGION (set by the CLI when credentials exist);
-without either, the stacks are environment-agnostic. Synthesis needs no AWS access either way.
+only both pin the stacks (the CLI sets a region even without credentials): otherwise they are
+environment-agnostic. Synthesis needs no AWS access either way.
 """
 
 from __future__ import annotations
@@ -48,10 +50,23 @@ def read_config(app: App) -> MessengerConfig:
         raise ValueError(
             f"context messenger:alarm-threshold must be a whole number, got {threshold!r}"
         ) from None
+    account, region = str(context("account", "")), str(context("region", ""))
+    if bool(account) != bool(region):
+        raise ValueError(
+            "context messenger:account and messenger:region pin the environment together: "
+            f"give both or neither (got account={account!r}, region={region!r})"
+        )
+    if not account:
+        # Half an environment (a region without account, as the CLI gives without
+        # credentials) would pin the stacks to aws://unknown-account/<region>.
+        account = os.environ.get("CDK_DEFAULT_ACCOUNT", "")
+        region = os.environ.get("CDK_DEFAULT_REGION", "")
+        if not (account and region):
+            account = region = ""
     return MessengerConfig(
         namespace=str(context("namespace", "")),
-        account=str(context("account", "")) or os.environ.get("CDK_DEFAULT_ACCOUNT") or None,
-        region=str(context("region", "")) or os.environ.get("CDK_DEFAULT_REGION") or None,
+        account=account or None,
+        region=region or None,
         slack_webhook_secret=str(context("slack-webhook-secret", DEFAULT_SLACK_WEBHOOK_SECRET)),
         example_channels=_flag(context("example-channels", True), "messenger:example-channels"),
         alarm_threshold=threshold,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import aws_cdk as cdk
 import pytest
 
 from app import read_config
 from stacks.config import MessengerConfig
+from stacks.messenger_app import build_app
 
 
 def _config(monkeypatch: pytest.MonkeyPatch, **context: object) -> MessengerConfig:
@@ -41,6 +45,22 @@ def test_the_cli_environment_pins_account_and_region(monkeypatch: pytest.MonkeyP
     assert (config.account, config.region) == ("123456789012", "eu-west-1")
 
 
+def test_a_region_without_account_leaves_the_stacks_environment_agnostic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given what the CLI sets without credentials: a default region, no account
+    monkeypatch.delenv("CDK_DEFAULT_ACCOUNT", raising=False)
+    monkeypatch.setenv("CDK_DEFAULT_REGION", "us-east-1")
+    config = read_config(cdk.App())
+    # Then nothing is pinned (not aws://unknown-account/us-east-1)
+    assert (config.account, config.region) == (None, None)
+    context = json.loads((Path(__file__).resolve().parents[2] / "cdk.json").read_text())
+    app = cdk.App(context=context["context"])
+    stacks = build_app(app, config)
+    assert cdk.Token.is_unresolved(stacks.platform.region)
+    assert cdk.Token.is_unresolved(stacks.platform.account)
+
+
 @pytest.mark.parametrize(
     ("context", "message"),
     [
@@ -49,6 +69,7 @@ def test_the_cli_environment_pins_account_and_region(monkeypatch: pytest.MonkeyP
         ({"example-channels": "yes"}, "messenger:example-channels must be true or false"),
         ({"namespace": "bad name"}, "may contain only letters, digits"),
         ({"slack-webhook-secret": ""}, "slack_webhook_secret"),
+        ({"region": "eu-west-1"}, "messenger:account and messenger:region .* both or neither"),
     ],
 )
 def test_bad_context_names_the_key(
