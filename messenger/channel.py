@@ -85,10 +85,39 @@ def physical_name(name: str, namespace: str = "", ordered: bool = False) -> str:
     return base + (FIFO_SUFFIX if ordered else "")
 
 
+#: A namespace prefixes queue, topic, stack and S3 bucket names. Bucket names are lower case, so
+#: the namespace is too: 'Prod'/'prod' or 'a_b'/'a-b' would otherwise share one bucket.
+_NAMESPACE = re.compile(r"^[a-z](?:[a-z0-9]|-(?=[a-z0-9]))*$")
+#: '<namespace>-messenger-offload-<12-digit account>-<region>' must fit S3's 63 characters
+#: (regions have up to 14 characters, e.g. 'ap-southeast-5').
+MAX_NAMESPACE_LENGTH = 16
+#: S3 refuses bucket names starting with these.
+_RESERVED_BUCKET_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+
+
 def validate_namespace(namespace: str) -> str:
-    """Check a namespace prefix (may be empty); returns it unchanged."""
-    if namespace:
-        _check_part("namespace", namespace)
+    """Check a namespace prefix (may be empty); returns it unchanged.
+
+    1-16 characters of lowercase letters, digits and single '-', starting with a letter and not
+    ending with '-'. No normalisation: two namespaces are one only when they are equal."""
+    if not namespace:
+        return namespace
+    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace) \
+            or len(namespace) > MAX_NAMESPACE_LENGTH:
+        suggestion = re.sub(r"-+", "-", re.sub(r"[^a-z0-9]", "-", str(namespace).lower()))
+        suggestion = suggestion.strip("-")[:MAX_NAMESPACE_LENGTH].strip("-")
+        raise InvalidChannelSpec(
+            f"namespace {namespace!r} may contain only lowercase letters, digits and single "
+            f"'-', starting with a letter, at most {MAX_NAMESPACE_LENGTH} characters (it "
+            f"prefixes S3 bucket names, which are lower case: 'Prod' and 'prod', or 'a_b' and "
+            f"'a-b', would share one bucket)"
+            + (f"; e.g. {suggestion!r}" if suggestion and suggestion != namespace else "")
+        )
+    if f"{namespace}-".startswith(_RESERVED_BUCKET_PREFIXES):
+        raise InvalidChannelSpec(
+            f"namespace {namespace!r}: S3 bucket names may not start with "
+            f"{', '.join(_RESERVED_BUCKET_PREFIXES)}; choose another namespace"
+        )
     return namespace
 
 
@@ -103,10 +132,11 @@ def status_table_name(namespace: str = "") -> str:
     return f"{namespace}-messenger-status" if namespace else "messenger-status"
 
 
-def offload_bucket_name(namespace: str, account_id: str) -> str:
-    """The offload bucket: '<namespace->messenger-offload-<account>' (S3 names are lower case)."""
-    prefix = f"{namespace.lower().replace('_', '-')}-" if namespace else ""
-    return f"{prefix}messenger-offload-{account_id}"
+def offload_bucket_name(namespace: str, account_id: str, region: str) -> str:
+    """The offload bucket: '<namespace->messenger-offload-<account>-<region>'. Bucket names are
+    global: the region keeps one namespace in two regions (or accounts) apart."""
+    prefix = f"{namespace}-" if namespace else ""
+    return f"{prefix}messenger-offload-{account_id}-{region}"
 
 
 @dataclass(frozen=True)

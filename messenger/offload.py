@@ -30,8 +30,13 @@ _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 #: The size attribute of the current extended clients, and the legacy one still accepted on read.
 EXTENDED_SIZE_ATTRIBUTE = "ExtendedPayloadSize"
 LEGACY_SIZE_ATTRIBUTE = "SQSLargePayloadSize"
-#: Days an offloaded object outlives the 14-day maximum retention before it expires.
+#: Days an offloaded object outlives the messages pointing at it before it expires.
 LIFECYCLE_MARGIN_DAYS = 1
+#: Lifetimes a payload must cover: the message's in its queue, then its dead-letter copy's (SQS
+#: resets the enqueue time of a message moved to a FIFO dead-letter queue). `messenger requeue`
+#: refreshes the payload of every message it moves (`PayloadStore.refresh`), so a requeued
+#: message starts with a full lifetime again, however often it is requeued.
+LIFECYCLE_HOPS = 2
 OFFLOAD_PREFIX = "payloads/"
 
 
@@ -77,8 +82,9 @@ class OffloadPointer:
 
 
 def lifecycle_days(retention_seconds: int) -> int:
-    """Days after which offloaded objects expire: retention rounded up plus the margin."""
-    return -(-retention_seconds // 86_400) + LIFECYCLE_MARGIN_DAYS
+    """Days after which offloaded objects expire: retention rounded up, once for the queue and
+    once for the dead-letter queue, plus the margin (29 for the 14-day maximum)."""
+    return LIFECYCLE_HOPS * -(-retention_seconds // 86_400) + LIFECYCLE_MARGIN_DAYS
 
 
 class PayloadStore:
@@ -114,6 +120,25 @@ class PayloadStore:
                 ) from None
             raise
         return str(response["Body"].read().decode("utf-8"))
+
+    def refresh(self, pointer: OffloadPointer) -> bool:
+        """Restart the payload's lifecycle clock (a copy onto itself: S3 expires objects by
+        creation date); False when it is already gone. For a message that starts a new life in
+        a queue, such as a requeued one."""
+        extra: dict[str, str] = {"ServerSideEncryption": "aws:kms"}
+        if self.kms_key:
+            extra["SSEKMSKeyId"] = self.kms_key
+        try:
+            self.s3.copy_object(
+                Bucket=pointer.bucket, Key=pointer.key, MetadataDirective="REPLACE",
+                CopySource={"Bucket": pointer.bucket, "Key": pointer.key},
+                ContentType="application/json", **extra,
+            )
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code", "") in ("NoSuchKey", "404"):
+                return False
+            raise
+        return True
 
 
 def pointer_attributes(size: int) -> dict[str, dict[str, str]]:

@@ -4,7 +4,7 @@
 |-------------------------------|--------------------------|----------------------------------|
 | MESSENGER_NAMESPACE           | namespace                | '' (no prefix)                   |
 | MESSENGER_PROVISIONING        | provisioning             | 'auto' ('auto' or 'verify')      |
-| MESSENGER_OFFLOAD_BUCKET      | offload_bucket           | '<ns->messenger-offload-<account>' |
+| MESSENGER_OFFLOAD_BUCKET      | offload_bucket           | '<ns->messenger-offload-<acct>-<reg>'|
 | MESSENGER_OFFLOAD_THRESHOLD   | offload_threshold        | 262144 bytes                     |
 | MESSENGER_KMS_KEY             | kms_key                  | 'alias/<namespace->messenger'    |
 | MESSENGER_RETRY_BUDGET        | retry_budget_seconds     | 20                               |
@@ -124,10 +124,11 @@ class Settings:
         return platform_key_alias(self.namespace)
 
     def bucket_name(self, account_id: str) -> str:
-        """The offload bucket: the configured one, else '<ns->messenger-offload-<account>'."""
+        """The offload bucket: the configured one, else
+        '<ns->messenger-offload-<account>-<region>'."""
         if self.offload_bucket:
             return self.offload_bucket
-        return offload_bucket_name(self.namespace, account_id)
+        return offload_bucket_name(self.namespace, account_id, self.region)
 
     def as_env(self) -> dict[str, str]:
         """The settings as environment variables (to hand to a subprocess or a Spark executor)."""

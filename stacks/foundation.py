@@ -24,9 +24,10 @@ from messenger.channel import (
 )
 from stacks.nag import acknowledge_wildcard_resource
 
-#: Offloaded payloads live as long as the longest possible retention (14 days) plus one day
-#: (`messenger.offload.lifecycle_days`): a message can never outlive its payload.
-OFFLOAD_EXPIRY_DAYS = -(-SQS_MAX_RETENTION_SECONDS // 86_400) + 1
+#: Offloaded payloads outlive every message pointing at them (`messenger.offload.lifecycle_days`):
+#: 14 days in the queue, 14 more for a FIFO dead-letter copy (SQS resets its enqueue time), one
+#: day's margin; `messenger requeue` refreshes the payloads of the messages it moves.
+OFFLOAD_EXPIRY_DAYS = 2 * -(-SQS_MAX_RETENTION_SECONDS // 86_400) + 1
 #: Where offloaded bodies live in the bucket (`messenger.offload.OFFLOAD_PREFIX`).
 OFFLOAD_PREFIX = "payloads/"
 ACCESS_LOG_EXPIRY_DAYS = 90
@@ -80,7 +81,7 @@ class Foundation(Construct):
         )
         # Named from the pseudo parameter, not a cross-stack export: grants in other stacks
         # build the same ARN from the name.
-        self.offload_bucket_name = offload_bucket_name(namespace, Aws.ACCOUNT_ID)
+        self.offload_bucket_name = offload_bucket_name(namespace, Aws.ACCOUNT_ID, Aws.REGION)
         self.offload_bucket = s3.Bucket(
             self,
             "OffloadBucket",

@@ -26,7 +26,7 @@ from messenger.channel import (
     physical_name,
     queue_name_for,
 )
-from messenger.errors import ChannelNotFound, InvalidSettings
+from messenger.errors import ChannelNotFound, InvalidSettings, MessageDecodeError
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.message import (
     DEAD_LETTER_REASON_ATTRIBUTE,
@@ -34,6 +34,7 @@ from messenger.message import (
     EncodedMessage,
     sendable_attributes,
 )
+from messenger.offload import OffloadPointer, PayloadStore
 from messenger.produce.transport import OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, QueueRef
 from messenger.settings import Settings
@@ -198,6 +199,7 @@ class Requeuer:
     ) -> None:
         outgoing = [self._outgoing(message) for message in messages]
         try:
+            self._refresh_payloads(messages)
             failures = call_with_budget(
                 lambda: target.send_batch(outgoing),
                 self.settings.retry_budget_seconds,
@@ -218,6 +220,22 @@ class Requeuer:
             self._record_requeued(sent)
         # Failed ones stay in the source and come back after the visibility timeout.
         self._release([m["ReceiptHandle"] for i, m in enumerate(messages) if i in failed])
+
+    def _refresh_payloads(self, messages: list[dict[str, Any]]) -> None:
+        """A requeued message lives 14 more days: so must the payload it points to."""
+        store: PayloadStore | None = None
+        for message in messages:
+            try:
+                pointer = OffloadPointer.parse(message["Body"], message.get("MessageAttributes"))
+            except MessageDecodeError:
+                continue  # the consumer dead-letters it at once; nothing to keep alive
+            if pointer is None:
+                continue
+            if store is None:  # the platform key, as the producer wrote it
+                store = PayloadStore(self.clients.client("s3"), "", self.provisioner.key_arn())
+            if not store.refresh(pointer):
+                logger.warning("requeued message %s points to a payload that is gone: %s",
+                               message.get("MessageId"), pointer.key)
 
     def _outgoing(self, message: dict[str, Any]) -> OutgoingMessage:
         attributes = sendable_attributes(message.get("MessageAttributes", {}))

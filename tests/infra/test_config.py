@@ -67,7 +67,7 @@ def test_a_region_without_account_leaves_the_stacks_environment_agnostic(
         ({"alarm-threshold": "many"}, "messenger:alarm-threshold must be a whole number"),
         ({"alarm-threshold": "-1"}, "must be a whole number >= 0"),
         ({"example-channels": "yes"}, "messenger:example-channels must be true or false"),
-        ({"namespace": "bad name"}, "may contain only letters, digits"),
+        ({"namespace": "bad name"}, "may contain only lowercase letters, digits"),
         ({"slack-webhook-secret": ""}, "slack_webhook_secret"),
         ({"region": "eu-west-1"}, "messenger:account and messenger:region .* both or neither"),
     ],

@@ -8,7 +8,6 @@ import pytest
 
 from examples.cdk import EXAMPLE_CONSUMERS
 from examples.channels import example_channels
-from messenger.settings import Settings
 from messenger.tools.emr import CODE_PREFIX
 from stacks.bundle import spark_job_scripts
 from stacks.emr_pipeline import DATA_PREFIX
@@ -40,7 +39,8 @@ def test_consumer_tasks_have_health_check_stop_timeout_and_settings(
         assert env["MESSENGER_CONCURRENCY"] == "1"
         assert "FoundationKey" in json.dumps(env["MESSENGER_KMS_KEY"])
         assert env["MESSENGER_OFFLOAD_BUCKET"] == {"Fn::Join": ["", [
-            Settings(namespace=NAMESPACE).bucket_name(""), {"Ref": "AWS::AccountId"}]]}
+            f"{NAMESPACE}-messenger-offload-", {"Ref": "AWS::AccountId"}, "-",
+            {"Ref": "AWS::Region"}]]}
         commands.add(tuple(container["Command"]))
     assert commands == {("messenger", "consume", c) for c in EXAMPLE_CONSUMERS.values()}
 

@@ -117,7 +117,10 @@ def test_offload_bucket_matches_the_runtime(assembly: CloudAssembly) -> None:
     template = assembly.assertions("platform")
     # Then the bucket has the runtime's name, SSE-KMS and the runtime's expiry
     template.has_resource_properties("AWS::S3::Bucket", {
-        "BucketName": {"Fn::Join": ["", [settings.bucket_name(""), {"Ref": "AWS::AccountId"}]]},
+        "BucketName": {"Fn::Join": ["", [
+            f"{NAMESPACE}-messenger-offload-", {"Ref": "AWS::AccountId"}, "-",
+            {"Ref": "AWS::Region"},
+        ]]},
         "BucketEncryption": {"ServerSideEncryptionConfiguration": [{
             "ServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms",
                                               "KMSMasterKeyID": Match.any_value()},

@@ -110,7 +110,7 @@ def test_offload_bucket_is_encrypted_private_and_expires_payloads(settings, clie
     block = s3.get_public_access_block(Bucket=name)["PublicAccessBlockConfiguration"]
     assert all(block.values())
     [lifecycle] = s3.get_bucket_lifecycle_configuration(Bucket=name)["Rules"]
-    assert lifecycle["Expiration"]["Days"] == 15
+    assert lifecycle["Expiration"]["Days"] == 29  # queue + dead-letter copy + a day
 
 
 def test_the_topic_carries_the_exchanges_tags_whoever_creates_it(settings, clients):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from messenger import ChannelSpec, MessageFilter, PublishFailed
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE, Message
+from messenger.offload import PayloadStore, pointer_attributes
 from messenger.produce.producer import Producer, PushItem
 from messenger.provision import Provisioner
 from messenger.tools.requeue import Requeuer, SubscriberTypes
@@ -169,3 +171,32 @@ def test_requeue_keeps_binary_attributes(settings, clients):
     assert (report.moved, report.failed) == (1, 0)
     [raw] = drain(sqs, resources.queue.url)
     assert raw["MessageAttributes"]["signature"]["BinaryValue"] == b"\x00\x01sig"
+
+
+def test_requeue_restarts_the_lifecycle_of_offloaded_payloads(settings, clients):
+    # Given an offloaded message in the DLQ, its payload written long ago
+    spec = ChannelSpec("orders", namespace=settings.namespace)
+    provisioner = Provisioner(clients, settings)
+    resources = provisioner.ensure_channel(spec)
+    store = PayloadStore(clients.client("s3"), provisioner.ensure_bucket(), provisioner.key_arn())
+    pointer = store.put('{"big": true}')
+    s3, sqs = clients.client("s3"), clients.client("sqs")
+    written = s3.head_object(Bucket=pointer.bucket, Key=pointer.key)["LastModified"]
+    gone = PayloadStore(clients.client("s3"), pointer.bucket).put("{}")
+    s3.delete_object(Bucket=gone.bucket, Key=gone.key)
+    for item in (pointer, gone):
+        sqs.send_message(QueueUrl=resources.dlq.url, MessageBody=item.encode(),
+                         MessageAttributes=pointer_attributes(100))
+    time.sleep(1.1)  # S3 times have one-second resolution
+    # When requeued
+    report = Requeuer(source_queue=spec.dlq_name, destination_channel="orders",
+                      settings=settings, clients=clients).start()
+    # Then both messages moved, and the payload that exists starts a new life (S3 expires
+    # objects by creation date), unchanged and still under the platform key
+    assert (report.moved, report.failed) == (2, 0)
+    head = s3.head_object(Bucket=pointer.bucket, Key=pointer.key)
+    assert head["LastModified"] > written
+    assert head["ServerSideEncryption"] == "aws:kms"
+    assert head["SSEKMSKeyId"] == provisioner.key_arn()
+    assert store.get(pointer) == '{"big": true}'
+    assert len(drain(sqs, resources.queue.url)) == 2

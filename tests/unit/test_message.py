@@ -67,6 +67,7 @@ def test_offload_pointer_is_the_aws_extended_client_format():
     assert OffloadPointer.parse(body, {}) is None
 
 
-def test_lifecycle_outlives_retention():
-    assert lifecycle_days(14 * 86400) == 15
-    assert lifecycle_days(3600) == 2
+def test_lifecycle_outlives_retention_and_a_dead_letter_copy():
+    # 14 days in the queue, up to 14 more in a FIFO DLQ (enqueue time reset), one day's margin
+    assert lifecycle_days(14 * 86400) == 29
+    assert lifecycle_days(3600) == 3

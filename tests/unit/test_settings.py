@@ -10,7 +10,7 @@ def test_defaults_and_environment():
     assert settings.provisioning == "auto"
     assert settings.region == "eu-west-1"
     assert settings.kms_alias == "alias/dev-messenger"
-    assert settings.bucket_name("123") == "dev-messenger-offload-123"
+    assert settings.bucket_name("123") == "dev-messenger-offload-123-eu-west-1"
     assert Settings.from_env(settings.as_env()) == settings
 
 
