@@ -28,6 +28,9 @@ from stacks.nag import acknowledge, acknowledge_wildcard_resource
 DEFAULT_RELEASE_LABEL = "emr-7.9.0"
 #: EMR's managed service policy (v2) only acts on network resources carrying this tag.
 EMR_MANAGED_TAG = "for-use-with-amazon-emr-managed-policies"
+#: Tag of the clusters the state machine creates (value: the pipeline's construct path); it may
+#: terminate no other cluster.
+PIPELINE_TAG = "messenger:pipeline"
 #: Prefix of the code bucket where jobs may read and write their data.
 DATA_PREFIX = "data/"
 #: Where `messenger emr submit` uploads code (`messenger.tools.emr.CODE_PREFIX`); only uploaded
@@ -199,6 +202,7 @@ class EmrPipeline(Construct):
             auto_scaling_role=self.autoscaling_role,
             log_uri=self.logs_bucket.s3_url_for_object("emr/"),
             visible_to_all_users=True,
+            tags={PIPELINE_TAG: self.node.path},
             result_path="$.cluster",
         )
         # The step runs `<spark-submit and settings> <script> <args...>`: a Pass state puts the
@@ -264,6 +268,13 @@ class EmrPipeline(Construct):
         clusters = Stack.of(self).format_arn(
             service="elasticmapreduce", resource="cluster", resource_name="*"
         )
+        # The CDK tasks may terminate any cluster (createCluster's grant is on "*"): only those
+        # this state machine created, tagged at creation, may be terminated.
+        machine.add_to_role_policy(iam.PolicyStatement(
+            sid="TerminateOnlyOwnClusters", effect=iam.Effect.DENY,
+            actions=["elasticmapreduce:TerminateJobFlows"], resources=["*"],
+            conditions={"StringNotEquals": {f"aws:ResourceTag/{PIPELINE_TAG}": self.node.path}},
+        ))
         policy = machine.role.node.find_child("DefaultPolicy")
         acknowledge_wildcard_resource(
             policy, "*",

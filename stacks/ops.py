@@ -26,6 +26,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from messenger.channel import TAG_MANAGED, TAG_NAMESPACE
 from stacks.bundle import lambda_bundle
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 
@@ -42,19 +43,22 @@ SCHEDULE_MAX_EVENT_AGE = Duration.hours(2)
 #: metric and account-wide subscription listing APIs have no resource-level permissions.
 ALARM_UNSCOPED_ACTIONS = ("tag:GetResources", "cloudwatch:GetMetricData")
 CLEANER_UNSCOPED_ACTIONS = (*ALARM_UNSCOPED_ACTIONS, "sns:ListSubscriptions")
-CLEANER_QUEUE_ACTIONS = (
-    "sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags", "sqs:DeleteQueue",
-)
+CLEANER_QUEUE_ACTIONS = ("sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags")
 CLEANER_TOPIC_ACTIONS = (
     "sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic", "sns:ListTagsForResource",
-    "sns:Unsubscribe", "sns:DeleteTopic",
 )
+#: What the cleaner may destroy, only on resources the platform tagged as its own (SQS queues
+#: and SNS topics support `aws:ResourceTag` conditions): in every configuration, the default
+#: namespace's (no name prefix) included, it can never delete a resource it does not manage.
+CLEANER_QUEUE_DELETE_ACTIONS = ("sqs:DeleteQueue",)
+CLEANER_TOPIC_DELETE_ACTIONS = ("sns:Unsubscribe", "sns:DeleteTopic")
 
 
 class OpsFunctions(Construct):
     """The queue-alarm and resource-cleaner functions and their schedules.
 
-    namespace: only resources named `<namespace>-*` are read or deleted ('' = the whole account).
+    namespace: only resources named `<namespace>-*` are read ('' = every name), and only those
+        tagged as the platform's in this namespace are deleted (`ownership_condition`).
     slack_webhook_secret: name of the Secrets Manager secret holding the Slack webhook URL.
     alarm_threshold: default queue depth that raises an alert (MESSENGER_ALARM_THRESHOLD).
     cleaner_dry_run: report what the cleaner would delete without deleting (default True).
@@ -94,6 +98,9 @@ class OpsFunctions(Construct):
             "ResourceCleaner", "resource_cleaner", environment, timeout=Duration.minutes(10),
             unscoped_actions=CLEANER_UNSCOPED_ACTIONS,
             scoped_actions={"sqs": CLEANER_QUEUE_ACTIONS, "sns": CLEANER_TOPIC_ACTIONS},
+            guarded_actions={
+                "sqs": CLEANER_QUEUE_DELETE_ACTIONS, "sns": CLEANER_TOPIC_DELETE_ACTIONS,
+            },
         )
         self.source_alerts = self._schedule(
             "SourceQueueAlerts", SOURCE_ALERT_SCHEDULE, self.queue_alarm, {"scope": "source"}
@@ -164,6 +171,26 @@ class OpsFunctions(Construct):
         prefix = f"{self.namespace}-" if self.namespace else ""
         return f"arn:{Aws.PARTITION}:{service}:{Aws.REGION}:{Aws.ACCOUNT_ID}:{prefix}*"
 
+    def ownership_condition(self) -> dict[str, dict[str, str]]:
+        """The resource is the platform's, in this namespace: tagged `messenger:managed=true`
+        and `messenger:namespace=<ns>`, or, for the default namespace, without that tag."""
+        managed = {f"aws:ResourceTag/{TAG_MANAGED}": "true"}
+        if self.namespace:
+            return {"StringEquals": {**managed,
+                                     f"aws:ResourceTag/{TAG_NAMESPACE}": self.namespace}}
+        return {"StringEquals": managed, "Null": {f"aws:ResourceTag/{TAG_NAMESPACE}": "true"}}
+
+    def _scope_reason(self) -> str:
+        if self.namespace:
+            return (f"Channel resources are created by users at any time; reads are limited to "
+                    f"the namespace's name prefix '{self.namespace}-', and deleting also needs "
+                    f"the tags {TAG_MANAGED}=true and {TAG_NAMESPACE}={self.namespace} "
+                    f"(aws:ResourceTag conditions).")
+        return ("The default namespace has no name prefix, so the reads cover the account's "
+                "queues and topics in this region; deleting needs the tag "
+                f"{TAG_MANAGED}=true and no {TAG_NAMESPACE} tag (aws:ResourceTag conditions): "
+                "only the platform's own default-namespace resources.")
+
     def _function(
         self,
         id: str,
@@ -173,7 +200,10 @@ class OpsFunctions(Construct):
         timeout: Duration,
         unscoped_actions: tuple[str, ...],
         scoped_actions: dict[str, tuple[str, ...]] | None = None,
+        guarded_actions: dict[str, tuple[str, ...]] | None = None,
     ) -> lambda_.Function:
+        """scoped_actions: per service, on the namespace's name pattern; guarded_actions: the
+        same, and only on resources the platform tagged as its own (`ownership_condition`)."""
         log_group = logs.LogGroup(
             self, f"{id}Logs", retention=logs.RetentionDays.THREE_MONTHS,
             removal_policy=RemovalPolicy.DESTROY,
@@ -209,6 +239,11 @@ class OpsFunctions(Construct):
             role.add_to_policy(
                 iam.PolicyStatement(actions=list(actions), resources=[self._name_pattern(service)])
             )
+        for service, actions in (guarded_actions or {}).items():
+            role.add_to_policy(iam.PolicyStatement(
+                actions=list(actions), resources=[self._name_pattern(service)],
+                conditions=self.ownership_condition(),
+            ))
         self.secret.grant_read(role)
         policy = role.node.find_child("DefaultPolicy")
         acknowledge(
@@ -217,12 +252,9 @@ class OpsFunctions(Construct):
             f"{', '.join(unscoped_actions)} and the X-Ray tracing calls support no "
             "resource-level permissions; every other action is scoped.",
         )
-        for service in scoped_actions or {}:
-            acknowledge_wildcard_resource(
-                policy, self._name_pattern(service),
-                "Channel resources are created by users at any time; the grant is limited to "
-                "the namespace's name prefix and the ops actions listed.",
-            )
+        for service in {**(scoped_actions or {}), **(guarded_actions or {})}:
+            acknowledge_wildcard_resource(policy, self._name_pattern(service),
+                                          self._scope_reason())
         acknowledge(
             function,
             "AwsSolutions-L1",
