@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import CfnOutput, Duration, Fn, RemovalPolicy, Stack
 from aws_cdk import aws_applicationautoscaling as autoscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
@@ -16,7 +17,7 @@ from constructs import Construct
 from stacks.channel import Channel
 from stacks.consumer_image import DEFAULT_ARCHITECTURE, ConsumerImage
 from stacks.foundation import Foundation
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, acknowledge_wildcard_resource
 from stacks.topology import Topology
 
 #: Container health check (ECS limits: interval 5-300 s, timeout 2-120 s, retries 1-10,
@@ -35,8 +36,8 @@ DEFAULT_STOP_TIMEOUT = Duration.seconds(FARGATE_MAX_STOP_TIMEOUT_SECONDS)
 DEFAULT_SHUTDOWN_TIMEOUT = Duration.seconds(30)
 #: The `Consumer.processing_timeout` default.
 DEFAULT_PROCESSING_TIMEOUT = Duration.seconds(60)
-#: Like `QueueProcessingFargateService`: one task fewer at an empty queue, one more from 100
-#: visible messages, five more from 500.
+#: Like `QueueProcessingFargateService`: one task fewer when nothing is waiting or in flight,
+#: one more from 100 messages, five more from 500.
 DEFAULT_SCALING_STEPS = (
     autoscaling.ScalingInterval(upper=0, change=-1),
     autoscaling.ScalingInterval(lower=100, change=+1),
@@ -67,8 +68,9 @@ class ConsumerService(Construct):
         at most 120 (default 120).
     cpu / memory_mib: Fargate task size (256 / 512).
     min_tasks / max_tasks: scaling bounds on queue depth (1 / 10).
-    scaling_steps: step scaling on ApproximateNumberOfMessagesVisible (default: -1 at 0,
-        +1 from 100, +5 from 500).
+    scaling_steps: step scaling on the backlog, visible plus in-flight messages (default: -1 at
+        0, +1 from 100, +5 from 500). While a message is processed its task holds ECS scale-in
+        protection (`messenger.consume.protection`; the task role may update it).
     environment: extra environment variables (no secrets: they are visible in the task definition).
     """
 
@@ -158,6 +160,7 @@ class ConsumerService(Construct):
             readonly_root_filesystem=False,
         )
         channel.grant_consume(self.task_definition.task_role)
+        self._grant_task_protection(cluster)
         foundation.grant_offload_read(self.task_definition.task_role)
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.task_definition.task_role)
@@ -190,7 +193,7 @@ class ConsumerService(Construct):
         )
         self.scaling.scale_on_metric(
             "QueueDepth",
-            metric=_visible_messages(channel),
+            metric=backlog(channel),
             scaling_steps=list(scaling_steps),
             adjustment_type=autoscaling.AdjustmentType.CHANGE_IN_CAPACITY,
             cooldown=Duration.minutes(2),
@@ -212,6 +215,35 @@ class ConsumerService(Construct):
                 "ecr:GetAuthorizationToken has no resource scope in IAM; pulling the image "
                 "itself is limited to the asset repository.",
             )
+
+    def _grant_task_protection(self, cluster: ecs.ICluster) -> None:
+        """The consumer protects its own task from scale-in while busy
+        (`messenger.consume.protection`): one action, on this cluster's tasks only."""
+        name = cluster.cluster_name
+        producer = Stack.of(cluster)
+        if producer.node.path != Stack.of(self).node.path:
+            # A named export (one per cluster stack): the reference reads the same at
+            # construction and in the template, so the acknowledgement below can name it.
+            output_id = re.sub(r"[^A-Za-z0-9]", "", cluster.node.id) + "Name"
+            export = f"{producer.stack_name}:{output_id}"
+            if producer.node.try_find_child(output_id) is None:
+                CfnOutput(producer, output_id, value=name, export_name=export)
+            Stack.of(self).add_dependency(producer, "the consumers' cluster name")
+            name = Fn.import_value(export)
+        tasks = Stack.of(self).format_arn(
+            service="ecs", resource="task", resource_name=f"{name}/*"
+        )
+        role = self.task_definition.task_role
+        role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["ecs:UpdateTaskProtection"], resources=[tasks],
+        ))
+        policy = role.node.try_find_child("DefaultPolicy")
+        assert policy is not None
+        acknowledge_wildcard_resource(
+            policy, tasks,
+            "A task's id exists only at run time; the grant is ecs:UpdateTaskProtection alone, "
+            "on the tasks of this service's cluster (a consumer protects its own task).",
+        )
 
     @property
     def task_role(self) -> iam.IRole:
@@ -236,20 +268,21 @@ class ConsumerService(Construct):
         return DEFAULT_PROCESSING_TIMEOUT
 
 
-def _visible_messages(channel: Channel) -> cloudwatch.IMetric:
-    """Visible messages of the channel: its queue's, or the sum over its priority levels."""
-    metrics = [
-        queue.metric_approximate_number_of_messages_visible(
+def backlog(channel: Channel) -> cloudwatch.IMetric:
+    """Messages waiting or being processed: visible plus in flight (not visible), summed over
+    the channel's priority levels. In-flight messages count: a task working on one is busy, so
+    the service scales in only when every message is done, never under a working task."""
+    names: dict[str, cloudwatch.IMetric] = {}
+    for index, queue in enumerate(channel.queues):
+        names[f"visible{index}"] = queue.metric_approximate_number_of_messages_visible(
             period=Duration.minutes(1), statistic="Maximum"
         )
-        for queue in channel.queues
-    ]
-    if len(metrics) == 1:
-        return metrics[0]
-    names = {f"m{i}": metric for i, metric in enumerate(metrics)}
+        names[f"inflight{index}"] = queue.metric_approximate_number_of_messages_not_visible(
+            period=Duration.minutes(1), statistic="Maximum"
+        )
     return cloudwatch.MathExpression(
-        expression=" + ".join(names), using_metrics=names, label="visible (all levels)",
-        period=Duration.minutes(1),
+        expression=" + ".join(names), using_metrics=names,
+        label="backlog: visible + in flight (all levels)", period=Duration.minutes(1),
     )
 
 

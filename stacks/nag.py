@@ -42,4 +42,6 @@ def _flatten(node: Any) -> str:
             return f"<{_flatten(resource)}.{_flatten(attribute)}>"
         if "Ref" in node:
             return f"<{_flatten(node['Ref'])}>"
+        if "Fn::ImportValue" in node:  # a cross-stack reference: cdk-nag prints the export
+            return _flatten(node["Fn::ImportValue"])
     return json.dumps(node)

@@ -52,6 +52,7 @@ from messenger.consume.lifecycle import (
     log_event,
 )
 from messenger.consume.mailbox import Mailbox, ReceivedMessage
+from messenger.consume.protection import TaskProtection
 from messenger.consume.runtime import ProcessingTimeout, Runtime
 from messenger.consume.settings import ConsumerSettings
 from messenger.consume.tracking import StatusTracker
@@ -134,6 +135,8 @@ class Consumer:
                 self.clients, self.settings, retention_seconds=self.spec.retention_seconds))
         self.hooks = collect_hooks(type(self))
         self.health = HealthFile(self.runtime.health_file)
+        #: ECS task scale-in protection while PROCESSING (a no-op outside ECS).
+        self.protection = TaskProtection.from_env(os.environ, float(self.processing_timeout))
         self.state: ConsumerState | None = None
         self._state_since = 0.0
         self.transition_lock = threading.RLock()
@@ -214,6 +217,7 @@ class Consumer:
             self.state = state
             self._state_since = time.time()
             self._write_health()
+            self.protection.follow(state)
             self.emit("state", fields={
                 "state": state.value, "previous": previous.value if previous else None,
             })

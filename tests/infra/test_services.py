@@ -45,16 +45,47 @@ def test_consumer_tasks_have_health_check_stop_timeout_and_settings(
     assert commands == {("messenger", "consume", c) for c in EXAMPLE_CONSUMERS.values()}
 
 
-def test_consumers_scale_in_steps_on_queue_depth(assembly: CloudAssembly) -> None:
+def test_consumers_scale_in_steps_on_their_backlog_in_flight_included(
+    assembly: CloudAssembly,
+) -> None:
     policies = assembly.resources("AWS::ApplicationAutoScaling::ScalingPolicy", "examples")
     step_policies = [p for p in policies.values() if p["Properties"]["PolicyType"] == "StepScaling"]
     assert len(step_policies) == 2 * len(EXAMPLE_CONSUMERS)  # one to scale out, one to scale in
-    alarms = assembly.resources("AWS::CloudWatch::Alarm", "examples").values()
-    depth_alarms = [a for a in alarms
-                    if a["Properties"].get("MetricName") == "ApproximateNumberOfMessagesVisible"]
-    assert sorted(a["Properties"]["Threshold"] for a in depth_alarms) == sorted(
-        [0, 100] * len(EXAMPLE_CONSUMERS)
-    )
+    resources = assembly.template("examples")["Resources"]
+    queue_ids = {r["Properties"]["QueueName"]: k for k, r in resources.items()
+                 if r["Type"] == "AWS::SQS::Queue"}
+    alarms = [a["Properties"] for a in assembly.resources("AWS::CloudWatch::Alarm",
+                                                          "examples").values()
+              if "Metrics" in a["Properties"]]
+    assert sorted(a["Threshold"] for a in alarms) == sorted([0, 100] * len(EXAMPLE_CONSUMERS))
+    for alarm in alarms:
+        # The alarm's value is visible + not visible (in flight) of the consumer's queue: a
+        # task working on a message keeps the backlog above 0, so it is never scaled in
+        (expression,) = [m for m in alarm["Metrics"] if "Expression" in m]
+        inputs = {m["Id"]: m["MetricStat"]["Metric"] for m in alarm["Metrics"]
+                  if "MetricStat" in m}
+        assert expression["Expression"] == " + ".join(inputs)
+        assert sorted(m["MetricName"] for m in inputs.values()) == [
+            "ApproximateNumberOfMessagesNotVisible", "ApproximateNumberOfMessagesVisible"]
+        (queue,) = {json.dumps(m["Dimensions"][0]["Value"]) for m in inputs.values()}
+        assert json.loads(queue)["Fn::GetAtt"][0] in queue_ids.values()
+
+
+def test_a_consumer_may_protect_only_tasks_of_its_own_cluster(assembly: CloudAssembly) -> None:
+    resources = assembly.template("examples")["Resources"]
+    tasks = [r for r in resources.values() if r["Type"] == "AWS::ECS::TaskDefinition"]
+    for task in tasks:
+        role_id = task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0]
+        (policy,) = [r for r in resources.values() if r["Type"] == "AWS::IAM::Policy"
+                     and {"Ref": role_id} in r["Properties"]["Roles"]]
+        (statement,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"]
+                        if "ecs:UpdateTaskProtection" in as_list(s["Action"])]
+        assert as_list(statement["Action"]) == ["ecs:UpdateTaskProtection"]
+        parts = statement["Resource"]["Fn::Join"][1]
+        rendered = "".join(p if isinstance(p, str) else json.dumps(p) for p in parts)
+        # arn:<partition>:ecs:<region>:<account>:task/<the platform cluster's name>/*
+        assert ":ecs:" in rendered and rendered.endswith("/*")
+        assert ":task/" in rendered and "Cluster" in rendered and "ImportValue" in rendered
 
 
 def test_consumer_grants_are_scoped_to_its_channel(assembly: CloudAssembly) -> None:
