@@ -53,10 +53,16 @@ def build_and_synth(channels: int, outdir: str, cfn_validation: bool) -> dict[st
     platform = PlatformStack(app, "bench-MessengerPlatform", config=config, env=env)
     consumed: set[str] = set()
     channel_stacks: list[ChannelStack] = []
+    # The consumers' own code folder, as a team has it: one class per consumed channel (the
+    # topology lint imports them at synth).
+    code = Path(outdir) / "code" / "bench_consumers"
+    code.mkdir(parents=True)
+    classes = ["from messenger import Consumer, MessageFilter\n"]
     for n in range(channels):
         if n % CHANNELS_PER_STACK == 0:
             channel_stacks.append(ChannelStack(
-                app, f"bench-MessengerChannels{len(channel_stacks)}", platform=platform, env=env
+                app, f"bench-MessengerChannels{len(channel_stacks)}", platform=platform,
+                code=code,
             ))
         stack = channel_stacks[-1]
         if n % 4 == 3:
@@ -68,7 +74,12 @@ def build_and_synth(channels: int, outdir: str, cfn_validation: bool) -> dict[st
         channel = stack.add_channel(spec)
         if spec.exchange and spec.exchange not in consumed:
             consumed.add(spec.exchange)
-            stack.add_consumer(channel, f"bench.consumers:Consumer{n}")
+            stack.add_consumer(channel, f"bench_consumers.consumers:Consumer{n}")
+            declared = (f"    message_filter = MessageFilter('prefix', {[f'K{n}.']!r})\n"
+                        if message_filter else "")
+            classes.append(f"\nclass Consumer{n}(Consumer):\n    channel = {spec.name!r}\n"
+                           f"{declared}\n    def handler(self, message):\n        pass\n")
+    (code / "consumers.py").write_text("\n".join(classes))
     built = time.perf_counter()
     app.synth()
     synthesized = time.perf_counter()
