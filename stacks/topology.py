@@ -37,6 +37,8 @@ from stacks.bundle import REPO_ROOT
 #: (environment, namespace, exchange): one exchange of one namespace in one account and region.
 ExchangeKey = tuple[str, str, str]
 
+#: Seconds the consumer classes of one folder may take to import at synth.
+INSPECT_TIMEOUT = 120
 #: Run in a fresh interpreter with only the image's code on the path, like the container:
 #: imports each class the way `messenger consume` does and prints what the lint compares.
 _INSPECT = """
@@ -257,12 +259,17 @@ def inspect_consumers(code_dir: Path, classes: Sequence[str]) -> dict[str, dict[
             "PYTHONPATH": os.pathsep.join([path, str(library)]),
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        result = subprocess.run(
-            [sys.executable, "-c", _INSPECT, *classes], cwd=path, env=environment,
-            capture_output=True, text=True, timeout=300,
-        )
-    if result.returncode != 0:
-        error = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        try:
+            result = subprocess.run(
+                [sys.executable, "-c", _INSPECT, *classes], cwd=path, env=environment,
+                capture_output=True, text=True, timeout=INSPECT_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired:
+            error = f"importing the module took more than {INSPECT_TIMEOUT} s (it hangs)"
+            return {target: {"error": error} for target in classes}
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        error = (result.stderr.strip().splitlines() or ["the interpreter died silently"])[-1]
         return {target: {"error": error} for target in classes}
-    found: dict[str, dict[str, Any]] = json.loads(result.stdout.strip().splitlines()[-1])
+    found: dict[str, dict[str, Any]] = json.loads(lines[-1])  # the module may print before
     return found
