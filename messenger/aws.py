@@ -85,6 +85,17 @@ def _stop_retrying_past_the_budget(caught_exception: BaseException | None = None
         raise caught_exception
 
 
+def _genuine_session_class() -> type[boto3.session.Session]:
+    """boto3's own `Session` class, also after another package replaced `boto3.session.Session`
+    process-wide: AWS's `sqs_extended_client` does on import, and the SQS clients of its session
+    rewrite receipt handles and bodies, which breaks this library's deletes. Its class subclasses
+    boto3's, so boto3's is found in the MRO."""
+    for cls in boto3.session.Session.__mro__:
+        if cls.__module__ == "boto3.session" and cls.__name__ == "Session":
+            return cls
+    return boto3.session.Session
+
+
 class ClientFactory:
     """Makes one boto3 client per service on first use; thread-safe.
 
@@ -102,19 +113,23 @@ class ClientFactory:
         #: Seconds an attempt may wait for its response (long polls: plus their wait).
         self.call_timeout = call_timeout
         self._lock = threading.Lock()
-        self._clients: dict[tuple[str, bool], Any] = {}
+        self._clients: dict[tuple[str, bool, float | None], Any] = {}
         self._hooks: list[tuple[str, Callable[..., Any]]] = []
 
-    def client(self, service: str, long_poll: bool = False) -> Any:
+    def client(
+        self, service: str, long_poll: bool = False, read_timeout: float | None = None
+    ) -> Any:
         """The service's client; `long_poll`: one whose read timeout also covers a 20 s
-        ReceiveMessage wait (a consumer's mailbox)."""
-        key = (service, long_poll)
+        ReceiveMessage wait (a consumer's mailbox); `read_timeout`: a client of its own with
+        this read timeout (seconds), e.g. for lease renewals that must answer within a lease."""
+        key = (service, long_poll, read_timeout)
         with self._lock:
             existing = self._clients.get(key)
             if existing is not None:
                 return existing
-            session = boto3.session.Session(region_name=self.region)
-            timeout = self.call_timeout + (LONG_POLL_SECONDS if long_poll else 0)
+            session = _genuine_session_class()(region_name=self.region)
+            timeout = self.call_timeout if read_timeout is None else read_timeout
+            timeout += LONG_POLL_SECONDS if long_poll else 0
             made = session.client(
                 service, config=client_config(timeout), endpoint_url=self.endpoint_url
             )

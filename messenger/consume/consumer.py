@@ -41,6 +41,7 @@ from messenger.channel import (
     MessageFilter,
 )
 from messenger.consume.health import HealthFile, HealthRecord
+from messenger.consume.lease import renewal_read_timeout
 from messenger.consume.levels import LevelPoller
 from messenger.consume.lifecycle import (
     ConsumerState,
@@ -301,7 +302,9 @@ class Consumer:
             self.transition(ConsumerState.INITIALIZED)
             mailbox, poller = self._mailboxes(self.resources)
             runtime = self.runtime_class(
-                self, mailbox, PayloadStore(self.clients.client("s3"), ""), poller=poller
+                self, mailbox, PayloadStore(self.clients.client("s3"), ""), poller=poller,
+                lease_sqs=self.clients.client(
+                    "sqs", read_timeout=renewal_read_timeout(self.visibility_timeout)),
             )
             self._runtime = runtime
             if self._stop_requested.is_set():  # SIGTERM while initializing

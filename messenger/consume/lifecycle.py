@@ -120,7 +120,7 @@ def collect_hooks(cls: type) -> dict[LifecycleHooks, list[str]]:
 #: The lifecycle events of a message (plus 'state' for consumer transitions and a few warnings).
 MESSAGE_EVENTS = (
     "received", "started", "completed", "failed", "retried", "timed_out", "dead_lettered",
-    "released", "delayed", "delete_failed", "heartbeat_failed",
+    "released", "delayed", "delete_failed", "heartbeat_failed", "lease_lapsed",
 )
 
 
@@ -142,9 +142,9 @@ class LifecycleEvent:
     @property
     def level(self) -> int:
         if self.name in ("failed", "timed_out", "dead_lettered", "hook_failed", "delete_failed",
-                         "heartbeat_failed", "fatal"):
+                         "heartbeat_failed", "lease_lapsed", "fatal"):
             return logging.ERROR
-        if self.name in ("retried", "delayed", "released"):
+        if self.name in ("retried", "delayed", "released", "stalled"):
             return logging.WARNING
         return logging.INFO
 

@@ -68,6 +68,8 @@ class Delivery:
     deadline: float | None = None
     thread_id: int | None = None
     in_handler: bool = False
+    #: Its lease ran out while held (the process stalled): reported once.
+    lapsed: bool = False
     message: ReceivedMessage | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: The mailbox (queue) it came from: it is deleted, extended, retried and dead-lettered there.
@@ -195,19 +197,22 @@ class Mailbox:
         return list(response.get("Messages", []))
 
     def _batch(
-        self, what: str, operation: str, deliveries: Sequence[Delivery], **entry: Any
+        self, what: str, operation: str, deliveries: Sequence[Delivery], *,
+        budget: float | None = None, sqs: Any | None = None, **entry: Any
     ) -> list[EntryError]:
-        """One batch call per 10 deliveries of one queue; returns the entries SQS refused."""
+        """One batch call per 10 deliveries of one queue; returns the entries SQS refused.
+        budget: seconds to retry within (default: the retry budget); sqs: another client."""
         errors: list[EntryError] = []
         for home, group in self._by_home(deliveries).items():
-            call = getattr(home.sqs, operation)
+            call = getattr(sqs or home.sqs, operation)
             for chunk in _chunks(group):
                 entries = [
                     {"Id": str(i), "ReceiptHandle": d.receipt_handle, **entry}
                     for i, d in enumerate(chunk)
                 ]
-                response = home._call(
-                    what, partial(call, QueueUrl=home.queue_url, Entries=entries)
+                response = call_with_budget(
+                    partial(call, QueueUrl=home.queue_url, Entries=entries),
+                    home.budget if budget is None else budget, what,
                 )
                 errors.extend(_entry_errors(chunk, response))
         return errors
@@ -218,9 +223,16 @@ class Mailbox:
             deliveries, VisibilityTimeout=seconds,
         )
 
-    def extend(self, deliveries: Sequence[Delivery], seconds: int) -> list[EntryError]:
-        """Heartbeat: keep the messages invisible for `seconds` more."""
-        return self._visibility_batch(deliveries, seconds)
+    def extend(
+        self, deliveries: Sequence[Delivery], seconds: int, *,
+        budget: float | None = None, sqs: Any | None = None,
+    ) -> list[EntryError]:
+        """Heartbeat: keep the messages invisible for `seconds` more, retrying within `budget`
+        seconds (default: the retry budget), through `sqs` (default: this mailbox's client)."""
+        return self._batch(
+            "ChangeMessageVisibilityBatch", "change_message_visibility_batch", deliveries,
+            budget=budget, sqs=sqs, VisibilityTimeout=seconds,
+        )
 
     def release(self, deliveries: Sequence[Delivery]) -> list[EntryError]:
         """Make the messages visible again now (not started, or abandoned at shutdown)."""

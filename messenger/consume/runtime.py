@@ -9,7 +9,8 @@
 - A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
   for deletion (success), makes it visible again after `retry_delay` (error) or forwards it to the
   DLQ (undecodable, payload missing).
-- The watchdog (`messenger.consume.watchdog`) extends leases, times out handlers, flushes deletes.
+- The lease keeper (`messenger.consume.lease`) extends leases on its own thread, started first.
+- The watchdog (`messenger.consume.watchdog`) times out handlers and flushes deletes.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from messenger.aws import is_transient
 from messenger.consume.host import RuntimeHost
+from messenger.consume.lease import LeaseKeeper, lapse_event, lease_lapsed
 from messenger.consume.levels import LevelPoller
 from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
 from messenger.consume.mailbox import (
@@ -46,8 +48,10 @@ class Runtime:
 
     def __init__(
         self, consumer: RuntimeHost, mailbox: Mailbox, store: PayloadStore,
-        poller: LevelPoller | None = None,
+        poller: LevelPoller | None = None, lease_sqs: Any | None = None,
     ) -> None:
+        """lease_sqs: the SQS client renewals use (their own connections and a short read
+        timeout; default: the mailboxes' clients)."""
         self.consumer = consumer
         self.config = consumer.runtime
         self.mailbox = mailbox
@@ -65,6 +69,7 @@ class Runtime:
         self._work: queue.Queue[list[Delivery] | None] = queue.Queue()
         self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed)
         self._threads: list[threading.Thread] = []
+        self.leases = LeaseKeeper(self, lease_sqs)
         self.watchdog = Watchdog(self)
 
     # -- state ------------------------------------------------------------------------------
@@ -118,7 +123,9 @@ class Runtime:
 
     # -- main -------------------------------------------------------------------------------
     def start(self) -> None:
-        targets = [("receiver", self._receive_loop), ("watchdog", self.watchdog.run)]
+        # The lease keeper first: nothing started after it can hold a message it does not renew.
+        targets = [("leases", self.leases.run), ("receiver", self._receive_loop),
+                   ("watchdog", self.watchdog.run)]
         targets += [(f"worker-{n}", self._worker_loop) for n in range(self.config.concurrency)]
         for name, target in targets:
             thread = threading.Thread(target=target, name=f"messenger-{name}", daemon=True)
@@ -151,6 +158,8 @@ class Runtime:
             self._work.put(None)
         self.deleter.flush()
         self.watchdog.stop()
+        self.leases.stop()
+        self.watchdog.report_lease_events()
 
     # -- receiving --------------------------------------------------------------------------
     def _receive_loop(self) -> None:
@@ -287,6 +296,7 @@ class Runtime:
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)
         failure = self._call_handler(delivery, message)
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
+        self._check_lease(delivery)
         if failure is not None:
             return self._failed(delivery, message, failure)
         if not delivery.claim(Stage.RUNNING, Stage.DONE):
@@ -323,6 +333,14 @@ class Runtime:
         except BaseException as error:
             return error
         return None
+
+    def _check_lease(self, delivery: Delivery) -> None:
+        """Report a lease that ran out while the message ran (the process stalled, e.g. a C call
+        held the GIL): SQS may have handed the message to another consumer meanwhile."""
+        now = time.monotonic()
+        if lease_lapsed(delivery, now):
+            name, message_id, fields = lapse_event(delivery, now, self.visibility)
+            self.consumer.emit(name, message_id, fields=fields)
 
     def _failed(self, delivery: Delivery, message: Any, error: BaseException) -> bool:
         if not delivery.claim(Stage.RUNNING, Stage.DONE):

@@ -1,14 +1,14 @@
-"""The consumer's watchdog thread: heartbeat, processing timeouts, delete batches, progress.
+"""The consumer's watchdog thread: processing timeouts, delete batches, progress, lease events.
 
 Every 0.1 s it
-- extends the lease of held messages with one `ChangeMessageVisibilityBatch` per 10 once a third
-  of their lease is gone, until their processing timeout (heartbeat);
 - times out handlers past `processing_timeout`: the message goes to the DLQ with the reason, the
   handler thread gets `ProcessingTimeout` raised at its next Python instruction, and its worker
   counts as lost until the thread returns; a thread still running `stuck_after` seconds later
   (blocked in C code) makes the consumer exit non-zero, so that ECS replaces the task;
 - sends delete batches that waited long enough, and restarts the PROCESSING clock of the health
-  file when messages finished since the last tick.
+  file when messages finished since the last tick;
+- reports the lease keeper's events (`messenger.consume.lease`, its own thread, which renews
+  leases and does nothing else: none of the work here can delay a renewal).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import time
 from typing import Protocol
 
 from messenger.consume.host import RuntimeHost
+from messenger.consume.lease import LeaseKeeper
 from messenger.consume.lifecycle import LifecycleHooks
-from messenger.consume.mailbox import DeleteBatcher, Delivery, EntryError, Mailbox, Stage
+from messenger.consume.mailbox import DeleteBatcher, Delivery, Mailbox, Stage
 from messenger.consume.settings import ConsumerSettings
 from messenger.errors import MessengerError
 
@@ -46,6 +47,7 @@ class Watched(Protocol):
     config: ConsumerSettings
     mailbox: Mailbox
     deleter: DeleteBatcher
+    leases: LeaseKeeper
     visibility: int
     stopping: threading.Event
 
@@ -79,8 +81,8 @@ class Watchdog:
         while not self._stop.wait(TICK_SECONDS):
             try:
                 now = time.monotonic()
+                self.report_lease_events()
                 self.time_out(now)
-                self.heartbeat(now)
                 self.runtime.deleter.flush_due()
                 self.check_stuck(now)
                 progress = self.runtime.progress
@@ -110,27 +112,9 @@ class Watchdog:
             reason = f"processing_timeout: exceeded {timeout:g} s"
             self.runtime.dead_letter(delivery, reason, Stage.TIMED_OUT)
 
-    def heartbeat(self, now: float) -> None:
-        lease = self.runtime.visibility
-        due = [
-            d for d in self.runtime.held(Stage.QUEUED, Stage.RUNNING)
-            if d.lease_until <= now + lease * 2 / 3 and (d.deadline is None or now < d.deadline)
-        ]
-        if not due:
-            return
-        try:
-            errors = self.runtime.mailbox.extend(due, lease)
-        except Exception as error:
-            errors = [EntryError(d, type(error).__name__, str(error)) for d in due]
-        failed = {id(e.delivery) for e in errors}
-        for delivery in due:
-            if id(delivery) not in failed:
-                delivery.lease_until = now + lease
-        for entry in errors:
-            self.consumer.emit(
-                "heartbeat_failed", entry.delivery.log_id,
-                fields={"code": entry.code, "error": entry.message},
-            )
+    def report_lease_events(self) -> None:
+        for name, message_id, fields in self.runtime.leases.drain():
+            self.consumer.emit(name, message_id, fields=fields)
 
     def check_stuck(self, now: float) -> None:
         limit = self.runtime.config.stuck_after

@@ -1,0 +1,139 @@
+"""The consumer's lease keeper: a thread that does nothing but keep held messages invisible.
+
+Every 0.1 s it extends the lease of the messages this process holds (waiting for a worker or
+running) with one `ChangeMessageVisibilityBatch` per 10, once a third of their lease is gone. It
+is the first thread the runtime starts and it does no other work: deletes, dead-lettering, hooks,
+`on_event` and status records run elsewhere (its events are handed to the watchdog), and it has
+its own SQS client, with its own connections and a read timeout of a third of the lease, so a
+throttled delete or a slow endpoint never delays a renewal. Each renewal may retry within the
+time its earliest lease has left.
+
+What it cannot do is run while another thread holds the GIL: a C call that never releases it (a
+long regular expression, some C extensions) stops every Python thread. A renewal is due when a
+third of the lease is gone, so a stall shorter than two thirds of `visibility_timeout` (20 s with
+the default 30 s) costs nothing. A longer one is noticed as soon as the thread runs again: it
+logs `stalled` with its length, and `lease_lapsed` for each message whose lease ran out meanwhile
+(SQS may have handed it to another consumer; raise `visibility_timeout` for such handlers).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any, Protocol
+
+from messenger.consume.mailbox import Delivery, EntryError, Mailbox, Stage
+
+TICK_SECONDS = 0.1
+#: A tick this much later than planned means the thread could not run: the process stalled.
+STALL_SECONDS = 1.0
+#: A renewal must answer this long before the lease runs out.
+SAFETY_SECONDS = 0.5
+#: Shortest budget a renewal gets, however close its lease is to running out.
+MIN_BUDGET_SECONDS = 1.0
+
+
+class Leased(Protocol):
+    """What the lease keeper needs of the runtime (implemented by `Runtime`)."""
+
+    mailbox: Mailbox
+    visibility: int
+
+    def held(self, *stages: Stage) -> list[Delivery]: ...
+
+
+#: An event for the consumer's `emit`: name, message id, fields.
+Event = tuple[str, "str | None", "dict[str, Any]"]
+
+
+def renewal_read_timeout(visibility: int) -> float:
+    """Seconds one renewal attempt may wait for its answer: a third of the lease (1-15 s), so
+    that a renewal that hangs is retried while the lease still holds."""
+    return max(1.0, min(15.0, visibility / 3))
+
+
+def lease_lapsed(delivery: Delivery, now: float) -> bool:
+    """Whether the delivery's lease ran out while it was held, not reported yet (marks it)."""
+    with delivery.lock:
+        if delivery.lapsed or delivery.lease_until > now:
+            return False
+        delivery.lapsed = True
+        return True
+
+
+def lapse_event(delivery: Delivery, now: float, visibility: int) -> Event:
+    return ("lease_lapsed", delivery.log_id, {
+        "lapsed_for": round(now - delivery.lease_until, 3),
+        "visibility_timeout": visibility, "receive_count": delivery.receive_count,
+    })
+
+
+class LeaseKeeper:
+    """Keeps the leases of one runtime's held messages until `stop()`."""
+
+    def __init__(self, runtime: Leased, sqs: Any | None = None) -> None:
+        self.runtime = runtime
+        #: The client renewals use (default: the mailboxes' own, e.g. in tests).
+        self.sqs = sqs
+        #: Events for the watchdog to report (this thread runs no user code).
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self.renewals = 0
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(TICK_SECONDS):
+            now = time.monotonic()
+            late, last = now - last - TICK_SECONDS, now
+            try:
+                if late > STALL_SECONDS:
+                    self.stalled(late, now)
+                self.renew(now)
+            except Exception as error:  # keep renewing; the watchdog reports it
+                self.events.put(("watchdog_error", None, {"error": repr(error)}))
+
+    def stalled(self, seconds: float, now: float) -> None:
+        """The thread could not run for `seconds`: say so, and name every lease that ran out."""
+        held = self.runtime.held(Stage.QUEUED, Stage.RUNNING)
+        lapsed = [d for d in held if lease_lapsed(d, now)]
+        self.events.put(("stalled", None, {
+            "seconds": round(seconds, 3), "held": len(held), "leases_lapsed": len(lapsed),
+        }))
+        for delivery in lapsed:
+            self.events.put(lapse_event(delivery, now, self.runtime.visibility))
+
+    def renew(self, now: float) -> None:
+        """Extend every held lease of which a third is gone; a message stays leased as long as
+        this process holds it (waiting, running, or past its timeout until dead-lettered)."""
+        lease = self.runtime.visibility
+        due = [d for d in self.runtime.held(Stage.QUEUED, Stage.RUNNING)
+               if d.lease_until <= now + lease * 2 / 3]
+        if not due:
+            return
+        soonest = min(d.lease_until for d in due)
+        budget = max(MIN_BUDGET_SECONDS, soonest - now - SAFETY_SECONDS)
+        try:
+            errors = self.runtime.mailbox.extend(due, lease, budget=budget, sqs=self.sqs)
+        except Exception as error:
+            errors = [EntryError(d, type(error).__name__, str(error)) for d in due]
+        failed = {id(e.delivery) for e in errors}
+        for delivery in due:
+            if id(delivery) not in failed:
+                delivery.lease_until = now + lease
+        self.renewals += 1
+        for entry in errors:
+            self.events.put(("heartbeat_failed", entry.delivery.log_id,
+                             {"code": entry.code, "error": entry.message}))
+
+    def drain(self) -> list[Event]:
+        """The events since the last call (for the watchdog to emit)."""
+        found: list[Event] = []
+        while True:
+            try:
+                found.append(self.events.get_nowait())
+            except queue.Empty:
+                return found

@@ -1,0 +1,113 @@
+"""Leases: the lease keeper renews them on its own thread, whatever else the consumer is doing;
+a process that cannot run Python (a C call holding the GIL) is detected and reported."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from messenger import ReceivedMessage
+from messenger.aws import ClientFactory
+from tests.integration.test_consumer_runtime import (  # noqa: F401 - fixtures
+    Recording,
+    producer_for,
+    running,
+    runtime,
+    wait_until,
+)
+
+
+class Throttle:
+    """A botocore `before-call` hook: SQS throttles an operation for `seconds`, from the first
+    call after the first one that went through."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.calls = 0
+        self.throttled = 0
+        self.until: float | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, **_: Any) -> None:
+        with self._lock:
+            self.calls += 1
+            now = time.monotonic()
+            if self.until is None:
+                self.until = now + self.seconds  # the first call passes
+                return
+            if now >= self.until:
+                return
+            self.throttled += 1
+        raise ClientError(
+            {"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"},
+             "ResponseMetadata": {"HTTPStatusCode": 400}},
+            "DeleteMessageBatch",
+        )
+
+
+class Sleepy(Recording):
+    channel = "lease_test"
+    visibility_timeout = 2  # only renewals keep a message invisible longer than 2 s
+
+    def handler(self, message: ReceivedMessage) -> None:
+        time.sleep(message.body["sleep"])
+        super().handler(message)
+
+
+@pytest.mark.timeout(90)
+def test_throttled_deletes_never_delay_the_lease_of_a_running_message(
+    settings, clients: ClientFactory, running  # noqa: F811
+):
+    # Given SQS throttling deletes for 10 s once the first batch went through: the thread that
+    # sends them retries each batch for the whole retry budget (5 s here)
+    throttle = Throttle(seconds=10)
+    producer = producer_for(settings, "lease_test")
+    producer.push({"sleep": 0, "n": "first"})
+    clients.register("before-call.sqs.DeleteMessageBatch", throttle)
+    run = running(Sleepy, concurrency=4, delete_linger=0.1, wait_time_seconds=1)
+    wait_until(lambda: run.consumer.handled, timeout=20)
+    wait_until(lambda: throttle.calls >= 1)
+    # When a quick message (its delete is throttled) and a 12 s one (lease: 2 s) arrive
+    producer.push_many([{"sleep": 0, "n": "quick"}, {"sleep": 12, "n": "long"}])
+    wait_until(lambda: any(m.body["n"] == "long" for m in run.consumer.handled), timeout=40)
+    time.sleep(3)  # a redelivery after a lapsed lease would show by now
+    run.stop(timeout=30)
+    # Then the long one was received once and ran once: its lease was renewed all along,
+    # while deletes were throttled (the quick one's failed, and it came back, as documented)
+    long_runs = [m for m in run.consumer.handled if m.body["n"] == "long"]
+    assert len(long_runs) == 1, [m.receive_count for m in long_runs]
+    received = run.consumer.named("received")
+    assert len([e for e in received if e.message_id == long_runs[0].message_id]) == 1
+    assert throttle.throttled > 0 and run.consumer.named("delete_failed")
+    assert not run.consumer.named("lease_lapsed")
+
+
+@pytest.mark.timeout(90)
+def test_a_handler_holding_the_gil_past_the_lease_is_reported(settings, running):  # noqa: F811
+    # A C call made with the GIL held (ctypes.PyDLL keeps it): no Python thread runs meanwhile
+    hold_gil = ctypes.PyDLL(None).sleep
+
+    class GilHolder(Sleepy):
+        def handler(self, message: ReceivedMessage) -> None:
+            if message.receive_count == 1:
+                hold_gil(4)  # 4 s without any Python thread running; the lease is 2 s
+            Recording.handler(self, message)
+
+    producer = producer_for(settings, "lease_test")
+    message_id = producer.push({"sleep": 0, "n": "gil"})
+    run = running(GilHolder, concurrency=2, wait_time_seconds=1)
+    stalled = wait_until(lambda: run.consumer.named("stalled"), timeout=30)
+    lapsed = wait_until(lambda: run.consumer.named("lease_lapsed"), timeout=10)
+    wait_until(lambda: run.consumer.handled)
+    run.stop(timeout=30)
+    # Then the stall is logged with its length, and the message whose lease ran out is named
+    # (by the lease keeper when it still runs, else by its worker when it finishes)
+    assert stalled[0].fields["seconds"] >= 3.0
+    assert lapsed[0].message_id == message_id
+    assert lapsed[0].fields["visibility_timeout"] == 2
+    assert lapsed[0].level >= 30  # a warning or worse
