@@ -16,6 +16,7 @@ routing key and the body stays readable by any client:
 from __future__ import annotations
 
 import json
+import sys
 import time
 import uuid
 from collections.abc import Mapping
@@ -144,6 +145,11 @@ class Message:
             value = json.loads(body)
         except (TypeError, ValueError) as error:
             raise MessageDecodeError(f"message body is not JSON: {error}") from None
+        except RecursionError:  # nesting deeper than the interpreter's limit: never decodable
+            raise MessageDecodeError(
+                "message body is nested deeper than this consumer can decode "
+                f"(Python's recursion limit, {sys.getrecursionlimit()})"
+            ) from None
         attrs = attributes or {}
 
         def text(name: str) -> str | None:
@@ -162,5 +168,7 @@ class Message:
                 message_id=text(MESSAGE_ID_ATTRIBUTE) or fallback_id or _new_id(),
                 produced_at=produced_at,
             )
-        except (ValueError, TypeError, InvalidMessage) as error:
-            raise MessageDecodeError(f"message attributes are malformed: {error}") from None
+        except (ValueError, TypeError, InvalidMessage, RecursionError) as error:
+            raise MessageDecodeError(
+                f"message attributes are malformed: {type(error).__name__}: {error}"
+            ) from None

@@ -71,3 +71,13 @@ def test_lifecycle_outlives_retention_and_a_dead_letter_copy():
     # 14 days in the queue, up to 14 more in a FIFO DLQ (enqueue time reset), one day's margin
     assert lifecycle_days(14 * 86400) == 29
     assert lifecycle_days(3600) == 3
+
+
+def test_a_body_nested_past_the_recursion_limit_is_undecodable_not_a_crash():
+    # A permanent error: the consumer dead-letters it at once instead of retrying it 3 times
+    deep = "[" * 200_000 + "]" * 200_000
+    with pytest.raises(MessageDecodeError, match="nested deeper"):
+        Message.decode(deep, {})
+    deep_headers = {"meta_headers": {"DataType": "String", "StringValue": deep}}
+    with pytest.raises(MessageDecodeError, match="malformed: RecursionError"):
+        Message.decode("{}", deep_headers)
