@@ -68,6 +68,10 @@ logger = logging.getLogger("messenger.consumer")
 
 MIN_PROCESSING_TIMEOUT = 1
 MAX_PROCESSING_TIMEOUT = 1800
+#: SQS keeps a message in flight at most 12 hours after it was received, renewals included.
+SQS_MAX_IN_FLIGHT_SECONDS = 43_200
+#: Seconds the last renewal of a long-running job keeps clear of that limit.
+LONG_RUNNING_MARGIN = 60
 #: A consumer's queue lease: short, so a dead consumer's message comes back quickly; the
 #: heartbeat extends it while the handler runs.
 DEFAULT_CONSUMER_VISIBILITY = 30
@@ -84,7 +88,9 @@ class Consumer:
 
     channel: 'queue' or 'exchange.queue'. ordered: FIFO channel (default False).
     delay: 0-900 s. message_filter: routing-key filter (exchanges). processing_timeout: seconds a
-    handler may run, 1-1800 (default 60). delay_tolerance: seconds of lag (now - produced_at)
+    handler may run, 1-1800 (default 60); with `long_running = True`, up to SQS's 12-hour
+    in-flight limit less `visibility_timeout` and a minute (43,110 s with the default
+    lease). delay_tolerance: seconds of lag (now - produced_at)
     above which a 'delayed' event is logged (None: never). visibility_timeout: the queue lease,
     2-43200 s (default 30), extended by the heartbeat. max_receives: receives before SQS moves
     a failing message to the DLQ, 1-1000 (default 3). concurrency / shutdown_timeout: defaults
@@ -100,6 +106,7 @@ class Consumer:
     delay: ClassVar[int] = 0
     message_filter: ClassVar[MessageFilter | None] = None
     processing_timeout: ClassVar[float] = 60
+    long_running: ClassVar[bool] = False
     delay_tolerance: ClassVar[float | None] = None
     visibility_timeout: ClassVar[int] = DEFAULT_CONSUMER_VISIBILITY
     max_receives: ClassVar[int] = DEFAULT_MAX_RECEIVES
@@ -177,6 +184,12 @@ class Consumer:
         return PriorityPolicy(self.spec.priorities, self.priority_weights, self.priority_mode,
                               owner=name)
 
+    @classmethod
+    def max_long_processing_timeout(cls) -> int:
+        """The longest `processing_timeout` of a long-running consumer: its last renewal must
+        end within SQS's 12 hours in flight."""
+        return SQS_MAX_IN_FLIGHT_SECONDS - int(cls.visibility_timeout) - LONG_RUNNING_MARGIN
+
     def _validate(self) -> None:
         name = type(self).__name__
         if not self.channel or not isinstance(self.channel, str):
@@ -184,10 +197,21 @@ class Consumer:
                                      f"'exchange.queue')")
         if type(self).handler is Consumer.handler:
             raise InvalidChannelSpec(f"{name} must define handler(self, message)")
-        _check_number(f"{name}.processing_timeout", self.processing_timeout,
-                      MIN_PROCESSING_TIMEOUT, MAX_PROCESSING_TIMEOUT)
         _check_number(f"{name}.visibility_timeout", self.visibility_timeout,
                       MIN_CONSUMER_VISIBILITY, SQS_MAX_VISIBILITY_TIMEOUT, whole=True)
+        if not isinstance(self.long_running, bool):
+            raise InvalidChannelSpec(f"{name}.long_running must be True or False, got "
+                                     f"{self.long_running!r}")
+        if self.long_running:
+            _check_number(f"{name}.processing_timeout", self.processing_timeout,
+                          MIN_PROCESSING_TIMEOUT, self.max_long_processing_timeout(),
+                          note=f" (long_running: SQS's 12-hour in-flight limit less "
+                               f"visibility_timeout {self.visibility_timeout} s and "
+                               f"{LONG_RUNNING_MARGIN} s)")
+        else:
+            _check_number(f"{name}.processing_timeout", self.processing_timeout,
+                          MIN_PROCESSING_TIMEOUT, MAX_PROCESSING_TIMEOUT,
+                          note="; set long_running = True for jobs of up to ~12 hours")
         if self.delay_tolerance is not None:
             _check_number(f"{name}.delay_tolerance", self.delay_tolerance, 0, 14 * 86_400)
 
@@ -345,12 +369,14 @@ class Consumer:
         return previous
 
 
-def _check_number(what: str, value: Any, low: float, high: float, whole: bool = False) -> None:
+def _check_number(
+    what: str, value: Any, low: float, high: float, whole: bool = False, note: str = ""
+) -> None:
     kinds = (int,) if whole else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
         kind = "a whole number" if whole else "a number"
-        raise InvalidChannelSpec(f"{what} must be {kind} from {low:g} to {high:g} seconds, "
-                                 f"got {value!r}")
+        raise InvalidChannelSpec(f"{what} must be {kind} from {low:g} to {high:g} seconds"
+                                 f"{note}, got {value!r}")
 
 
 def load_consumer(target: str) -> type[Consumer]:

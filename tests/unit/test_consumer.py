@@ -246,3 +246,19 @@ def test_received_attributes_are_sent_back_in_sendmessage_shape():
         "routing_key": {"DataType": "String", "StringValue": "MOBILE.X"},
         "blob": {"DataType": "Binary", "BinaryValue": b"\x00"},
     }
+
+
+def test_long_running_consumers_may_run_up_to_sqs_in_flight_limit():
+    # Opt-in: up to 12 h in flight less the lease and a minute (the last renewal must fit)
+    make(type("Long", (MobileEvents,), {"long_running": True, "processing_timeout": 6 * 3600}))
+    make(type("Edge", (MobileEvents,), {"long_running": True, "processing_timeout": 43_110}))
+    too_long = type("TooLong", (MobileEvents,), {"long_running": True,
+                                                 "processing_timeout": 43_111})
+    with pytest.raises(InvalidChannelSpec, match=r"TooLong\.processing_timeout .* 1 to 43110 "
+                                                 r"seconds \(long_running: SQS's 12-hour"):
+        make(too_long)
+    # Without the opt-in the 1800 s limit says how to go beyond it
+    with pytest.raises(InvalidChannelSpec, match=r"1 to 1800 seconds; set long_running = True"):
+        make(type("Short", (MobileEvents,), {"processing_timeout": 7200}))
+    with pytest.raises(InvalidChannelSpec, match=r"Odd\.long_running must be True or False"):
+        make(type("Odd", (MobileEvents,), {"long_running": "yes"}))
