@@ -66,6 +66,10 @@ from messenger.settings import Settings
 
 logger = logging.getLogger("messenger.consumer")
 
+#: States between which the health file may lag (at most HEALTH_LAG_SECONDS).
+RUNNING_STATES = frozenset({ConsumerState.LISTENING, ConsumerState.IDLE, ConsumerState.PROCESSING})
+HEALTH_LAG_SECONDS = 1.0
+
 MIN_PROCESSING_TIMEOUT = 1
 MAX_PROCESSING_TIMEOUT = 1800
 #: SQS keeps a message in flight at most 12 hours after it was received, renewals included.
@@ -147,6 +151,8 @@ class Consumer:
         self.protection = TaskProtection.from_env(os.environ, float(self.processing_timeout))
         self.state: ConsumerState | None = None
         self._state_since = 0.0
+        self._health_dirty = False
+        self._health_written_at = 0.0
         self.transition_lock = threading.RLock()
         self._runtime: Runtime | None = None
         self._stop_requested = threading.Event()
@@ -241,7 +247,10 @@ class Consumer:
                 return
             self.state = state
             self._state_since = time.time()
-            self._write_health()
+            if previous in RUNNING_STATES and state in RUNNING_STATES:
+                self._health_dirty = True  # written within HEALTH_LAG_SECONDS (flush_health)
+            else:
+                self._write_health()
             self.protection.follow(state)
             self.emit("state", fields={
                 "state": state.value, "previous": previous.value if previous else None,
@@ -253,6 +262,20 @@ class Consumer:
         with self.transition_lock:
             if self.state is ConsumerState.PROCESSING:
                 self._state_since = time.time()
+                self._health_dirty = True
+
+    def flush_health(self) -> None:
+        """Write a pending change of the health file once the last write is old enough (the
+        watchdog calls it every tick). Switching between LISTENING, IDLE and PROCESSING happens
+        twice per poll on a busy queue; the health check needs none of them at once: it fails
+        only for PROCESSING past processing_timeout + grace, and the file keeps each state's
+        true start time, only written up to a second later."""
+        with self.transition_lock:
+            if not self._health_dirty or self.state is None:
+                return
+            lag = min(HEALTH_LAG_SECONDS, (self.health_timeout(ConsumerState.PROCESSING)
+                                           or HEALTH_LAG_SECONDS) / 4)
+            if time.monotonic() - self._health_written_at >= lag:
                 self._write_health()
 
     def health_timeout(self, state: ConsumerState) -> float | None:
@@ -268,6 +291,8 @@ class Consumer:
 
     def _write_health(self) -> None:
         assert self.state is not None
+        self._health_dirty = False
+        self._health_written_at = time.monotonic()
         record = HealthRecord(
             state=self.state.value, since=self._state_since,
             timeout_seconds=self.health_timeout(self.state), pid=os.getpid(),

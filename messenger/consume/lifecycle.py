@@ -162,8 +162,37 @@ EVENT_LOGGER = logging.getLogger("messenger.consumer.events")
 
 
 def log_event(event: LifecycleEvent, logger: logging.Logger = EVENT_LOGGER) -> None:
-    """Log a lifecycle event as one structured record (the JSON formatter renders its fields)."""
-    logger.log(event.level, event.name, extra={"event_fields": event.as_dict()})
+    """Log a lifecycle event as one structured record (the JSON formatter renders its fields).
+
+    When the only handler the record would reach is `configure_json_logging`'s, with no
+    filters, the line is written straight away: the same JSON line, without building a
+    `LogRecord` (a third of the cost of an event, three events per message). Any other logging
+    setup gets the record through `logging` as usual."""
+    level = event.level
+    if not logger.isEnabledFor(level):
+        return
+    handler = _sole_json_handler(logger, level)
+    if handler is not None:
+        handler.write_event(event, level, logger.name)
+    else:
+        logger.log(level, event.name, extra={"event_fields": event.as_dict()})
+
+
+def _sole_json_handler(logger: logging.Logger, level: int) -> JsonLinesHandler | None:
+    """The handler a record of `logger` would reach, when it is one JsonLinesHandler and no
+    logger or handler on the way filters."""
+    found: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return None
+        found.extend(h for h in current.handlers if level >= h.level)
+        if not current.propagate:
+            break
+        current = current.parent  # type: ignore[assignment]
+    if len(found) == 1 and isinstance(found[0], JsonLinesHandler) and not found[0].filters:
+        return found[0]
+    return None
 
 
 class JsonFormatter(logging.Formatter):
@@ -185,10 +214,31 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
+class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """`configure_json_logging`'s handler: JSON lines on a stream; lifecycle events can be
+    written without a `LogRecord` (`log_event`), in the JsonFormatter's format."""
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__(stream)
+        self.setFormatter(JsonFormatter())
+
+    def write_event(self, event: LifecycleEvent, level: int, logger_name: str) -> None:
+        payload = {"time": round(event.at, 3), "level": logging.getLevelName(level),
+                   "logger": logger_name, **event.as_dict()}
+        line = json.dumps(payload, default=str) + self.terminator
+        self.acquire()
+        try:
+            self.stream.write(line)
+            self.flush()
+        except Exception:
+            self.handleError(logging.makeLogRecord({"msg": event.name}))
+        finally:
+            self.release()
+
+
 def configure_json_logging(level: int = logging.INFO) -> None:
     """Route every log record of the process to stderr as JSON lines (replaces other handlers)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler = JsonLinesHandler(sys.stderr)
     logging.basicConfig(level=level, handlers=[handler], force=True)
     # botocore's own INFO chatter (credential lookups) is noise in a consumer's log.
     logging.getLogger("botocore").setLevel(max(level, logging.WARNING))

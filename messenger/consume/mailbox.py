@@ -301,8 +301,10 @@ class DeleteBatcher:
     """Collects finished messages and deletes them with DeleteMessageBatch.
 
     A batch goes out when it holds 10 entries, or when its oldest entry has waited `linger`
-    seconds (`flush_due`, called by the watchdog), or on `flush()` at shutdown. Entries SQS
-    refuses are reported through `on_failure` (the message may then be delivered again).
+    seconds, or on `flush()` (shutdown; an ordered channel before each poll). Once `start()`ed,
+    batches go out on the batcher's own thread: a worker that finishes a message never waits
+    for a delete, and a throttled delete delays nothing else. Entries SQS refuses are reported
+    through `on_failure` (the message may then be delivered again).
     """
 
     def __init__(
@@ -311,35 +313,72 @@ class DeleteBatcher:
         self.mailbox = mailbox
         self.linger = linger
         self.on_failure = on_failure
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._send_lock = threading.Lock()
         self._pending: list[Delivery] = []
         self._oldest = 0.0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        """Send batches from a thread of the batcher's own (without it, `add` sends a full
+        batch itself and `flush_due` sends one that waited long enough)."""
+        self._thread = threading.Thread(target=self._run, name="messenger-deleter", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread, then send what is pending."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        self.flush()
 
     def add(self, delivery: Delivery) -> None:
-        with self._lock:
+        with self._cond:
             if not self._pending:
                 self._oldest = time.monotonic()
             self._pending.append(delivery)
             full = len(self._pending) >= MAX_BATCH_ENTRIES
-        if full:
+            if full or len(self._pending) == 1:
+                self._cond.notify_all()
+        if full and self._thread is None:
             self.flush()
 
     def flush_due(self) -> None:
-        with self._lock:
+        with self._cond:
             due = bool(self._pending) and time.monotonic() - self._oldest >= self.linger
         if due:
             self.flush()
 
     @property
     def pending(self) -> int:
-        with self._lock:
+        with self._cond:
             return len(self._pending)
 
-    def flush(self) -> None:
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    if not self._pending:
+                        self._cond.wait()
+                        continue
+                    wait = self._oldest + self.linger - time.monotonic()
+                    if wait <= 0 or len(self._pending) >= MAX_BATCH_ENTRIES:
+                        break
+                    self._cond.wait(wait)
+            self.flush(full_only=wait > 0)
+
+    def flush(self, full_only: bool = False) -> None:
+        """Send the pending entries (`full_only`: only full batches of 10)."""
         with self._send_lock:
             while True:
-                with self._lock:
+                with self._cond:
+                    if full_only and len(self._pending) < MAX_BATCH_ENTRIES:
+                        return
                     batch = self._pending[:MAX_BATCH_ENTRIES]
                     del self._pending[:MAX_BATCH_ENTRIES]
                     if self._pending:

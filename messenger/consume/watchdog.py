@@ -5,8 +5,8 @@ Every 0.1 s it
   handler thread gets `ProcessingTimeout` raised at its next Python instruction, and its worker
   counts as lost until the thread returns; a thread still running `stuck_after` seconds later
   (blocked in C code) makes the consumer exit non-zero, so that ECS replaces the task;
-- sends delete batches that waited long enough, and restarts the PROCESSING clock of the health
-  file when messages finished since the last tick;
+- restarts the PROCESSING clock of the health file when messages finished since the last tick
+  (delete batches go out on the delete batcher's own thread);
 - reports the lease keeper's events (`messenger.consume.lease`, its own thread, which renews
   leases and does nothing else: none of the work here can delay a renewal).
 """
@@ -21,7 +21,7 @@ from typing import Protocol
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper
 from messenger.consume.lifecycle import LifecycleHooks
-from messenger.consume.mailbox import DeleteBatcher, Delivery, Mailbox, Stage
+from messenger.consume.mailbox import Delivery, Mailbox, Stage
 from messenger.consume.settings import ConsumerSettings
 from messenger.errors import MessengerError
 
@@ -46,7 +46,6 @@ class Watched(Protocol):
     consumer: RuntimeHost
     config: ConsumerSettings
     mailbox: Mailbox
-    deleter: DeleteBatcher
     leases: LeaseKeeper
     visibility: int
     stopping: threading.Event
@@ -83,12 +82,12 @@ class Watchdog:
                 now = time.monotonic()
                 self.report_lease_events()
                 self.time_out(now)
-                self.runtime.deleter.flush_due()
                 self.check_stuck(now)
                 progress = self.runtime.progress
                 if progress != written_progress:
                     written_progress = progress
                     self.consumer.touch_health()
+                self.consumer.flush_health()
             except Exception as error:  # keep watching; the error is logged
                 self.consumer.emit("watchdog_error", fields={"error": repr(error)})
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -262,3 +263,56 @@ def test_long_running_consumers_may_run_up_to_sqs_in_flight_limit():
         make(type("Short", (MobileEvents,), {"processing_timeout": 7200}))
     with pytest.raises(InvalidChannelSpec, match=r"Odd\.long_running must be True or False"):
         make(type("Odd", (MobileEvents,), {"long_running": "yes"}))
+
+
+def test_the_fast_event_line_is_the_formatter_line_and_other_setups_still_get_records():
+    import io
+
+    from messenger.consume.lifecycle import JsonLinesHandler, configure_json_logging
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        configure_json_logging()
+        stream = io.StringIO()
+        (handler,) = root.handlers
+        assert isinstance(handler, JsonLinesHandler)
+        handler.setStream(stream)
+        event = LifecycleEvent("completed", "orders", "m-1", 0.25, {"receive_count": 2})
+        log_event(event)
+        fast = json.loads(stream.getvalue())
+        # The same line through a LogRecord, as any other setup gets it
+        record = logging.LogRecord("messenger.consumer.events", logging.INFO, "", 0,
+                                   "completed", None, None)
+        record.event_fields = event.as_dict()
+        record.created = event.at
+        assert fast == json.loads(JsonFormatter().format(record))
+        # A filter anywhere on the way: the record goes through logging, and is filtered
+        seen: list[logging.LogRecord] = []
+        handler.addFilter(lambda r: seen.append(r) or False)
+        log_event(event)
+        assert len(seen) == 1 and stream.getvalue().count("\n") == 1
+    finally:
+        root.handlers[:], root.level = saved
+
+
+def test_health_file_follows_running_states_lazily_and_other_states_at_once(tmp_path):
+    from messenger.consume.consumer import HEALTH_LAG_SECONDS
+    from messenger.consume.health import HealthFile
+
+    consumer = make(MobileEvents, health_file=str(tmp_path / "h.json"), health_grace=0.0)
+    health = HealthFile(str(tmp_path / "h.json"))
+    consumer.transition(ConsumerState.INITIALIZING)
+    assert health.read().state == "INITIALIZING"  # at once
+    consumer.transition(ConsumerState.LISTENING)
+    assert health.read().state == "LISTENING"
+    consumer.transition(ConsumerState.PROCESSING)
+    entered = consumer._state_since
+    consumer.flush_health()  # the last write is too recent: a flip twice per poll is not written
+    assert health.read().state == "LISTENING"
+    time.sleep(min(HEALTH_LAG_SECONDS, 60 / 4) + 0.05)
+    consumer.flush_health()  # the watchdog's next tick: written, with the state's true start
+    found = health.read()
+    assert found.state == "PROCESSING" and found.since == entered
+    consumer.transition(ConsumerState.EXITING)
+    assert health.read().state == "EXITING"  # leaving the running states: at once

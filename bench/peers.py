@@ -1,0 +1,208 @@
+"""This consumer against the peer `aws-sqs-consumer` (PyPI) draining the same backlog.
+
+Each round pushes a backlog of 1,000 messages to a fresh queue, then drains it in a child
+process with one consumer, alternating which consumer goes first from round to round (times on
+a shared machine vary between runs, not much within one). The child measures its own CPU time
+(all threads) from the start of the drain (messenger: once it is LISTENING; its startup, which
+provisions or verifies the channel, is reported apart) until every message is handled and
+deleted, and counts
+its AWS requests with botocore's `before-send` event.
+
+- messenger: `Consumer` as deployed: concurrency 10, JSON event log on (to a file, as a
+  container's stderr would be), health file on.
+- peer: `aws_sqs_consumer.Consumer` with `batch_size=10` (its cheapest setting: one receive and
+  one delete batch per 10 messages), one thread.
+
+Goal: CPU ratio (messenger / peer) <= 1.0, messenger requests/message <= 0.22.
+The peer is a benchmark-only dependency: `pip install -r bench/requirements.txt`.
+
+    python bench/peers.py [--rounds 3] [--messages 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+CPU_RATIO_GOAL = 1.0
+REQUESTS_GOAL = 0.22
+CONSUMERS = ("messenger", "peer")
+
+
+# -- the children ---------------------------------------------------------------------------
+def drain_messenger(queue: str, namespace: str, messages: int,
+                    concurrency: int = 10) -> dict[str, Any]:
+    import logging
+
+    from messenger.aws import ClientFactory, RequestCounter
+    from messenger.consume.consumer import Consumer, ConsumerSettings
+    from messenger.consume.lifecycle import configure_json_logging
+    from messenger.settings import Settings
+
+    log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
+    configure_json_logging()
+    for handler in logging.getLogger().handlers:  # the container's stderr, to a file
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(log)
+    settings = Settings.from_env(namespace=namespace)
+    clients = ClientFactory(settings.region)
+    counter = RequestCounter().attach(clients)
+    handled = [0]
+    lock = threading.Lock()
+    done = threading.Event()
+
+    listening: list[float] = []
+
+    class Drain(Consumer):
+        channel = queue
+
+        def handler(self, message: Any) -> None:
+            with lock:
+                handled[0] += 1
+                if handled[0] >= messages:
+                    done.set()
+
+        def on_event(self, event: Any) -> None:
+            if event.name == "state" and event.fields["state"] == "LISTENING" and not listening:
+                listening.append(time.process_time())  # startup (provisioning) done
+            super().on_event(event)
+
+    health = os.path.join(tempfile.mkdtemp(), "health.json")
+    consumer = Drain(settings=settings, clients=clients,
+                     runtime=ConsumerSettings(concurrency=concurrency, health_file=health))
+    cpu, wall = time.process_time(), time.perf_counter()
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    done.wait(600)
+    consumer.request_shutdown()  # sends the last delete batches
+    thread.join(60)
+    lines = sum(1 for _ in open(log.name))
+    os.unlink(log.name)
+    return {"cpu_seconds": time.process_time() - listening[0],
+            "startup_cpu_seconds": listening[0] - cpu, "wall_seconds": time.perf_counter() - wall,
+            "handled": handled[0], "requests": counter.total, "log_lines": lines,
+            "by_operation": dict(counter.counts)}
+
+
+def drain_peer(queue_url: str, messages: int) -> dict[str, Any]:
+    import boto3
+    from aws_sqs_consumer import Consumer
+
+    from messenger.aws import RequestCounter
+
+    counter = RequestCounter()
+    sqs = boto3.session.Session(region_name="us-east-1").client("sqs")
+    sqs.meta.events.register("before-send", counter)
+    handled = [0]
+
+    class Drain(Consumer):
+        def handle_message_batch(self, batch: list[Any]) -> None:
+            handled[0] += len(batch)
+            if handled[0] >= messages:
+                self.stop()
+
+    consumer = Drain(queue_url=queue_url, sqs_client=sqs, batch_size=10, wait_time_seconds=20,
+                     region="us-east-1")
+    cpu, wall = time.process_time(), time.perf_counter()
+    consumer.start()  # returns after the batch that reached `messages` (deleted)
+    return {"cpu_seconds": time.process_time() - cpu, "startup_cpu_seconds": 0.0,
+            "wall_seconds": time.perf_counter() - wall,
+            "handled": handled[0], "requests": counter.total, "log_lines": 0,
+            "by_operation": dict(counter.counts)}
+
+
+# -- the parent ------------------------------------------------------------------------------
+def backlog(namespace: str, channel: str, messages: int) -> str:
+    """A fresh queue holding `messages` messages (pushed by messenger); its URL."""
+    from messenger.aws import ClientFactory
+    from messenger.channel import queue_name_for
+    from messenger.produce.producer import Producer
+    from messenger.settings import Settings
+
+    producer = type("Backlog", (Producer,), {"channel": channel})(
+        settings=Settings.from_env(namespace=namespace))
+    producer.push_many({"n": n, "pad": "x" * 200} for n in range(messages)).raise_for_failures()
+    sqs = ClientFactory("us-east-1").client("sqs")
+    return str(sqs.get_queue_url(QueueName=queue_name_for(channel, namespace))["QueueUrl"])
+
+
+def run_child(args: list[str]) -> dict[str, Any]:
+    result = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                            timeout=900)
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-2000:])
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def measure(rounds: int, messages: int) -> dict[str, Any]:
+    namespace = f"p{uuid.uuid4().hex[:6]}"
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONSUMERS}
+    for round_number in range(rounds):
+        order = CONSUMERS if round_number % 2 == 0 else CONSUMERS[::-1]
+        for name in order:
+            channel = f"drain_{name}_{round_number}"
+            url = backlog(namespace, channel, messages)
+            if name == "messenger":
+                args = ["--drain", "messenger", channel, namespace]
+            else:
+                args = ["--drain", "peer", url, namespace]
+            runs[name].append(run_child([*args, str(messages)]))
+    summary: dict[str, Any] = {}
+    for name, found in runs.items():
+        assert all(r["handled"] >= messages for r in found), (name, found)
+        cpu = [r["cpu_seconds"] * 1000 / messages for r in found]
+        summary[name] = {
+            "cpu_seconds_per_1000": round(statistics.median(cpu), 4),
+            "cpu_seconds_per_1000_rounds": [round(c, 4) for c in cpu],
+            "startup_cpu_seconds": round(statistics.median(
+                r["startup_cpu_seconds"] for r in found), 4),
+            "requests_per_message": round(
+                statistics.median(r["requests"] / messages for r in found), 4),
+            "messages_per_second": round(
+                statistics.median(messages / r["wall_seconds"] for r in found), 1),
+            "log_lines_per_message": round(found[0]["log_lines"] / messages, 2),
+            "by_operation": found[0]["by_operation"],
+        }
+    ratio = summary["messenger"]["cpu_seconds_per_1000"] / summary["peer"]["cpu_seconds_per_1000"]
+    requests = summary["messenger"]["requests_per_message"]
+    return {
+        "messages": messages, "rounds": rounds, **summary,
+        "cpu_ratio": round(ratio, 3), "cpu_ratio_goal": CPU_RATIO_GOAL,
+        "requests_goal": REQUESTS_GOAL,
+        "meets_goal": ratio <= CPU_RATIO_GOAL and requests <= REQUESTS_GOAL,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=1000)
+    parser.add_argument("--drain", nargs=4, metavar=("WHO", "TARGET", "NAMESPACE", "N"))
+    args = parser.parse_args()
+    if args.drain:
+        who, target, namespace, count = args.drain
+        os.environ["MESSENGER_NAMESPACE"] = namespace
+        result = (drain_messenger(target, namespace, int(count)) if who == "messenger"
+                  else drain_peer(target, int(count)))
+        print(json.dumps(result))
+        return
+    from messenger.tools.local import endpoint_from_env
+
+    with endpoint_from_env():
+        print(json.dumps(measure(args.rounds, args.messages), indent=2))
+
+
+if __name__ == "__main__":
+    main()
