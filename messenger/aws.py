@@ -60,6 +60,8 @@ BOTOCORE_MAX_ATTEMPTS = 4
 #: accepts connections and never answers costs at most this much past the retry budget.
 CONNECT_TIMEOUT_SECONDS = 5.0
 CALL_TIMEOUT_SECONDS = 15.0
+#: A call outside `call_with_budget` stops retrying timed-out attempts after this long.
+CALL_BUDGET_SECONDS = 20.0
 #: ReceiveMessage long-polls up to this long before it answers.
 LONG_POLL_SECONDS = 20
 
@@ -77,10 +79,13 @@ def client_config(read_timeout: float = CALL_TIMEOUT_SECONDS) -> Config:
 
 def _stop_retrying_past_the_budget(caught_exception: BaseException | None = None,
                                    **_: Any) -> None:
-    """botocore `needs-retry` hook: inside `call_with_budget`, a timed-out or broken attempt is
-    not retried by botocore once the budget's deadline has passed (each attempt may take a whole
-    call timeout, so botocore's own retries would otherwise run far past the budget)."""
+    """botocore `needs-retry` hook: a timed-out or broken attempt is not retried by botocore
+    once the deadline has passed: inside `call_with_budget` its budget's, else the call's own
+    (`ClientFactory.call_budget` from its start). Each attempt may take a whole call timeout, so
+    botocore's own retries would otherwise run far past either."""
     deadline = getattr(_budget, "deadline", None)
+    if deadline is None:
+        deadline = getattr(_budget, "call_deadline", None)
     if caught_exception is not None and deadline is not None and time.monotonic() >= deadline:
         raise caught_exception
 
@@ -105,13 +110,16 @@ class ClientFactory:
 
     def __init__(
         self, region: str, endpoint_url: str | None = None,
-        call_timeout: float = CALL_TIMEOUT_SECONDS,
+        call_timeout: float = CALL_TIMEOUT_SECONDS, call_budget: float = CALL_BUDGET_SECONDS,
     ) -> None:
         self.region = region
         #: None: boto3's own resolution (AWS_ENDPOINT_URL, then AWS).
         self.endpoint_url = endpoint_url
         #: Seconds an attempt may wait for its response (long polls: plus their wait).
         self.call_timeout = call_timeout
+        #: Seconds after which a call made outside `call_with_budget` (a CLI's, a Lambda's)
+        #: stops retrying timed-out attempts: it ends within this plus one attempt.
+        self.call_budget = call_budget
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, bool, float | None], Any] = {}
         self._hooks: list[tuple[str, Callable[..., Any]]] = []
@@ -134,10 +142,15 @@ class ClientFactory:
                 service, config=client_config(timeout), endpoint_url=self.endpoint_url
             )
             made.meta.events.register_first("needs-retry", _stop_retrying_past_the_budget)
+            made.meta.events.register_first("before-call", self._start_call_clock)
             for event, handler in self._hooks:
                 made.meta.events.register(event, handler)
             self._clients[key] = made
             return made
+
+    def _start_call_clock(self, **_: Any) -> None:
+        """botocore `before-call` hook: the call's own deadline (used outside a budget)."""
+        _budget.call_deadline = time.monotonic() + self.call_budget
 
     def register(self, event: str, handler: Callable[..., Any]) -> None:
         with self._lock:

@@ -309,3 +309,23 @@ def test_an_endpoint_that_never_answers_costs_at_most_the_budget_plus_one_attemp
     # (4 attempts of 2 s each before), so the wall time is the budget plus one attempt at most.
     assert sends.total == 1
     assert elapsed < 1 + aws.CONNECT_TIMEOUT_SECONDS + 2
+
+
+@pytest.mark.timeout(60)
+def test_a_call_outside_any_budget_is_bounded_by_the_call_budget():
+    # Given an endpoint that never answers, 2 s attempts and a 3 s call budget: what a CLI
+    # command or a Lambda calling a client directly gets
+    hole = Blackhole()
+    try:
+        clients = ClientFactory("us-east-1", endpoint_url=hole.url, call_timeout=2,
+                                call_budget=3)
+        sends = RequestCounter().attach(clients)
+        started = time.monotonic()
+        with pytest.raises(aws.ReadTimeoutError):
+            clients.client("sqs").list_queues()
+        elapsed = time.monotonic() - started
+    finally:
+        hole.close()
+    # Then botocore stops after the attempt that ended past the 3 s (2 attempts, not 4)
+    assert sends.total == 2
+    assert elapsed < 3 + aws.CONNECT_TIMEOUT_SECONDS + 2
