@@ -243,12 +243,16 @@ class PartitionPublisher:
         clients = self.executor.client_factory()
         requests = RequestCounter().attach(clients)
         lanes = [ThreadPoolExecutor(max_workers=1) for _ in range(self.lanes)]
+        producer = None
         try:
             producer = self.producer_class(settings=self.executor.settings, clients=clients)
             yield from self._publish(producer, iter(rows), lanes)
         finally:
             for lane in lanes:
                 lane.shutdown(wait=True)
+            if producer is not None and producer.status is not None:
+                # Every QUEUED record of the partition, the last partial batch included.
+                producer.status.close()
             requests.detach(clients)
             self.counters["requests"].add(requests.total)
 

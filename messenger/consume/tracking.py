@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from messenger.consume.lifecycle import LifecycleEvent
@@ -77,6 +78,24 @@ def status_record(event: LifecycleEvent, consumer: str) -> StatusRecord | None:
     )
 
 
+#: The `next` field of a 'retried' event whose message SQS's redrive moves to the DLQ.
+REDRIVE_NEXT = "dead-letter queue (redrive)"
+
+
+def redrive_record(event: LifecycleEvent, retried: StatusRecord) -> StatusRecord | None:
+    """DEAD_LETTERED for a message that failed its last receive: SQS's redrive moves it to the
+    DLQ when its visibility ends (no consumer sees it again), so its timeline ends there."""
+    if retried.event is not StatusEvent.RETRIED or event.fields.get("next") != REDRIVE_NEXT:
+        return None
+    return replace(
+        retried,
+        event=StatusEvent.DEAD_LETTERED,
+        error=f"redrive: failed on receive {retried.receive_count} (max_receives reached); "
+              f"SQS moves it to the dead-letter queue",
+        at=retried.at + 1e-6,  # after RETRIED in the timeline
+    )
+
+
 class StatusTracker:
     """Records a consumer's message events in a `StatusStore` (see the module doc)."""
 
@@ -97,6 +116,9 @@ class StatusTracker:
         record = status_record(event, self.consumer_id)
         if record is not None:
             self.store.record(record)
+            redrive = redrive_record(event, record)
+            if redrive is not None:
+                self.store.record(redrive)
 
     def close(self) -> None:
         """Write what is buffered (at shutdown)."""

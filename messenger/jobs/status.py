@@ -10,6 +10,7 @@ Table `<namespace->messenger-status`: partition key `message_id`, sort key `sk` 
 
 from __future__ import annotations
 
+import atexit
 import enum
 import logging
 import threading
@@ -187,6 +188,8 @@ class StatusStore:
                     target=self._run, name="messenger-status", daemon=True
                 )
                 self._thread.start()
+                # A process that ends without close() still writes what it recorded.
+                atexit.register(self.close)
         if full:
             self._wake.set()
 
@@ -237,7 +240,9 @@ class StatusStore:
             logger.warning("status store: %d record(s) not written: %s", len(batch), error)
 
     def close(self) -> None:
-        """Stop the background writer after writing what is buffered."""
+        """Stop the background writer after writing what is buffered (also run at interpreter
+        exit for a store that recorded anything)."""
+        atexit.unregister(self.close)
         self._closed.set()
         self._wake.set()
         if self._thread is not None:
@@ -282,6 +287,7 @@ def render_timeline(message_id: str, records: list[StatusRecord]) -> str:
         return f"no status records for message {message_id}"
     lines = [f"message {message_id}"]
     start = records[0].at
+    queued = 0
     for r in records:
         millis = int(r.at % 1 * 1000)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.at)) + f".{millis:03d}Z"
@@ -294,6 +300,14 @@ def render_timeline(message_id: str, records: list[StatusRecord]) -> str:
             extra.append(f"duration={r.duration:.3f}s")
         if r.error_class:
             extra.append(f"error={r.error_class}: {r.error}")
+        elif r.error:  # DEAD_LETTERED: why
+            extra.append(f"reason={r.error}")
+        if r.event is StatusEvent.QUEUED:
+            queued += 1
+            if queued > 1:
+                # Same id pushed again: on an ordered channel (id derived from the content or the
+                # caller's key) within 5 minutes SQS drops it as a duplicate.
+                extra.append("pushed again under the same id (duplicate)")
         lines.append(
             f"  {stamp} +{r.at - start:8.3f}s  {r.event.value:<13} {r.channel}  {' '.join(extra)}"
         )

@@ -370,3 +370,35 @@ def test_row_mapping_makes_json_ready_items_and_stable_dedup_ids() -> None:
     assert item.dedup_id == mapping.item(Row(**{**row.asDict(), "price": Decimal("1")})).dedup_id
     assert item.dedup_id != mapping.item(Row(**{**row.asDict(), "user": 8})).dedup_id
     assert len(item.dedup_id or "") == 64
+
+
+class TrackedAudit(MultiProducer):
+    channel = "audit"
+    track_status = True
+
+
+def test_every_published_row_is_queued_in_the_status_table(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, executor: ExecutorSettings,
+    tmp_path: Path,
+) -> None:
+    # Given 95 rows in 2 partitions: no partition holds a whole number of 25-record batches
+    from messenger.channel import status_table_name
+    from messenger.jobs.status import StatusStore
+
+    Provisioner(clients, settings).ensure_channel(
+        ChannelSpec(name="audit.log", namespace=settings.namespace)
+    )
+    StatusStore(clients, settings).ensure_table()
+    df = spark.createDataFrame([(n, "AUDIT.ROW") for n in range(95)], "n int, routing_key string")
+
+    report = publish(df.repartition(2), TrackedAudit, routing_key="routing_key",
+                     failed_path=str(tmp_path / "failed"), executor=executor)
+
+    # Then every published message has its QUEUED record once the job returns
+    assert report.published == 95
+    pages = clients.client("dynamodb").get_paginator("scan").paginate(
+        TableName=status_table_name(settings.namespace)
+    )
+    queued = [item["message_id"]["S"] for page in pages for item in page["Items"]
+              if item["event"]["S"] == "QUEUED"]
+    assert len(queued) == len(set(queued)) == 95
