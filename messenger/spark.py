@@ -357,7 +357,7 @@ def publish(
         A column: rows are repartitioned by it so each group is published by one task, in order.
     dedup_key: ordered channels: columns (or a function) identifying a row; the message
         deduplication id is their sha256, so a rerun within 5 minutes publishes nothing twice.
-        None: the sha256 of the message content (group, routing key, headers, body).
+        None: the sha256 of the message content (group, routing key, headers, priority, body).
     order_by: columns giving the order of messages within a group (sorted per partition).
     executor: settings shipped to the executors (default: `ExecutorSettings.from_env()`).
     lanes: batches a partition sends at once (1 to 16, default 4); a message group always

@@ -71,11 +71,18 @@ def merged_headers(defaults: Any, given: Any) -> dict[str, str]:
 
 
 def content_dedup_id(
-    group_id: str, routing_key: str | None, headers: Mapping[str, str], body_json: str
+    group_id: str,
+    routing_key: str | None,
+    headers: Mapping[str, str],
+    body_json: str,
+    level: str | None = None,
 ) -> str:
     """The deduplication id of an ordered message without one: SHA-256 of what it carries
-    (group, routing key, headers and body), so the same push twice is the same message."""
-    key = json.dumps([group_id, routing_key, dict(sorted(headers.items()))], ensure_ascii=True)
+    (group, routing key, headers, priority level and body), so the same push twice is the same
+    message."""
+    key = json.dumps(
+        [group_id, routing_key, dict(sorted(headers.items())), level], ensure_ascii=True
+    )
     digest = hashlib.sha256(key.encode())
     digest.update(b"\0")
     digest.update(body_json.encode("utf-8"))

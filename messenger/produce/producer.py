@@ -247,7 +247,7 @@ class _BaseProducer:
             # Ordered: an explicit dedup key (dedup_id, else the caller's message id) or the
             # content's own; the message id follows from it, so a duplicate shows as one.
             dedup_id = dedup_id or item.message_id or content_dedup_id(
-                group_id, item.routing_key, headers, encoded.body
+                group_id, item.routing_key, headers, encoded.body, level
             )
             if item.message_id is None:
                 message_id = ordered_message_id(self.channel, dedup_id)

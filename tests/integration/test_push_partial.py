@@ -165,3 +165,21 @@ def test_a_standard_channel_keeps_the_callers_message_id(settings, clients):
     assert producer.push({"n": 1}, message_id="order-42") == "order-42"
     got = _received(clients, f"{settings.namespace}-orders")
     assert [m.message_id for m in got] == ["order-42"]
+
+
+def test_the_same_content_at_another_priority_is_another_message(settings, clients):
+    class Jobs(MultiProducer):
+        channel = "ordered_jobs"
+        ordered = True
+        priorities = ("high", "low")
+
+    spec = ChannelSpec("ordered_jobs.work", ordered=True, priorities=("high", "low"),
+                       namespace=settings.namespace)
+    levels = Provisioner(clients, settings).ensure_channel(spec).levels
+    producer = Jobs(settings=settings, clients=clients)
+    high = producer.push({"job": 1}, priority="high")
+    low = producer.push({"job": 1}, priority="low")
+    assert high != low and producer.push({"job": 1}, priority="low") == low
+    got = {level.spec.priority_level: [m.message_id for m in _received(clients, level.queue.name)]
+           for level in levels}
+    assert got == {"high": [high], "low": [low]}
