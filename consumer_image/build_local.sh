@@ -5,7 +5,8 @@
 #
 #   consumer_image/build_local.sh [--app-dir DIR] [--tag TAG] [--arch X86_64|ARM64]
 #   consumer_image/build_local.sh --setup     # only the engine and the stand-in base
-#   consumer_image/build_local.sh --print-env # the `podman` options of this local engine
+#   consumer_image/build_local.sh --print-env # the `podman` command of this local engine
+#   --no-install: never install packages (exit 3 when they are missing; what the tests use)
 #
 # No registry is needed: the engine and its base images are set up once and cached in
 # $MESSENGER_PODMAN_DIR (default /var/tmp/messenger-podman), so later runs only build the image:
@@ -24,7 +25,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(dirname "$HERE")"
 STATE="${MESSENGER_PODMAN_DIR:-/var/tmp/messenger-podman}"
-PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+# The Python that stages the build context (the project's venv, with aws-cdk-lib installed).
+PYTHON="${CONSUMER_IMAGE_PYTHON:-$ROOT/.venv/bin/python}"
 BASE_IMAGE="localhost/messenger-bookworm-base"
 STANDIN_IMAGE="docker.io/library/python:3.11-slim"
 STANDIN_FILE="$HERE/local/python-standin.Containerfile"
@@ -35,9 +37,10 @@ APP_DIR="$ROOT/examples"
 TAG="localhost/messenger-consumer:local"
 ARCH="X86_64"
 MODE="build"
+INSTALL=1
 
 usage() {
-    sed -n '6,8p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '6,9p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 cannot() { echo "consumer image: cannot set up podman here: $*" >&2; exit 3; }
@@ -50,6 +53,7 @@ while [ "$#" -gt 0 ]; do
         --arch) ARCH="${2:?--arch needs X86_64 or ARM64}"; shift 2 ;;
         --setup) MODE="setup"; shift ;;
         --print-env) MODE="print-env"; shift ;;
+        --no-install) INSTALL=0; shift ;;
         -h|--help) usage ;;
         *) echo "consumer image: unknown argument '$1'" >&2; usage ;;
     esac
@@ -60,7 +64,7 @@ export CONTAINERS_CONF="$STATE/containers.conf"
 
 if [ "$MODE" = "print-env" ]; then
     echo "CONTAINERS_CONF=$CONTAINERS_CONF"
-    echo "PODMAN=${PODMAN[*]}"
+    printf 'PODMAN='; printf '%q ' "${PODMAN[@]}"; echo
     exit 0
 fi
 
@@ -70,6 +74,8 @@ install_packages() {
         command -v "$command" >/dev/null || missing+=("$command")
     done
     [ "${#missing[@]}" -eq 0 ] && return 0
+    [ "$INSTALL" -eq 1 ] || cannot "${missing[*]} not installed (\`make consumer-image-engine\` \
+installs them: root on Debian)"
     [ "$(id -u)" -eq 0 ] || cannot "${missing[*]} not installed and not root (run as root once)"
     command -v apt-get >/dev/null || cannot "${missing[*]} not installed and no apt-get (Debian only)"
     say "installing ${PACKAGES[*]}"
