@@ -156,8 +156,9 @@ def test_the_image_holds_the_library_and_the_service_code_only(engine):
         echo "app: $(ls -A /app | tr '\\n' ' ')"
         echo "service: $(ls -A /app/consumer_apps | tr '\\n' ' ')"
         echo "build: $(ls -d /build 2>/dev/null)"
-        echo "junk: $(find / -xdev \\( -name .venv -o -name cdk.out -o -name node_modules \
-            -o -name .git -o -name __pycache__ -path '/app/*' \\) -print 2>/dev/null | tr '\\n' ' ')"
+        junk=$(find / -xdev \\( -name .venv -o -name cdk.out -o -name node_modules \
+            -o -name .git -o -name __pycache__ -path '/app/*' \\) -print 2>/dev/null)
+        echo "junk: $(echo $junk)"
         echo "library: $(python -c 'import messenger; print(messenger.__file__)')"
         echo "packages: $(pip list --format json)"
     """)
