@@ -79,9 +79,11 @@ installs them: root on Debian)"
     [ "$(id -u)" -eq 0 ] || cannot "${missing[*]} not installed and not root (run as root once)"
     command -v apt-get >/dev/null || cannot "${missing[*]} not installed and no apt-get (Debian only)"
     say "installing ${PACKAGES[*]}"
+    local started=$SECONDS
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${PACKAGES[@]}" \
         >/dev/null
+    say "packages installed in $((SECONDS - started)) s"
 }
 
 write_containers_conf() {
@@ -116,13 +118,13 @@ debian_mirror() {
 
 ensure_base() {
     "${PODMAN[@]}" image exists "$BASE_IMAGE" && return 0
-    local suite rootfs tarball="$STATE/bookworm-minbase.tar"
+    local suite rootfs tarball="$STATE/bookworm-minbase.tar" started=$SECONDS
     if [ ! -s "$tarball" ]; then
         # shellcheck disable=SC1091
         suite="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
         [ "$suite" = "bookworm" ] || cannot "debootstrap needs Debian bookworm (found '${suite:-?}')"
         rootfs="$(mktemp -d "$STATE/rootfs.XXXXXX")"
-        say "debootstrap bookworm minbase from $(debian_mirror) (once, ~30 s)"
+        say "debootstrap bookworm minbase from $(debian_mirror) (once, about a minute)"
         # python3.11-venv brings ensurepip, so the stand-in has pip as the official image does
         # (its python3.11-distutils is a virtual package that debootstrap cannot resolve).
         debootstrap --variant=minbase --include=python3.11,python3.11-venv,python3-distutils,ca-certificates \
@@ -134,22 +136,24 @@ ensure_base() {
         rm -rf "$rootfs"
     fi
     "${PODMAN[@]}" import --quiet "$tarball" "$BASE_IMAGE" >/dev/null
+    say "$BASE_IMAGE ready in $((SECONDS - started)) s"
 }
 
 ensure_standin() {
     # Rebuilt when its Containerfile or the host's CA bundle changes (a label holds their hash).
-    local digest current context
+    local digest current context started=$SECONDS
     digest="$(cat "$STANDIN_FILE" "$HOST_CA_BUNDLE" | sha256sum | cut -c1-16)"
     current="$("${PODMAN[@]}" image inspect --format '{{index .Labels "messenger.standin"}}' \
         "$STANDIN_IMAGE" 2>/dev/null || true)"
     [ "$current" = "$digest" ] && return 0
-    say "building the python:3.11-slim stand-in (once, ~20 s)"
+    say "building the python:3.11-slim stand-in (once, ~10 s)"
     context="$(mktemp -d "$STATE/standin.XXXXXX")"
     cp "$HOST_CA_BUNDLE" "$context/host-ca-certificates.crt"
     "${PODMAN[@]}" build --quiet --pull=never --network host --format docker \
         --label "messenger.standin=$digest" -f "$STANDIN_FILE" -t "$STANDIN_IMAGE" "$context" \
         >/dev/null || { rm -rf "$context"; cannot "the stand-in base failed to build"; }
     rm -rf "$context"
+    say "$STANDIN_IMAGE (stand-in) ready in $((SECONDS - started)) s"
 }
 
 setup_engine() {
@@ -166,7 +170,7 @@ setup_engine() {
 }
 
 build_image() {
-    local context staged
+    local context staged started=$SECONDS
     context="$(mktemp -d "$STATE/context.XXXXXX")"
     # Stage the context with the CDK app's own code, so this build sees what `cdk deploy` sends:
     # the library, consumer_image/, the service's folder (and its requirements.txt).
@@ -197,6 +201,7 @@ EOF
         -f "$context/consumer_image/Dockerfile" -t "$TAG" "$context" \
         || { rm -rf "$context"; exit 1; }
     rm -rf "$context"
+    say "$TAG built in $((SECONDS - started)) s"
 }
 
 setup_engine
