@@ -63,8 +63,9 @@ PODMAN=(podman --root "$STATE/storage" --runroot "$STATE/run" --storage-driver o
 export CONTAINERS_CONF="$STATE/containers.conf"
 
 if [ "$MODE" = "print-env" ]; then
-    echo "CONTAINERS_CONF=$CONTAINERS_CONF"
-    printf 'PODMAN='; printf '%q ' "${PODMAN[@]}"; echo
+    # Lines for `eval`: export CONTAINERS_CONF=... and PODMAN='podman --root ...'.
+    printf 'export CONTAINERS_CONF=%q\n' "$CONTAINERS_CONF"
+    printf 'export PODMAN=%q\n' "$(printf '%q ' "${PODMAN[@]}")"
     exit 0
 fi
 

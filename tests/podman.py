@@ -69,7 +69,8 @@ def local_engine() -> Engine:
     printed = subprocess.run(
         [str(BUILD_SCRIPT), "--print-env"], capture_output=True, text=True, check=True
     ).stdout
-    values = dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
+    exports = [shlex.split(line)[1] for line in printed.splitlines() if line.startswith("export ")]
+    values = dict(assignment.split("=", 1) for assignment in exports)
     env = {**os.environ, "CONTAINERS_CONF": values["CONTAINERS_CONF"]}
     return Engine(command=shlex.split(values["PODMAN"]), env=env)
 
