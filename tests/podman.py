@@ -56,16 +56,24 @@ class Engine:
         return dict(data)
 
 
+def engine_problem() -> str | None:
+    """Why build_local.sh cannot run podman here (cheap checks only), or None."""
+    if not sys.platform.startswith("linux"):
+        return "podman runs containers on Linux only"
+    missing = [name for name in ("podman", "runc", "debootstrap") if shutil.which(name) is None]
+    if missing:
+        return (f"{', '.join(missing)} not installed: `make consumer-image-engine` sets the "
+                f"engine up (root, Debian)")
+    if os.geteuid() != 0:
+        return "build_local.sh runs podman as root with its own storage; this is not root"
+    return None
+
+
 def local_engine() -> Engine:
     """The engine build_local.sh sets up; raises EngineUnavailable with the reason."""
-    if not sys.platform.startswith("linux"):
-        raise EngineUnavailable("podman runs containers on Linux only")
-    if shutil.which("podman") is None:
-        raise EngineUnavailable(
-            "podman is not installed: `make consumer-image-engine` sets it up (root, Debian)"
-        )
-    if os.geteuid() != 0:
-        raise EngineUnavailable("build_local.sh runs podman as root (its own storage), not root")
+    problem = engine_problem()
+    if problem is not None:
+        raise EngineUnavailable(problem)
     printed = subprocess.run(
         [str(BUILD_SCRIPT), "--print-env"], capture_output=True, text=True, check=True
     ).stdout
