@@ -60,6 +60,8 @@ while [ "$#" -gt 0 ]; do
 done
 
 PODMAN=(podman --root "$STATE/storage" --runroot "$STATE/run" --storage-driver overlay)
+TEMPORARY=()  # removed on exit, however the script ends
+trap 'rm -rf "${TEMPORARY[@]}"' EXIT
 export CONTAINERS_CONF="$STATE/containers.conf"
 
 if [ "$MODE" = "print-env" ]; then
@@ -125,16 +127,17 @@ ensure_base() {
         suite="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
         [ "$suite" = "bookworm" ] || cannot "debootstrap needs Debian bookworm (found '${suite:-?}')"
         rootfs="$(mktemp -d "$STATE/rootfs.XXXXXX")"
+        TEMPORARY+=("$rootfs" "$tarball.partial")
         say "debootstrap bookworm minbase from $(debian_mirror) (once, about a minute)"
         # python3.11-venv brings ensurepip, so the stand-in has pip as the official image does
         # (its python3.11-distutils is a virtual package that debootstrap cannot resolve).
-        debootstrap --variant=minbase --include=python3.11,python3.11-venv,python3-distutils,ca-certificates \
+        debootstrap --variant=minbase \
+            --include=python3.11,python3.11-venv,python3-distutils,ca-certificates \
             bookworm "$rootfs" "$(debian_mirror)" >"$STATE/debootstrap.log" 2>&1 \
-            || { rm -rf "$rootfs"; cannot "debootstrap failed (see $STATE/debootstrap.log)"; }
+            || cannot "debootstrap failed (see $STATE/debootstrap.log)"
         rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
         tar -C "$rootfs" -cf "$tarball.partial" .
         mv "$tarball.partial" "$tarball"
-        rm -rf "$rootfs"
     fi
     "${PODMAN[@]}" import --quiet "$tarball" "$BASE_IMAGE" >/dev/null
     say "$BASE_IMAGE ready in $((SECONDS - started)) s"
@@ -149,11 +152,11 @@ ensure_standin() {
     [ "$current" = "$digest" ] && return 0
     say "building the python:3.11-slim stand-in (once, ~10 s)"
     context="$(mktemp -d "$STATE/standin.XXXXXX")"
+    TEMPORARY+=("$context")
     cp "$HOST_CA_BUNDLE" "$context/host-ca-certificates.crt"
     "${PODMAN[@]}" build --quiet --pull=never --network host --format docker \
         --label "messenger.standin=$digest" -f "$STANDIN_FILE" -t "$STANDIN_IMAGE" "$context" \
-        >/dev/null || { rm -rf "$context"; cannot "the stand-in base failed to build"; }
-    rm -rf "$context"
+        >/dev/null || cannot "the stand-in base failed to build"
     say "$STANDIN_IMAGE (stand-in) ready in $((SECONDS - started)) s"
 }
 
@@ -170,14 +173,16 @@ setup_engine() {
     flock -u 9
 }
 
-build_image() {
-    local context staged started=$SECONDS
-    context="$(mktemp -d "$STATE/context.XXXXXX")"
+stage_context() {
     # Stage the context with the CDK app's own code, so this build sees what `cdk deploy` sends:
-    # the library, consumer_image/, the service's folder (and its requirements.txt).
+    # the library, the Dockerfile and entrypoint, the service's folder (and its requirements.txt).
+    # Before any engine setup: a wrong folder fails at once.
+    local staged
+    CONTEXT="$(mktemp -d "${TMPDIR:-/tmp}/messenger-consumer-context.XXXXXX")"
+    TEMPORARY+=("$CONTEXT")
     staged="$(cd "$ROOT" && JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION=1 \
         JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION=20 "$PYTHON" - \
-        "$APP_DIR" "$ARCH" "$context" <<'EOF'
+        "$APP_DIR" "$ARCH" "$CONTEXT" <<'EOF'
 import shutil
 import sys
 
@@ -194,17 +199,22 @@ except ConsumerImageError as error:
 shutil.copytree(image.build_context(), target, dirs_exist_ok=True)
 print(image.package, PLATFORMS[architecture].platform)
 EOF
-    )" || { rm -rf "$context"; exit 2; }
-    read -r package platform <<<"$staged"
-    say "building $TAG (APP_DIR=$package, $platform)"
+    )" || exit 2
+    read -r PACKAGE PLATFORM <<<"$staged"
+}
+
+build_image() {
+    local started=$SECONDS
+    say "building $TAG (APP_DIR=$PACKAGE, $PLATFORM)"
     "${PODMAN[@]}" build --pull=never --format docker --network host \
-        --platform "$platform" --build-arg "APP_DIR=$package" \
-        -f "$context/consumer_image/Dockerfile" -t "$TAG" "$context" \
-        || { rm -rf "$context"; exit 1; }
-    rm -rf "$context"
+        --platform "$PLATFORM" --build-arg "APP_DIR=$PACKAGE" \
+        -f "$CONTEXT/consumer_image/Dockerfile" -t "$TAG" "$CONTEXT" || exit 1
     say "$TAG built in $((SECONDS - started)) s"
 }
 
+if [ "$MODE" = "build" ]; then
+    stage_context
+fi
 setup_engine
 if [ "$MODE" = "build" ]; then
     build_image
