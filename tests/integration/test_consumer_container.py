@@ -22,7 +22,9 @@ import pytest
 from messenger import Producer, Settings
 from messenger.aws import ClientFactory
 from messenger.channel import physical_name
+from messenger.provision import Provisioner
 from messenger.tools.local import LOCAL_CREDENTIALS
+from tests.integration.consumer_apps.apps import SleepyConsumer
 from tests.podman import (
     REQUIRE_VARIABLE,
     Container,
@@ -64,19 +66,23 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
 
 @pytest.fixture
 def run_consumer(
-    engine: Engine, settings: Settings, endpoint: str, tmp_path: Path
+    engine: Engine, settings: Settings, endpoint: str, clients: ClientFactory, tmp_path: Path
 ) -> Iterator[Callable[..., Container]]:
     """Start `consumer_apps.apps:<app>` in a container, as an ECS task would; removed after."""
     started: list[Container] = []
     records = tmp_path / "record"
     records.mkdir()
     records.chmod(0o777)  # the container's user 10001 appends to it
+    # The channel exists before the task starts (`cdk deploy`); the task only verifies it.
+    Provisioner(clients, settings).ensure_channel(SleepyConsumer.channel_spec(settings.namespace))
 
     def run(app: str, **extra_env: str) -> Container:
         env = {
             **settings.as_env(), **LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": endpoint,
+            # What stacks/consumer_service.py gives the task
+            "MESSENGER_PROVISIONING": "verify", "MESSENGER_SHUTDOWN_TIMEOUT": "10",
+            "MESSENGER_CONCURRENCY": "1", "AWS_REGION": settings.region,
             "CONSUMER_TEST_RECORD": f"{RECORD_DIR}/record.jsonl",
-            "MESSENGER_SHUTDOWN_TIMEOUT": "10",
             **extra_env,
         }
         container = Container(engine)
