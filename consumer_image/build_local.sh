@@ -146,6 +146,7 @@ ensure_base() {
 ensure_standin() {
     # Rebuilt when its Containerfile or the host's CA bundle changes (a label holds their hash).
     local digest current context started=$SECONDS
+    [ -r "$HOST_CA_BUNDLE" ] || HOST_CA_BUNDLE=/dev/null  # no extra trust to hand over
     digest="$(cat "$STANDIN_FILE" "$HOST_CA_BUNDLE" | sha256sum | cut -c1-16)"
     current="$("${PODMAN[@]}" image inspect --format '{{index .Labels "messenger.standin"}}' \
         "$STANDIN_IMAGE" 2>/dev/null || true)"
