@@ -186,6 +186,8 @@ def test_the_image_holds_the_library_and_the_service_code_only(engine):
     assert lines["library"] == "/usr/local/lib/python3.11/site-packages/messenger/__init__.py"
     installed = {p["name"].lower() for p in json.loads(lines["packages"])}
     assert {"messenger", "boto3", "filelock", "rich"} <= installed
+    # The service's own requirements.txt is installed too
+    assert "slack_sdk" in installed or "slack-sdk" in installed
     # Nothing the tests, the CDK app or the tools need: they would only grow the image
     assert not installed & {"pytest", "moto", "aws-cdk-lib", "ruff", "mypy", "pyspark"}
 
