@@ -19,7 +19,8 @@
 #      unchanged with --pull=never. Only this stand-in gets the host's CA certificates (pip inside
 #      the build must reach the package index through this machine's proxy); the production
 #      Dockerfile never does.
-# Exit codes: 0 built, 2 bad arguments, 3 the engine cannot be set up here (the line says why).
+# Exit codes: 0 built, 1 the build failed, 2 a bad argument (one line naming it, before any
+# setup), 3 the engine cannot be set up here (one line saying why).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -59,6 +60,8 @@ while [ "$#" -gt 0 ]; do
     esac
 done
 
+# The service's folder as the caller named it (relative to the caller's directory).
+APP_DIR="$(realpath -m -- "$APP_DIR")"
 PODMAN=(podman --root "$STATE/storage" --runroot "$STATE/run" --storage-driver overlay)
 TEMPORARY=()  # removed on exit, however the script ends
 trap 'rm -rf "${TEMPORARY[@]}"' EXIT
@@ -90,8 +93,8 @@ installs them: root on Debian)"
 }
 
 write_containers_conf() {
-    # No CAP_SYS_RESOURCE here: podman's default nofile limit (raise to 1048576) fails, so ask
-    # for limits the container may set. A cgroup v1/v2 hybrid that crun refuses: runc, cgroupfs.
+    # No CAP_SYS_RESOURCE here: podman's default nofile limit (1048576) cannot be set, so ask
+    # for limits a container may set. A cgroup v1/v2 hybrid that crun refuses: runc, cgroupfs.
     # No systemd: health checks run when triggered (`podman healthcheck run`), never by a timer.
     mkdir -p "$STATE"
     cat > "$STATE/containers.conf.new" <<'EOF'
