@@ -79,8 +79,9 @@ def run_consumer(
     def run(app: str, **extra_env: str) -> Container:
         env = {
             **settings.as_env(), **LOCAL_CREDENTIALS, "AWS_ENDPOINT_URL": endpoint,
-            # What stacks/consumer_service.py gives the task
-            "MESSENGER_PROVISIONING": "verify", "MESSENGER_SHUTDOWN_TIMEOUT": "10",
+            # What stacks/consumer_service.py gives the task (a shutdown timeout below the
+            # stop timeout of `podman stop --time 10`, as the service's validation demands)
+            "MESSENGER_PROVISIONING": "verify", "MESSENGER_SHUTDOWN_TIMEOUT": "8",
             "MESSENGER_CONCURRENCY": "1", "AWS_REGION": settings.region,
             "CONSUMER_TEST_RECORD": f"{RECORD_DIR}/record.jsonl",
             **extra_env,
