@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: test demo bench lint synth clean
+.PHONY: test demo bench lint synth clean consumer-image consumer-image-engine
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,14 @@ lint: $(STAMP)
 
 synth: $(STAMP) $(NODE_STAMP)
 	npx cdk synth --quiet
+
+# The consumer image built with podman as `cdk deploy` builds it (consumer_image/README.md):
+# APP_DIR=<folder> for a team's own code. The engine and base images are set up once (root).
+consumer-image-engine:
+	consumer_image/build_local.sh --setup
+
+consumer-image: $(STAMP)
+	consumer_image/build_local.sh $(if $(APP_DIR),--app-dir $(APP_DIR)) $(if $(TAG),--tag $(TAG))
 
 clean:
 	rm -rf $(VENV) node_modules cdk.out .pytest_cache

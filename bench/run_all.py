@@ -74,6 +74,12 @@ BENCHES = (
         Figure("throughput ratio on/off", ("throughput_ratio",)),
         Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
     )),
+    Bench("consumer_image.py", "Consumer image with podman (skipped without an engine)", (
+        Figure("build (s)", ("build_s",)),
+        Figure("image (MB)", ("image_mb",)),
+        Figure("podman run to LISTENING (s)", ("run_to_listening_s",)),
+        Figure("SIGTERM to exit (s)", ("sigterm_to_exit_s",)),
+    )),
 )
 
 
