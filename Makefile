@@ -26,6 +26,7 @@ demo: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m examples.demo
 
 bench: $(STAMP) $(NODE_STAMP)
+	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python bench/run_all.py
 
 lint: $(STAMP)

@@ -54,6 +54,12 @@ BENCHES = (
     Bench("consume.py", "Consumer requests per message, 1,000-message backlog, concurrency 10", (
         Figure("consume", ("requests_per_message",), 0.25),
     )),
+    Bench("peers.py", "Consumer vs aws-sqs-consumer, same backlog, alternating rounds", (
+        Figure("CPU ratio messenger/peer", ("cpu_ratio",), 1.0),
+        Figure("messenger CPU s per 1,000", ("messenger", "cpu_seconds_per_1000")),
+        Figure("peer CPU s per 1,000", ("peer", "cpu_seconds_per_1000")),
+        Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),
+    )),
     Bench("spark_publish.py", "Spark publish from executors", (
         Figure("requests per message", ("requests_per_message",), 0.11),
         Figure("speed vs per-row push", ("speedup_vs_push",), 5, at_most=False),
