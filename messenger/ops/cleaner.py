@@ -136,7 +136,8 @@ class CleanerOutcome:
         names = {
             "deleted_topics": r.deleted_topics, "deleted_queues": r.deleted_queues,
             "stale": r.stale, "no_producers": r.no_producers, "no_consumers": r.no_consumers,
-            "kept_by_stack": r.kept_by_stack, "kept_topics": r.kept_topics, "failed": r.failed,
+            "kept_by_stack": r.kept_by_stack, "kept_topics": r.kept_topics,
+            "kept_outside_prefix": r.kept_outside_prefix, "failed": r.failed,
             "not_checked": r.not_checked,
         }
         return {
@@ -154,7 +155,8 @@ class CleanerOutcome:
             "details": {
                 f.name: f.detail for group in (
                     r.failed, r.not_checked, r.deleted_topics, r.deleted_queues, r.stale,
-                    r.no_producers, r.no_consumers, r.kept_by_stack, r.kept_topics)
+                    r.no_producers, r.no_consumers, r.kept_by_stack, r.kept_topics,
+                    r.kept_outside_prefix)
                 for f in group
             },
         }
@@ -199,6 +201,7 @@ class _Run:
     subscriptions_by_endpoint: dict[str, list[dict[str, Any]]]
     found: dict[str, list[Finding]] = field(default_factory=lambda: defaultdict(list))
     removed: set[str] = field(default_factory=set)
+    namespace: str = ""
     #: Seconds the invocation has left (None: no limit, e.g. outside Lambda).
     remaining: Callable[[], float] | None = None
     margin: float = STOP_MARGIN_SECONDS
@@ -206,6 +209,14 @@ class _Run:
     log: Any = logger
     unsubscribed: set[str] = field(default_factory=set)
     queues_removed: int = 0
+
+    def owns(self, resource: PlatformResource) -> bool:
+        """Both the tags (the inventory's filter) and the name place it in the namespace, whose
+        resources are named '<namespace>-...' (the prefix the cleaner's IAM policy allows).
+        Without a namespace the tags alone decide (no namespace tag)."""
+        if self.namespace:
+            return resource.name.startswith(f"{self.namespace}-")
+        return True
 
     def check_time(self) -> None:
         if self.remaining is not None and self.remaining() < self.margin:
@@ -262,6 +273,9 @@ class _Run:
         if queue.stack:
             self.found["kept_by_stack"].append(finding(queue, why, queue.stack))
             return
+        if not self.owns(queue):
+            self.found["kept_outside_prefix"].append(finding(queue, why))
+            return
         notes = []
         dlq = self.queues.get(state.dlq_arn or "")
         if not self.dry_run:
@@ -292,6 +306,10 @@ class _Run:
                 finding(dlq, f"empty DLQ of unused {source.name}", dlq.stack)
             )
             return f"DLQ {dlq.name} kept: CloudFormation stack {dlq.stack}"
+        if not self.owns(dlq):
+            self.found["kept_outside_prefix"].append(
+                finding(dlq, f"empty DLQ of unused {source.name}"))
+            return f"DLQ {dlq.name} kept: named outside the namespace's prefix"
         if not self.dry_run:
             self.remove_queue(dlq.name, dlq_state.url, "dead-letter queue")
         self.removed.add(dlq.arn)
@@ -309,6 +327,9 @@ class _Run:
             return
         if topic.stack:
             self.found["kept_by_stack"].append(finding(topic, why, topic.stack))
+            return
+        if not self.owns(topic):
+            self.found["kept_outside_prefix"].append(finding(topic, why))
             return
         if not self.dry_run:
             self.unsubscribe(subscriptions)
@@ -345,8 +366,8 @@ def clean_resources(
     topics = [r for r in inventory if r.service == "sns"]
     queues = {r.arn: r for r in inventory if r.service == "sqs"}
     by_topic, by_endpoint = _subscriptions(clients)
-    run = _Run(clients, dry_run, now, queues, by_topic, by_endpoint, remaining=remaining,
-               margin=margin, log=log or logger)
+    run = _Run(clients, dry_run, now, queues, by_topic, by_endpoint, namespace=namespace,
+               remaining=remaining, margin=margin, log=log or logger)
     cloudwatch = clients.client("cloudwatch")
 
     topic_series = fetch_series(

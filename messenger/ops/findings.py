@@ -65,6 +65,8 @@ class CleanerReport:
     failed: tuple[Finding, ...] = ()
     #: Inactive topics not deleted because a queue that stays is subscribed to them.
     kept_topics: tuple[Finding, ...] = ()
+    #: Unused, tagged for the namespace but named outside its '<namespace>-' prefix: not deleted.
+    kept_outside_prefix: tuple[Finding, ...] = ()
     #: Why the run stopped before judging everything (an error, the Lambda's time), or None.
     stopped: str | None = None
     #: What the run did not get to, when it stopped early.
@@ -76,5 +78,6 @@ class CleanerReport:
     def has_findings(self) -> bool:
         return bool(self.stopped) or any(
             (self.deleted_topics, self.deleted_queues, self.stale, self.no_producers,
-             self.no_consumers, self.kept_by_stack, self.failed, self.kept_topics)
+             self.no_consumers, self.kept_by_stack, self.failed, self.kept_topics,
+             self.kept_outside_prefix)
         )

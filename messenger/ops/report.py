@@ -181,6 +181,7 @@ def cleaner_messages(report: CleanerReport) -> list[dict[str, Any]]:
         ("🚫 Queues without producers", report.no_producers),
         ("📭 Queues without consumers", report.no_consumers),
         ("🔒 Unused, kept: a CloudFormation stack owns them", report.kept_by_stack),
+        ("🔒 Unused, kept: named outside the namespace's prefix", report.kept_outside_prefix),
         ("💤 Inactive topics kept: a queue that stays is subscribed", report.kept_topics),
     ]
     title = "🧹 Resource cleaner" + (" · dry run" if report.dry_run else "")

@@ -356,3 +356,23 @@ def test_a_subscriber_abandoned_on_a_busy_exchange_is_reported(
     assert estate.queue_exists(idle.queue.name)
     [text] = webhook.texts()
     assert "50 messages delivered by its active exchange, none received in 3 days" in text
+
+
+def test_a_queue_tagged_for_the_namespace_but_named_outside_it_is_never_deleted(
+    lambda_env: LambdaEnv, webhook: WebhookSink
+) -> None:
+    # Given an unused queue carrying this namespace's platform tags, named 'shared-bus-*'
+    estate = Estate(lambda_env)
+    now = datetime.now(UTC) + LATER
+    spec = ChannelSpec("shared_bus", namespace=lambda_env.settings.namespace)
+    estate.sqs.create_queue(QueueName="shared-bus-events", tags=spec.resource_tags("queue"))
+    unused = estate.channel("unused")
+
+    outcome = _run_with(lambda_env, webhook, now)
+
+    # Then only the queue both its tags and its name place in the namespace is deleted
+    summary = outcome.summary()
+    assert summary["deleted_queues"] == [unused.queue.name]
+    assert summary["kept_outside_prefix"] == ["shared-bus-events"]
+    assert estate.queue_exists("shared-bus-events")
+    assert "named outside the namespace's prefix" in webhook.texts()[0]
