@@ -69,7 +69,11 @@ BENCHES = (
                                                                     "aws_calls"), 24),
         Figure("queue alarm calls, DLQ scope (+1 secret read)", ("queue_alarm.dlq", "aws_calls"),
                24),
+        Figure("queue alarm calls, source scope, +3 CloudFormation +3 cost tags",
+               ("queue_alarm.source.cloudformation_and_cost_tags", "aws_calls"), 24),
         Figure("resource cleaner calls", ("resource_cleaner", "aws_calls")),
+        Figure("resource cleaner CloudWatch calls", ("resource_cleaner", "cloudwatch_calls"),
+               12),
     )),
     Bench("synth.py", "CDK synth time", (
         Figure("10 channels (s)", ("channels_10_s",)),
