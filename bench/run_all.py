@@ -74,6 +74,15 @@ BENCHES = (
         Figure("throughput ratio on/off", ("throughput_ratio",)),
         Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
     )),
+    Bench("local_endpoint.py", "Local endpoint SQS, depth 10,000 vs empty, same run", (
+        Figure("indexed: worst ratio deep/empty", ("indexed_worst_ratio",), 2),
+        Figure("indexed: batched send at depth (s)", ("indexed", "standard-deep", "send_batch")),
+        Figure("indexed: receive at depth (s)", ("indexed", "standard-deep", "receive")),
+        Figure("stock: batched send ratio deep/empty",
+               ("stock", "standard.send_batch.ratio_deep_vs_empty")),
+        Figure("stock: receive ratio deep/empty",
+               ("stock", "standard.receive.ratio_deep_vs_empty")),
+    )),
 )
 
 

@@ -54,11 +54,13 @@ class LocalEndpoint:
         from moto.server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log per request
+
+        #: Whether moto's SQS runs with messenger's index (False: stock, asked or refused).
+        self.sqs_indexed = False
         if not stock_moto:
             from messenger.tools import moto_sqs
 
-            moto_sqs.apply()
-
+            self.sqs_indexed = moto_sqs.apply()
         self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
         self.url = ""
 
@@ -166,7 +168,8 @@ def serve_forever(host: str, port: int, stock_moto: bool = False) -> int:
     print("messenger local endpoint running. In another shell:", flush=True)
     for name, value in endpoint.env().items():
         print(f"  export {name}={value}", flush=True)
-    print("Ctrl-C stops it.", flush=True)
+    sqs = "indexed (messenger.tools.moto_sqs)" if endpoint.sqs_indexed else "stock moto"
+    print(f"SQS: {sqs}. Ctrl-C stops it.", flush=True)
     stop.wait()
     endpoint.stop()
     print("stopped.", flush=True)
