@@ -12,7 +12,9 @@ an index (`QueueIndex`):
   heap of the unlocked groups' heads (FIFO), so a receive pops what it returns and never looks
   at a locked group's backlog;
 - leases (in-flight messages) and delayed messages in heaps by the time they become visible;
-- receipt handles and FIFO deduplication ids in dicts; the approximate counts as counters.
+- receipt handles and FIFO deduplication ids in dicts; the approximate counts as counters;
+- the CamelCase-to-snake_case names `Queue.attributes` converts on every read, remembered;
+  a receipt handle drawn in one call (constant costs, but paid per message).
 
 Clients see the answers stock moto gives (tests/integration/test_moto_sqs.py runs the same
 calls on both), with three departures, each toward what SQS does:
@@ -34,9 +36,11 @@ The layer is written against moto 5.2.5 (what requirements.txt pins): on any oth
 from __future__ import annotations
 
 import copy
+import functools
 import heapq
 import itertools
 import logging
+import string
 import time
 from collections.abc import Generator
 from typing import Any
@@ -474,6 +478,14 @@ def _change_message_visibility(
         queue._messages_lock.notify_all()
 
 
+def _receipt_handle() -> str:
+    """Stock's receipt handle (185 random lowercase letters, from moto's seedable random) in
+    one call instead of 185."""
+    from moto.moto_api._internal import mock_random
+
+    return "".join(mock_random.choices(string.ascii_lowercase, k=185))
+
+
 def _retention_check(self: Any, queue_name: str, message: Any) -> bool:
     """Stock's check without computing every queue attribute three times."""
     queue = self.get_queue(queue_name)
@@ -527,6 +539,12 @@ def apply() -> bool:
     ):
         for name, replacement in replacements.items():
             setattr(owner, name, replacement)
+    # `Queue.attributes` (read up to 5 times per FIFO message sent) converts each of its ~20
+    # names from CamelCase with a character loop: same answers, remembered.
+    models.camelcase_to_underscores = functools.lru_cache(maxsize=256)(  # type: ignore[assignment]
+        models.camelcase_to_underscores
+    )
+    models.generate_receipt_handle = _receipt_handle
     _applied = True
     log.info("messenger: moto %s SQS index applied", MOTO_VERSION)
     return True
