@@ -90,6 +90,15 @@ BENCHES = (
         Figure("podman run to LISTENING (s)", ("run_to_listening_s",)),
         Figure("SIGTERM to exit (s)", ("sigterm_to_exit_s",)),
     )),
+    Bench("local_endpoint.py", "Local endpoint SQS, depth 10,000 vs empty, same run", (
+        Figure("indexed: worst ratio deep/empty", ("indexed_worst_ratio",), 2),
+        Figure("indexed: batched send at depth (s)", ("indexed", "standard-deep", "send_batch")),
+        Figure("indexed: receive at depth (s)", ("indexed", "standard-deep", "receive")),
+        Figure("stock: batched send ratio deep/empty",
+               ("stock", "standard.send_batch.ratio_deep_vs_empty")),
+        Figure("stock: receive ratio deep/empty",
+               ("stock", "standard.receive.ratio_deep_vs_empty")),
+    )),
 )
 
 

@@ -18,7 +18,7 @@ from messenger.errors import MessengerError
 def _local(args: argparse.Namespace) -> int:
     from messenger.tools.local import serve_forever
 
-    return serve_forever(args.host, args.port)
+    return serve_forever(args.host, args.port, stock_moto=args.stock_moto)
 
 
 def _requeue(args: argparse.Namespace) -> int:
@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     local = commands.add_parser("local", help="run the embedded AWS endpoint (moto) on loopback")
     local.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     local.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    local.add_argument(
+        "--stock-moto",
+        action="store_true",
+        help="serve moto's own SQS, without messenger's index (per-request cost grows with depth)",
+    )
     local.set_defaults(run=_local)
 
     from messenger.tools.top import add_parser as add_top
