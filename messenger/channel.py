@@ -62,6 +62,10 @@ TAG_ALARM_THRESHOLD = "messenger:alarm-threshold"
 TAG_DLQ_ALARM_THRESHOLD = "messenger:dlq-alarm-threshold"
 TAG_CRITICAL = "messenger:critical"
 TAG_ROLE = "messenger:role"  # "queue", "dlq" or "topic"
+#: Sid of the queue-policy statement letting an exchange's topic deliver to a channel's queue, and
+#: of the one letting it dead-letter to the channel's DLQ (the subscription's RedrivePolicy).
+ALLOW_TOPIC_SID = "AllowExchangeTopic"
+ALLOW_TOPIC_DEAD_LETTERS_SID = "AllowExchangeTopicDeadLetters"
 
 _NAME_PART = re.compile(r"^[A-Za-z0-9_-]+$")
 FilterType = Literal["exact", "prefix", "exclude"]
@@ -427,6 +431,12 @@ class ChannelSpec:
 
     def redrive_policy(self, dlq_arn: str) -> dict[str, Any]:
         return {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": self.max_receives}
+
+    def subscription_redrive_policy(self, dlq_arn: str) -> dict[str, str]:
+        """The exchange subscription's RedrivePolicy: what SNS cannot deliver to the queue (a
+        broken queue policy or key, a deleted queue) goes to the channel's DLQ after SNS's
+        retries, instead of being dropped. The DLQ's policy must let the topic send."""
+        return {"deadLetterTargetArn": dlq_arn}
 
     def topic_attributes(self) -> dict[str, str]:
         """SNS attributes of the exchange topic, without KmsMasterKeyId."""

@@ -17,6 +17,8 @@ from botocore.exceptions import ClientError
 
 from messenger.aws import ClientFactory, error_code
 from messenger.channel import (
+    ALLOW_TOPIC_DEAD_LETTERS_SID,
+    ALLOW_TOPIC_SID,
     TAG_MANAGED,
     ChannelSpec,
     exchange_tags,
@@ -76,13 +78,13 @@ def tls_only_statement(resource_arn: str, action: str) -> dict[str, Any]:
     }
 
 
-def queue_policy(queue_arn: str, topic_arn: str | None) -> str:
-    """TLS-only, and for an exchange's queue: the topic may send to it."""
+def queue_policy(queue_arn: str, topic_arn: str | None, sid: str = ALLOW_TOPIC_SID) -> str:
+    """TLS-only, and for an exchange's queue (or DLQ, `sid`): the topic may send to it."""
     statements = [tls_only_statement(queue_arn, "sqs:*")]
     if topic_arn:
         statements.append(
             {
-                "Sid": "AllowExchangeTopic",
+                "Sid": sid,
                 "Effect": "Allow",
                 "Principal": {"Service": "sns.amazonaws.com"},
                 "Action": "sqs:SendMessage",
@@ -232,11 +234,14 @@ class Provisioner:
             )
         dlq_attributes = {
             **spec.dlq_attributes(),
-            "Policy": queue_policy(self.arn("sqs", spec.dlq_name), None),
+            # An exchange's topic dead-letters what it cannot deliver here (subscription DLQ).
+            "Policy": queue_policy(
+                self.arn("sqs", spec.dlq_name), topic_arn, ALLOW_TOPIC_DEAD_LETTERS_SID
+            ),
         }
         dlq = self._create_queue(
             spec.dlq_name, dlq_attributes, spec.resource_tags("dlq"),
-            role=f"dead-letter queue of channel {spec.name!r}",
+            role=f"dead-letter queue of channel {spec.name!r}", topic_arn=topic_arn,
         )
         attributes = {
             **spec.queue_attributes(),
@@ -303,17 +308,21 @@ class Provisioner:
             exchange_tags(exchange, namespace),
         )
 
-    def ensure_subscription(self, spec: ChannelSpec, topic_arn: str, queue: QueueRef) -> str:
-        """The queue's subscription to the topic with raw delivery and the spec's filter policy."""
+    def ensure_subscription(
+        self, spec: ChannelSpec, topic_arn: str, queue: QueueRef, dlq: QueueRef
+    ) -> str:
+        """The queue's subscription to the topic with raw delivery, the spec's filter policy and
+        the channel's DLQ as its RedrivePolicy (undeliverable messages are kept, not dropped)."""
         sns = self.clients.client("sns")
         existing = self._find_subscription(topic_arn, queue.arn)
         policy = spec.filter_policy_json()
+        redrive = json.dumps(spec.subscription_redrive_policy(dlq.arn))
         if existing is None:
             if not self.auto:
                 raise ChannelNotFound(
                     self.describe_missing(f"subscription of queue {queue.name!r} to {topic_arn}")
                 )
-            attributes = {"RawMessageDelivery": "true"}
+            attributes = {"RawMessageDelivery": "true", "RedrivePolicy": redrive}
             if policy is not None:
                 attributes.update(FilterPolicy=policy, FilterPolicyScope="MessageAttributes")
             return str(
@@ -334,6 +343,11 @@ class Provisioner:
                     SubscriptionArn=existing,
                     AttributeName="FilterPolicy",
                     AttributeValue=policy or "{}",
+                )
+            if _normalized(current.get("RedrivePolicy")) != _normalized(redrive):
+                # A subscription made before subscription DLQs existed gets one.
+                sns.set_subscription_attributes(
+                    SubscriptionArn=existing, AttributeName="RedrivePolicy", AttributeValue=redrive
                 )
         return existing
 
@@ -361,7 +375,9 @@ class Provisioner:
                     spec.topic_name, spec.topic_attributes(), spec.topic_tags()
                 )
             queue, dlq = self.ensure_queues(spec, topic_arn)
-            subscription = self.ensure_subscription(spec, topic_arn, queue) if topic_arn else None
+            subscription = (
+                self.ensure_subscription(spec, topic_arn, queue, dlq) if topic_arn else None
+            )
         except ClientError as error:
             raise ProvisioningError(
                 f"provisioning channel {spec.name!r} failed: {error}"

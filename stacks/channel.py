@@ -20,7 +20,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct, IValidation
 
-from messenger.channel import ChannelSpec
+from messenger.channel import ALLOW_TOPIC_DEAD_LETTERS_SID, ALLOW_TOPIC_SID, ChannelSpec
 from stacks.topology import Topology
 
 #: Seconds SQS reuses a data key before calling KMS again (the provisioner uses the same value):
@@ -180,7 +180,11 @@ class ChannelQueue(Construct):
         self.queue_resource.apply_removal_policy(removal_policy)
         self.queue = self._import_queue("QueueRef", self.queue_resource)
         self.dlq = self._import_queue("DeadLetterQueueRef", self.dlq_resource)
-        self._queue_policy("DeadLetterQueuePolicy", self.dlq_resource, topic_arn=None)
+        topic_arn = exchange.topic.topic_arn if exchange is not None else None
+        # The exchange's topic dead-letters here what it cannot deliver to the queue.
+        dlq_policy = self._queue_policy(
+            "DeadLetterQueuePolicy", self.dlq_resource, topic_arn, ALLOW_TOPIC_DEAD_LETTERS_SID
+        )
         self._tag(self.dlq_resource, "dlq")
         self._tag(self.queue_resource, "queue")
         topology = Topology.of(self)
@@ -188,9 +192,10 @@ class ChannelQueue(Construct):
         topology.register(self.dlq_resource, self, "dead-letter queue", f"channel {spec.name!r}")
 
         self.subscription: sns.CfnSubscription | None = None
-        if exchange is not None:
-            topic_arn = exchange.topic.topic_arn
-            queue_policy = self._queue_policy("QueuePolicy", self.queue_resource, topic_arn)
+        if topic_arn is not None:
+            queue_policy = self._queue_policy(
+                "QueuePolicy", self.queue_resource, topic_arn, ALLOW_TOPIC_SID
+            )
             policy = spec.filter_policy()
             self.subscription = sns.CfnSubscription(
                 self,
@@ -201,12 +206,16 @@ class ChannelQueue(Construct):
                 raw_message_delivery=True,
                 filter_policy=policy,
                 filter_policy_scope="MessageAttributes" if policy is not None else None,
+                redrive_policy=spec.subscription_redrive_policy(self.dlq_resource.attr_arn),
             )
             self.subscription.add_resource_dependency(
                 queue_policy, "the topic may deliver only once the queue policy lets it"
             )
+            self.subscription.add_resource_dependency(
+                dlq_policy, "the topic may dead-letter only once the DLQ policy lets it"
+            )
         else:
-            self._queue_policy("QueuePolicy", self.queue_resource, topic_arn=None)
+            self._queue_policy("QueuePolicy", self.queue_resource, None, ALLOW_TOPIC_SID)
         self.node.add_validation(_FifoPairValidation(self))
 
     # -- helpers ----------------------------------------------------------------------------
@@ -222,13 +231,13 @@ class ChannelQueue(Construct):
         )
 
     def _queue_policy(
-        self, id: str, queue: sqs.CfnQueue, topic_arn: str | None
+        self, id: str, queue: sqs.CfnQueue, topic_arn: str | None, sid: str
     ) -> sqs.CfnQueuePolicy:
         statements = [_tls_only(queue.attr_arn, "sqs:*")]
         if topic_arn is not None:
             statements.append(
                 iam.PolicyStatement(
-                    sid="AllowExchangeTopic",
+                    sid=sid,
                     principals=[iam.ServicePrincipal("sns.amazonaws.com")],
                     actions=["sqs:SendMessage"],
                     resources=[queue.attr_arn],

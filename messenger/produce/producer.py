@@ -12,13 +12,12 @@ everywhere in the process. Infrastructure is checked once, at first use.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
-
-from botocore.exceptions import BotoCoreError, ClientError
 
 from messenger.aws import ClientFactory, call_with_budget, error_code
 from messenger.channel import (
@@ -34,12 +33,18 @@ from messenger.errors import (
     InvalidChannelSpec,
     InvalidMessage,
     InvalidSettings,
-    MessengerError,
     PayloadTooLarge,
 )
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
-from messenger.message import EncodedMessage, Message
+from messenger.message import MESSAGE_ID_ATTRIBUTE, EncodedMessage, Message
 from messenger.offload import PayloadStore, pointer_attributes
+from messenger.produce.checks import (
+    check_id,
+    check_text,
+    content_dedup_id,
+    merged_headers,
+    ordered_message_id,
+)
 from messenger.produce.push import PreparedItem, PushFailure, PushItem, PushManyResult
 from messenger.produce.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, is_missing_resource
@@ -139,10 +144,16 @@ class _BaseProducer:
         dedup_id: str | None = None,
         meta_headers: Mapping[str, str] | None = None,
         priority: str | None = None,
+        message_id: str | None = None,
     ) -> str:
         """Send one message; returns its message id. Raises InvalidMessage, PayloadTooLarge,
-        ChannelNotFound (verify mode) or PublishFailed (transient errors past the budget)."""
-        item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority)
+        ChannelNotFound (verify mode) or PublishFailed (transient errors past the budget).
+
+        message_id: the caller's own id (1-128 letters, digits, punctuation) instead of a new
+        one, so a retry after a crash is recognisable. On an ordered channel the id is derived
+        from the deduplication key: a duplicate returns the id of the message it repeats.
+        """
+        item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id)
         prepared, _ = self._prepare(0, item)
         self._with_target(prepared.level, lambda target: target.send(prepared.outgoing), "push")
         self._record_queued([prepared.message_id])
@@ -161,7 +172,7 @@ class _BaseProducer:
         for index, item in enumerate(items):
             try:
                 prepared, offloaded = self._prepare(index, item)
-            except (MessengerError, ClientError, BotoCoreError) as error:
+            except Exception as error:  # one bad item never aborts the others
                 result.failures.append(PushFailure(index, _failure_code(error), str(error)))
                 continue
             result.offloaded += offloaded
@@ -220,9 +231,31 @@ class _BaseProducer:
 
     def _prepare(self, index: int, item: PushItem) -> tuple[PreparedItem, int]:
         level = self._level(item.priority)
-        headers = {**self.meta_headers(), **(item.meta_headers or {})}
+        headers = merged_headers(self.meta_headers(), item.meta_headers)
+        if isinstance(item.routing_key, str):
+            check_text("routing_key", item.routing_key)
+        if item.message_id is not None:
+            check_id("message_id", item.message_id)
+        group_id, dedup_id = self._fifo_fields(item)
         message = Message(body=item.body, routing_key=item.routing_key, meta_headers=headers)
+        if item.message_id is not None:
+            message = dataclasses.replace(message, message_id=item.message_id)
         encoded = message.encode()
+        check_text("body", encoded.body)
+        message_id = message.message_id
+        if group_id is not None:
+            # Ordered: an explicit dedup key (dedup_id, else the caller's message id) or the
+            # content's own; the message id follows from it, so a duplicate shows as one.
+            dedup_id = dedup_id or item.message_id or content_dedup_id(
+                group_id, item.routing_key, headers, encoded.body
+            )
+            if item.message_id is None:
+                message_id = ordered_message_id(self.channel, dedup_id)
+                attributes = {
+                    **encoded.attributes,
+                    MESSAGE_ID_ATTRIBUTE: {"DataType": "String", "StringValue": message_id},
+                }
+                encoded = EncodedMessage(encoded.body, attributes)
         if level is not None and self.routes_priority_by_attribute:
             attributes = {
                 **encoded.attributes,
@@ -233,8 +266,8 @@ class _BaseProducer:
         if encoded.size > self.threshold:
             encoded = self._offload(encoded)
             offloaded = 1
-        outgoing = OutgoingMessage(encoded, *self._fifo_fields(item))
-        return PreparedItem(index, outgoing, message.message_id, level), offloaded
+        outgoing = OutgoingMessage(encoded, group_id, dedup_id)
+        return PreparedItem(index, outgoing, message_id, level), offloaded
 
     def _record_queued(self, message_ids: list[str]) -> None:
         if self.status is None:
@@ -250,6 +283,9 @@ class _BaseProducer:
                     f"is not ordered"
                 )
             return None, None
+        for field in ("group_id", "dedup_id"):
+            if getattr(item, field) is not None:
+                check_id(field, getattr(item, field))
         return item.group_id or self.group_id or self.channel, item.dedup_id
 
     def _offload(self, encoded: EncodedMessage) -> EncodedMessage:
@@ -340,7 +376,7 @@ class _BaseProducer:
         while pending:
             try:
                 failures = self._with_target(level, send, "push_many")
-            except (MessengerError, ClientError, BotoCoreError) as error:
+            except Exception as error:  # reported per item, never raised
                 # e.g. access denied: report this batch; batches already sent keep their ids.
                 for entry in pending:
                     result.failures.append(

@@ -20,6 +20,9 @@ class PushItem:
     dedup_id: str | None = None
     meta_headers: Mapping[str, str] | None = None
     priority: str | None = None
+    #: The caller's own id (e.g. an order number): a retry after a crash reuses it. On an
+    #: ordered channel it is also the deduplication key unless `dedup_id` is given.
+    message_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     requeue = commands.add_parser("requeue", help="move messages from a DLQ back to a channel")
     requeue.add_argument("source_queue", help="physical name of the queue to drain (usually a DLQ)")
-    requeue.add_argument("destination_channel", help="queue or exchange to push to")
+    requeue.add_argument(
+        "destination_channel",
+        help="queue to push to ('exchange.queue': that consumer's own queue), or with --type "
+             "multi an exchange",
+    )
     requeue.add_argument(
         "--type", dest="destination_type", choices=("single", "multi"), default="single",
         help="destination is a single-consumer queue or a multi-consumer exchange (default single)",
@@ -83,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     requeue.add_argument("--ordered", action="store_true", help="destination is ordered (FIFO)")
     requeue.add_argument("--max-messages", type=int, default=None, help="stop after this many")
     requeue.add_argument("--dry-run", action="store_true", help="report what would move")
+    requeue.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                         help="wait up to SECONDS for messages in flight in the source (a killed "
+                              "run's) to come back and move them too (default 0: report them)")
+    requeue.add_argument("--visibility-timeout", type=int, default=60, metavar="SECONDS",
+                         help="seconds a message being moved stays hidden in the source "
+                              "(default 60)")
     requeue.set_defaults(run=_requeue)
 
     consume = commands.add_parser(

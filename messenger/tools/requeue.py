@@ -6,7 +6,13 @@
 
 Body and attributes (routing key, meta headers, message id, offload pointer) move unchanged; the
 consumer's `dead_letter_reason` is dropped. A message is deleted from the source only after the
-destination accepted it: a crash in between leaves at worst a duplicate, never a loss.
+destination accepted it: a crash in between leaves at worst a duplicate, never a loss (an ordered
+destination drops that duplicate: its deduplication id is the source copy's MessageId).
+
+A destination `exchange.queue` is that consumer's own queue, not the exchange: the exchange's other
+consumers do not get a second copy. A run is done only when the source holds nothing: messages
+still in flight there (a killed run's, hidden for `visibility_timeout` seconds) are reported in
+`RequeueReport.in_flight`, and `wait_seconds` waits for them to come back and moves them too.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import enum
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +30,8 @@ from messenger.channel import (
     FIFO_SUFFIX,
     MAX_BATCH_ENTRIES,
     ROUTING_KEY_ATTRIBUTE,
+    ChannelSpec,
     physical_name,
-    queue_name_for,
 )
 from messenger.errors import ChannelNotFound, InvalidSettings, MessageDecodeError
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
@@ -62,6 +69,29 @@ class RequeueReport:
     moved: int = 0
     failed: int = 0
     routing_keys: dict[str, int] = field(default_factory=dict)
+    #: Messages left in the source but invisible (in flight or delayed) when the run ended.
+    in_flight: int = 0
+    #: The run stopped at max_messages.
+    stopped_at_max: bool = False
+
+    @property
+    def done(self) -> bool:
+        """Everything moved: nothing failed and nothing is left in flight in the source."""
+        return self.failed == 0 and self.in_flight == 0
+
+    def summary(self) -> str:
+        """One line for people: what moved, what failed, and what is left."""
+        verb = "would move" if self.dry_run else "moved"
+        line = f"{verb} {self.moved} message(s) from {self.source_queue} to {self.destination}"
+        if self.failed:
+            line += f", {self.failed} failed (still in {self.source_queue})"
+        if self.in_flight:
+            line += (
+                f"; NOT DONE: {self.in_flight} message(s) still in flight in {self.source_queue} "
+                f"(a killed run's or another reader's): run again when they are visible again, "
+                f"or with --wait"
+            )
+        return line
 
 
 class Requeuer:
@@ -72,6 +102,9 @@ class Requeuer:
     ordered: whether the destination is FIFO (default: the source's FIFO-ness).
     max_messages: stop after this many (None: all). dry_run: report, move nothing.
     progress: called with (done, estimated_total) after each batch.
+    wait_seconds: wait up to this long for messages in flight in the source to come back, and
+    move them too (0: report them and stop). visibility_timeout: seconds a message being moved
+    stays hidden in the source (60); what a killed run hides comes back after it.
     """
 
     def __init__(
@@ -86,6 +119,8 @@ class Requeuer:
         clients: ClientFactory | None = None,
         progress: Callable[[int, int], None] | None = None,
         track_status: bool | None = None,
+        wait_seconds: float = 0.0,
+        visibility_timeout: int = MOVE_VISIBILITY_TIMEOUT,
     ) -> None:
         if not isinstance(destination_type, SubscriberTypes):
             raise InvalidSettings(
@@ -94,6 +129,14 @@ class Requeuer:
             )
         if max_messages is not None and max_messages < 1:
             raise InvalidSettings(f"max_messages must be >= 1 or None, got {max_messages}")
+        if not 0 <= wait_seconds <= 3600:
+            raise InvalidSettings(f"wait_seconds must be 0 to 3600, got {wait_seconds}")
+        if not 1 <= visibility_timeout <= 43_200:
+            raise InvalidSettings(
+                f"visibility_timeout must be 1 to 43200 seconds, got {visibility_timeout}"
+            )
+        self.wait_seconds = wait_seconds
+        self.visibility_timeout = visibility_timeout
         self.settings = settings or Settings.from_env()
         self.clients = clients or ClientFactory(self.settings.region)
         self.provisioner = Provisioner(self.clients, self.settings)
@@ -127,7 +170,9 @@ class Requeuer:
         if self.destination_type is SubscriberTypes.MultiConsumer:
             arn = self.provisioner.ensure_exchange(self.destination_channel, self.ordered)
             return TopicTarget(self.clients.client("sns"), arn)
-        name = queue_name_for(self.destination_channel, self.settings.namespace, self.ordered)
+        name = consumer_queue_name(
+            self.destination_channel, self.settings.namespace, self.ordered
+        )
         queue = self.provisioner.require_queue(name, f"channel {self.destination_channel!r}")
         return QueueTarget(self.sqs, queue.url)
 
@@ -143,14 +188,23 @@ class Requeuer:
         target = None if self.dry_run else self._target()
         total = self.estimate()
         held: list[str] = []  # receipt handles kept invisible during a dry run
+        deadline = time.monotonic() + self.wait_seconds
         try:
-            while self.max_messages is None or report.moved < self.max_messages:
+            while True:
+                if self.max_messages is not None and report.moved >= self.max_messages:
+                    report.stopped_at_max = True
+                    break
                 wanted = MAX_BATCH_ENTRIES
                 if self.max_messages is not None:
                     wanted = min(wanted, self.max_messages - report.moved)
                 messages = self._receive(wanted)
                 if not messages:
-                    break
+                    # Empty is not done: a killed run's messages may still be hidden.
+                    report.in_flight = max(0, self._invisible() - len(held))
+                    if report.in_flight == 0 or self.dry_run or time.monotonic() >= deadline:
+                        break
+                    time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                    continue
                 for message in messages:
                     key = message.get("MessageAttributes", {}).get(ROUTING_KEY_ATTRIBUTE, {})
                     routing_key = key.get("StringValue", "(none)")
@@ -166,15 +220,25 @@ class Requeuer:
             self._release(held)
             if self.status is not None:
                 self.status.close()
-        logger.info(
-            "requeue %s -> %s: %d %s, %d failed",
-            report.source_queue,
-            report.destination,
-            report.moved,
-            "would move" if self.dry_run else "moved",
-            report.failed,
-        )
+        logger.info("requeue: %s", report.summary())
         return report
+
+    def _invisible(self) -> int:
+        """Messages in the source that a receive cannot see now (in flight or delayed)."""
+        attributes = call_with_budget(
+            lambda: self.sqs.get_queue_attributes(
+                QueueUrl=self.source.url,
+                AttributeNames=[
+                    "ApproximateNumberOfMessagesNotVisible",
+                    "ApproximateNumberOfMessagesDelayed",
+                ],
+            )["Attributes"],
+            self.settings.retry_budget_seconds,
+            f"counting messages in flight in {self.source.name!r}",
+        )
+        return int(attributes.get("ApproximateNumberOfMessagesNotVisible", 0)) + int(
+            attributes.get("ApproximateNumberOfMessagesDelayed", 0)
+        )
 
     def _receive(self, count: int) -> list[dict[str, Any]]:
         response = call_with_budget(
@@ -183,7 +247,7 @@ class Requeuer:
                 MaxNumberOfMessages=count,
                 MessageAttributeNames=["All"],
                 MessageSystemAttributeNames=["All"],
-                VisibilityTimeout=MOVE_VISIBILITY_TIMEOUT,
+                VisibilityTimeout=self.visibility_timeout,
                 WaitTimeSeconds=1,
             ),
             self.settings.retry_budget_seconds,
@@ -218,8 +282,8 @@ class Requeuer:
         if sent:
             self._delete(sent)
             self._record_requeued(sent)
-        # Failed ones stay in the source and come back after the visibility timeout.
-        self._release([m["ReceiptHandle"] for i, m in enumerate(messages) if i in failed])
+        # Failed ones stay in the source, hidden until the visibility timeout ends (released now,
+        # this run would take them again at once); the report counts them as in flight.
 
     def _refresh_payloads(self, messages: list[dict[str, Any]]) -> None:
         """A requeued message lives 14 more days: so must the payload it points to."""
@@ -284,6 +348,12 @@ class Requeuer:
             )
 
 
+def consumer_queue_name(channel: str, namespace: str = "", ordered: bool = False) -> str:
+    """The physical queue of a channel: 'orders' is its own queue, 'exchange.queue' that
+    consumer's queue (never the exchange: its other consumers must not get a second copy)."""
+    return ChannelSpec(name=channel, ordered=ordered, namespace=namespace).queue_name
+
+
 def run_cli(args: argparse.Namespace) -> int:
     """`messenger requeue SOURCE DESTINATION [--type multi] [--max-messages N] [--dry-run]`."""
     from rich.progress import Progress
@@ -300,13 +370,12 @@ def run_cli(args: argparse.Namespace) -> int:
             max_messages=args.max_messages,
             dry_run=args.dry_run,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
+            wait_seconds=args.wait,
+            visibility_timeout=args.visibility_timeout,
         )
         report = requeuer.start()
-    verb = "would move" if report.dry_run else "moved"
-    print(
-        f"{verb} {report.moved} message(s) from {report.source_queue} to {report.destination}"
-        f"{f', {report.failed} failed' if report.failed else ''}"
-    )
+    print(report.summary())
     for key, count in sorted(report.routing_keys.items()):
         print(f"  {key}: {count}")
-    return 1 if report.failed else 0
+    # 1: not done (failures, or messages still in flight in the source): run again.
+    return 0 if report.done else 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -146,34 +147,46 @@ def requeue_channel(
     channel: str,
     confirm: Callable[[str], bool],
 ) -> int:
-    """Move a channel's DLQ back to it (through the Requeuer) after `confirm(question)`."""
+    """Move a channel's DLQ back to its own queue (through the Requeuer) after
+    `confirm(question)`; 0 when done, 1 when declined or not done.
+
+    'exchange.queue' requeues to that consumer's queue only (the exchange's other consumers
+    already did the work); a priority channel's logical name requeues every level's DLQ to
+    that level's queue."""
     from messenger.tools.requeue import Requeuer, SubscriberTypes
 
     rows = [r for r in snapshot(clients, settings) if channel in (r.channel, r.queue)]
-    if not rows or rows[0].dlq is None:
+    if not rows:  # a priority channel: one queue and DLQ per level, 'jobs-high', 'jobs-low'
+        rows = [r for r in snapshot(clients, settings) if _is_level_of(r.channel, channel)]
+    rows = [r for r in rows if r.dlq is not None]
+    if not rows:
         raise ChannelNotFound(f"no channel {channel!r} with a DLQ in namespace "
                               f"{settings.namespace or '(none)'!r}")
-    row = rows[0]
-    assert row.dlq is not None
-    exchange = row.channel.split(".")[0] if "." in row.channel else None
-    question = (f"Requeue {row.dlq_depth} message(s) from {row.dlq} to "
-                f"{exchange or row.channel}{' (exchange)' if exchange else ''}? [y/N] ")
-    if not confirm(question):
+    moves = ", ".join(f"{r.dlq_depth} from {r.dlq} to {r.channel}" for r in rows)
+    if not confirm(f"Requeue {moves}? [y/N] "):
         print("nothing moved")
         return 1
-    report = Requeuer(
-        source_queue=row.dlq,
-        destination_channel=exchange or row.channel,
-        destination_type=(
-            SubscriberTypes.MultiConsumer if exchange else SubscriberTypes.SingleConsumer
-        ),
-        ordered=row.queue.endswith(FIFO_SUFFIX),
-        settings=settings,
-        clients=clients,
-    ).start()
-    print(f"moved {report.moved} message(s) from {row.dlq}"
-          f"{f', {report.failed} failed' if report.failed else ''}")
-    return 1 if report.failed else 0
+    done = True
+    for row in rows:
+        assert row.dlq is not None
+        report = Requeuer(
+            source_queue=row.dlq,
+            destination_channel=row.channel,
+            destination_type=SubscriberTypes.SingleConsumer,
+            ordered=row.queue.endswith(FIFO_SUFFIX),
+            settings=settings,
+            clients=clients,
+        ).start()
+        print(report.summary())
+        done = done and report.done
+    return 0 if done else 1
+
+
+def _is_level_of(row_channel: str, channel: str) -> bool:
+    """Whether `row_channel` is a priority level's queue of `channel` ('jobs-low' of 'jobs')."""
+    return row_channel.startswith(f"{channel}-") and bool(
+        re.fullmatch(r"[a-z0-9_]{1,16}", row_channel[len(channel) + 1 :])
+    )
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -140,3 +140,7 @@ def test_runtime_topics_and_filter_policies_equal_the_template(
         ) == "true"
         if runtime_policy is not None:
             assert runtime["FilterPolicyScope"] == declared["FilterPolicyScope"]
+        # Both dead-letter what SNS cannot deliver to the channel's own DLQ.
+        dlq_id, _ = template_view["queues"][channel.dlq.name]
+        assert declared["RedrivePolicy"] == {"deadLetterTargetArn": {"Fn::GetAtt": [dlq_id, "Arn"]}}
+        assert json.loads(runtime["RedrivePolicy"]) == {"deadLetterTargetArn": channel.dlq.arn}

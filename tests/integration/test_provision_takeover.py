@@ -26,11 +26,12 @@ def test_a_queue_of_another_exchange_is_refused_and_keeps_receiving(settings, cl
     with pytest.raises(ProvisioningError) as refused:
         provisioner.ensure_channel(
             ChannelSpec("order_events.audit_log", namespace=settings.namespace))
-    # Then it is refused, naming the queue, the topic it receives from and the fix
+    # Then it is refused, naming the queue, the topic it receives from and the fix (the DLQ,
+    # made first, already receives the exchange's undeliverable messages)
     message = str(refused.value)
-    assert f"queue '{settings.namespace}-audit_log' already receives from the topic " \
+    assert f"queue '{settings.namespace}-audit_log-dlq' already receives from the topic " \
            f"{payments.topic_arn}" in message
-    assert "queue of channel 'order_events.audit_log'" in message
+    assert "dead-letter queue of channel 'order_events.audit_log'" in message
     assert "rename the channel" in message
     # And the payments exchange still delivers to it
     assert _policy(clients, payments.queue.url) == before

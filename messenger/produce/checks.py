@@ -1,0 +1,90 @@
+"""Per-item checks a producer runs before sending, and the ids of ordered messages.
+
+Every problem with one item becomes an `InvalidMessage` naming the field, so `push` raises a clear
+error and `push_many` reports the item in `result.failures` while the other items are sent. The
+checks mirror what SQS and SNS refuse, which would otherwise fail a whole batch request:
+
+- text (body, routing key, header names and values) may hold only the characters SQS accepts:
+  #x9 #xA #xD, #x20-#xD7FF, #xE000-#xFFFD, #x10000-#x10FFFF (no lone surrogates, no U+FFFE/FFFF);
+- `group_id`, `dedup_id` and a caller's `message_id` are 1-128 characters of letters, digits and
+  ASCII punctuation (SQS's rule for MessageGroupId and MessageDeduplicationId).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from messenger.errors import InvalidMessage
+
+#: Longest MessageGroupId / MessageDeduplicationId SQS accepts (and of a caller's message id).
+MAX_ID_LENGTH = 128
+
+_REFUSED_CHARACTER = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_ID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
+
+
+def check_text(field: str, value: str) -> None:
+    """InvalidMessage naming `field` when `value` holds a character SQS and SNS refuse."""
+    found = _REFUSED_CHARACTER.search(value)
+    if found is not None:
+        code = ord(found.group())
+        what = "a lone surrogate" if 0xD800 <= code <= 0xDFFF else "a character SQS refuses"
+        raise InvalidMessage(
+            f"{field} holds U+{code:04X} ({what}) at position {found.start()}: text must be "
+            f"valid Unicode without control characters other than tab, LF and CR"
+        )
+
+
+def check_id(field: str, value: Any) -> None:
+    """InvalidMessage naming `field` unless `value` is a valid FIFO id / message id."""
+    if not isinstance(value, str) or _ID.match(value) is None:
+        raise InvalidMessage(
+            f"{field} must be 1 to {MAX_ID_LENGTH} letters, digits or ASCII punctuation "
+            f"(no spaces), got {value!r}"
+        )
+
+
+def merged_headers(defaults: Any, given: Any) -> dict[str, str]:
+    """The producer's `meta_headers()` overlaid with an item's own, both checked."""
+    merged: dict[str, str] = {}
+    for field, headers in (("meta_headers() of the producer", defaults), ("meta_headers", given)):
+        if headers is None:
+            continue
+        if not isinstance(headers, Mapping):
+            raise InvalidMessage(
+                f"{field} must be a mapping of strings to strings, got "
+                f"{type(headers).__name__}: {headers!r:.100}"
+            )
+        for name, value in headers.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise InvalidMessage(
+                    f"{field} must map strings to strings, got {name!r:.100}: {value!r:.100}"
+                )
+            check_text(f"{field} name {name!r:.100}", name)
+            check_text(f"{field}[{name!r:.100}]", value)
+            merged[name] = value
+    return merged
+
+
+def content_dedup_id(
+    group_id: str, routing_key: str | None, headers: Mapping[str, str], body_json: str
+) -> str:
+    """The deduplication id of an ordered message without one: SHA-256 of what it carries
+    (group, routing key, headers and body), so the same push twice is the same message."""
+    key = json.dumps([group_id, routing_key, dict(sorted(headers.items()))], ensure_ascii=True)
+    digest = hashlib.sha256(key.encode())
+    digest.update(b"\0")
+    digest.update(body_json.encode("utf-8"))
+    return digest.hexdigest()
+
+
+def ordered_message_id(channel: str, dedup_id: str) -> str:
+    """The message id of an ordered message: derived from its deduplication key (SQS dedups
+    per queue, across groups), so a push that SQS drops as a duplicate returns (and is tracked
+    under) the id of the message it repeats."""
+    key = f"{channel}\0{dedup_id}".encode()
+    return hashlib.sha256(key).hexdigest()[:32]
