@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 from messenger.aws import ClientFactory, RequestCounter, error_code
 from messenger.channel import MAX_BATCH_ENTRIES
@@ -57,8 +57,8 @@ NOT_ATTEMPTED = "NotAttempted"
 DEFAULT_LANES = 4
 MAX_LANES = 16
 
-#: A column name, or a function of the Row.
-RowField = str | Callable[[Any], Any]
+#: A column name, or a function of the Row (`Union`: evaluated at import, on Python 3.9 too).
+RowField = Union[str, Callable[[Any], Any]]
 
 
 @dataclass(frozen=True)
@@ -189,9 +189,9 @@ def plain(value: Any) -> Any:
         return {key: plain(item) for key, item in value.asDict().items()}
     if isinstance(value, dict):
         return {str(key): plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return [plain(item) for item in value]
-    if isinstance(value, datetime.date | datetime.datetime):
+    if isinstance(value, (datetime.date, datetime.datetime)):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
         return str(value)

@@ -36,6 +36,10 @@ ACTIONS_ON_FAILURE = ("CONTINUE", "CANCEL_AND_WAIT", "TERMINATE_CLUSTER")
 CLUSTER_ID = re.compile(r"^j-[A-Z0-9]{1,255}$")
 FAILED_STATES = frozenset({"FAILED", "CANCELLED", "INTERRUPTED"})
 STEP_ID = re.compile(r"^s-[A-Z0-9]{1,255}$")
+#: Subpackages of messenger that EMR steps import (besides the core modules and spark.py).
+EMR_PARTS = ("produce", "jobs")
+#: Core modules that are commands, not library: left out of the EMR package.
+EMR_EXCLUDED_MODULES = frozenset({"__main__.py"})
 #: Fixed timestamp for zip entries so that the same sources give the same bytes (and S3 keys).
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -56,16 +60,24 @@ class StepState:
     reason: str
 
 
-def package_zip(package_dir: Path | None = None) -> bytes:
-    """The messenger package as a zip for --py-files: `messenger/...py` at the top level,
-    sorted, fixed timestamps, no caches."""
+def emr_package_files(package_dir: Path | None = None) -> list[tuple[str, Path]]:
+    """What of `messenger` an EMR step needs, as (name in the archive, source path), sorted:
+    the core modules, `EMR_PARTS` and `messenger.spark`. Neither the consumer runtime (filelock,
+    threads) nor the tools go to the cluster; everything here runs on Python 3.9 and needs only
+    boto3, which EMR's Python provides (`tests/unit/test_emr_python.py` checks both)."""
     root = package_dir or Path(messenger.__file__).resolve().parent
+    files = [path for path in root.glob("*.py") if path.name not in EMR_EXCLUDED_MODULES]
+    for part in EMR_PARTS:
+        files += (root / part).glob("*.py")
+    return sorted((f"{root.name}/{path.relative_to(root).as_posix()}", path) for path in files)
+
+
+def package_zip(package_dir: Path | None = None) -> bytes:
+    """The EMR part of messenger (`emr_package_files`) as a zip for --py-files:
+    `messenger/...py` at the top level, sorted, fixed timestamps, no caches."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(root.rglob("*")):
-            if path.is_dir() or "__pycache__" in path.parts or path.suffix not in (".py", ".typed"):
-                continue
-            name = f"{root.name}/{path.relative_to(root).as_posix()}"
+        for name, path in emr_package_files(package_dir):
             info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
