@@ -36,6 +36,9 @@ ACTIONS_ON_FAILURE = ("CONTINUE", "CANCEL_AND_WAIT", "TERMINATE_CLUSTER")
 CLUSTER_ID = re.compile(r"^j-[A-Z0-9]{1,255}$")
 FAILED_STATES = frozenset({"FAILED", "CANCELLED", "INTERRUPTED"})
 STEP_ID = re.compile(r"^s-[A-Z0-9]{1,255}$")
+#: The Python of the Spark driver and executors. emr-7.x nodes have Python 3.9 (`python3`, what
+#: Spark uses unless told) and 3.11; the EMR package runs on both, and steps choose 3.11.
+EMR_PYTHON = "/usr/bin/python3.11"
 #: Subpackages of messenger that EMR steps import (besides the core modules and spark.py).
 EMR_PARTS = ("produce", "jobs")
 #: Core modules that are commands, not library: left out of the EMR package.
@@ -85,11 +88,26 @@ def package_zip(package_dir: Path | None = None) -> bytes:
     return buffer.getvalue()
 
 
+def python_confs(python: str = EMR_PYTHON) -> list[str]:
+    """spark-submit arguments choosing `python` for the driver (in YARN's application master)
+    and the executors: the `spark.pyspark.*` settings win over any PYSPARK_PYTHON of the
+    cluster's spark-env, and the environment variables cover code that reads them."""
+    confs = {
+        "spark.pyspark.python": python,
+        "spark.pyspark.driver.python": python,
+        "spark.yarn.appMasterEnv.PYSPARK_PYTHON": python,
+        "spark.executorEnv.PYSPARK_PYTHON": python,
+    }
+    return [arg for name, value in confs.items() for arg in ("--conf", f"{name}={value}")]
+
+
 def spark_submit_args(
-    package_uri: str, script_uri: str, job_args: Sequence[str], env: Mapping[str, str]
+    package_uri: str, script_uri: str, job_args: Sequence[str], env: Mapping[str, str],
+    python: str = EMR_PYTHON,
 ) -> list[str]:
     """The command-runner.jar arguments of the step."""
-    args = ["spark-submit", "--deploy-mode", "cluster", "--py-files", package_uri]
+    args = ["spark-submit", "--deploy-mode", "cluster", *python_confs(python),
+            "--py-files", package_uri]
     for name, value in sorted(env.items()):
         args += ["--conf", f"spark.yarn.appMasterEnv.{name}={value}"]
     return [*args, script_uri, *job_args]

@@ -60,8 +60,12 @@ def test_submit_uploads_package_and_script_and_adds_a_spark_submit_step(
     assert step["ActionOnFailure"] == "CONTINUE"
     assert step["Config"]["Jar"] == "command-runner.jar"
     args = step["Config"]["Args"]
-    assert args[:5] == ["spark-submit", "--deploy-mode", "cluster", "--py-files", args[4]]
-    package_uri = args[4]
+    assert args[:3] == ["spark-submit", "--deploy-mode", "cluster"]
+    package_uri = args[args.index("--py-files") + 1]
+    # The driver and executors run the node's Python 3.11, chosen explicitly (EMR: 3.9 else)
+    assert "spark.pyspark.python=/usr/bin/python3.11" in args
+    assert "spark.pyspark.driver.python=/usr/bin/python3.11" in args
+    assert "spark.executorEnv.PYSPARK_PYTHON=/usr/bin/python3.11" in args
     assert package_uri.startswith(f"s3://{BUCKET}/emr/") and package_uri.endswith("/messenger.zip")
     prefix = package_uri.removesuffix("/messenger.zip")
     # The job's arguments come last, unchanged, after the script.
@@ -90,7 +94,8 @@ def test_same_code_goes_to_the_same_keys(cluster: str, clients: ClientFactory) -
 
     steps = clients.client("emr").list_steps(ClusterId=cluster)["Steps"]
     assert sorted(step["Name"] for step in steps) == ["again", "messenger: wishlist_price_drops"]
-    assert len({step["Config"]["Args"][4] for step in steps}) == 1
+    packages = {a[a.index("--py-files") + 1] for a in (s["Config"]["Args"] for s in steps)}
+    assert len(packages) == 1
     listed = clients.client("s3").list_objects_v2(Bucket=BUCKET)["Contents"]
     assert len(listed) == 2
 
