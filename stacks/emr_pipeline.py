@@ -35,6 +35,9 @@ from stacks.foundation import Foundation
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 
 DEFAULT_RELEASE_LABEL = "emr-7.9.0"
+#: The Spark of each release the pipeline is tested against (AWS's release table): the EMR tests
+#: run that pyspark (requirements-emr.txt) on Python 3.11.
+RELEASE_SPARK = {"emr-7.9.0": "3.5.5"}
 #: EMR's managed service policy (v2) only acts on network resources carrying this tag.
 EMR_MANAGED_TAG = "for-use-with-amazon-emr-managed-policies"
 #: Tag of the clusters the state machine creates (value: the pipeline's construct path); it may
