@@ -7,8 +7,12 @@
 `submit` zips the `messenger` package (messenger.zip), uploads it and the script to
 `s3://<code bucket>/emr/<content hash>/` (the same code gives the same keys), and adds a
 command-runner.jar step: `spark-submit --deploy-mode cluster --py-files <zip> <script> <args>`.
-The messenger settings of the submitting shell (`Settings.as_env()`) reach the job's driver as
-`spark.yarn.appMasterEnv.*`; the driver ships them to the executors itself (messenger.spark).
+The step gets the pipeline's settings (`step_env`): the submitting shell's namespace, region,
+offload bucket, KMS key and limits, but provisioning `verify` (`--provisioning auto` to change it)
+and nothing that only suits the shell (e.g. the local endpoint's MESSENGER_BUCKET_TLS_POLICY).
+They reach the driver as `spark.yarn.appMasterEnv.*` and the executors as `spark.executorEnv.*`;
+the driver also ships them to the executors itself (messenger.spark). The driver and executors
+run `--python` (default EMR_PYTHON, Python 3.11).
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ CODE_BUCKET_ENV = "MESSENGER_CODE_BUCKET"
 CODE_PREFIX = "emr"
 PACKAGE_ZIP = "messenger.zip"
 ACTIONS_ON_FAILURE = ("CONTINUE", "CANCEL_AND_WAIT", "TERMINATE_CLUSTER")
+PROVISIONING_MODES = ("verify", "auto")
+#: What of `Settings.as_env()` a step gets (the pipeline's stack sets the same ones).
+STEP_SETTINGS = ("MESSENGER_NAMESPACE", "MESSENGER_OFFLOAD_BUCKET", "MESSENGER_OFFLOAD_THRESHOLD",
+                 "MESSENGER_KMS_KEY", "MESSENGER_RETRY_BUDGET", "AWS_DEFAULT_REGION")
 CLUSTER_ID = re.compile(r"^j-[A-Z0-9]{1,255}$")
 FAILED_STATES = frozenset({"FAILED", "CANCELLED", "INTERRUPTED"})
 STEP_ID = re.compile(r"^s-[A-Z0-9]{1,255}$")
@@ -101,6 +109,18 @@ def python_confs(python: str = EMR_PYTHON) -> list[str]:
     return [arg for name, value in confs.items() for arg in ("--conf", f"{name}={value}")]
 
 
+def step_env(settings: Settings, provisioning: str = "verify") -> dict[str, str]:
+    """The settings a step gets: `STEP_SETTINGS` of `settings` (empty ones left out) and
+    `provisioning` (default verify, as the pipeline: the stacks own the channels)."""
+    if provisioning not in PROVISIONING_MODES:
+        raise InvalidSettings(
+            f"--provisioning must be one of {', '.join(PROVISIONING_MODES)}, got {provisioning!r}"
+        )
+    env = {name: value for name, value in settings.as_env().items()
+           if name in STEP_SETTINGS and value}
+    return {**env, "MESSENGER_PROVISIONING": provisioning}
+
+
 def spark_submit_args(
     package_uri: str, script_uri: str, job_args: Sequence[str], env: Mapping[str, str],
     python: str = EMR_PYTHON,
@@ -109,7 +129,8 @@ def spark_submit_args(
     args = ["spark-submit", "--deploy-mode", "cluster", *python_confs(python),
             "--py-files", package_uri]
     for name, value in sorted(env.items()):
-        args += ["--conf", f"spark.yarn.appMasterEnv.{name}={value}"]
+        args += ["--conf", f"spark.yarn.appMasterEnv.{name}={value}",
+                 "--conf", f"spark.executorEnv.{name}={value}"]
     return [*args, script_uri, *job_args]
 
 
@@ -122,9 +143,15 @@ def submit(
     settings: Settings,
     name: str | None = None,
     action_on_failure: str = "CONTINUE",
+    provisioning: str = "verify",
+    python: str = EMR_PYTHON,
 ) -> SubmittedStep:
-    """Upload the package and `script`, add the spark-submit step; returns its id and URIs."""
+    """Upload the package and `script`, add the spark-submit step; returns its id and URIs.
+
+    provisioning: the step's MESSENGER_PROVISIONING (verify, as the pipeline; or auto).
+    python: the interpreter of the driver and executors on the nodes (default Python 3.11)."""
     _check(cluster_id, script, code_bucket, action_on_failure)
+    env = step_env(settings, provisioning)
     package = package_zip()
     source = script.read_bytes()
     digest = hashlib.sha256(package + b"\0" + source).hexdigest()[:16]
@@ -134,7 +161,7 @@ def submit(
     s3.put_object(Bucket=code_bucket, Key=f"{prefix}/{script.name}", Body=source)
     package_uri = f"s3://{code_bucket}/{prefix}/{PACKAGE_ZIP}"
     script_uri = f"s3://{code_bucket}/{prefix}/{script.name}"
-    args = spark_submit_args(package_uri, script_uri, job_args, settings.as_env())
+    args = spark_submit_args(package_uri, script_uri, job_args, env, python)
     response = clients.client("emr").add_job_flow_steps(
         JobFlowId=cluster_id,
         Steps=[
@@ -207,6 +234,8 @@ def run_cli(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
             clients, args.cluster_id, Path(args.script), job_args,
             args.code_bucket or env.get(CODE_BUCKET_ENV, ""), settings,
             name=args.name, action_on_failure=args.action_on_failure,
+            provisioning=getattr(args, "provisioning", "verify"),
+            python=getattr(args, "python", EMR_PYTHON),
         )
         print(f"step {step.step_id} added to {args.cluster_id}")
         print(f"  package {step.package_uri}")

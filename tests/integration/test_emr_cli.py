@@ -88,6 +88,40 @@ def test_submit_uploads_package_and_script_and_adds_a_spark_submit_step(
     assert all(name.startswith("messenger/") and "__pycache__" not in name for name in names)
 
 
+def test_submit_gives_the_step_the_pipelines_settings_not_the_shells(
+    cluster: str, clients: ClientFactory, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a shell set up for the local endpoint: auto provisioning, no TLS-only bucket policy
+    monkeypatch.setenv("MESSENGER_NAMESPACE", "prod")
+    monkeypatch.setenv("MESSENGER_PROVISIONING", "auto")
+    monkeypatch.setenv("MESSENGER_BUCKET_TLS_POLICY", "false")
+    monkeypatch.setenv("MESSENGER_OFFLOAD_BUCKET", "prod-offload")
+
+    assert submit(cluster) == 0
+    step_id = capsys.readouterr().out.split()[1]
+    args = clients.client("emr").describe_step(ClusterId=cluster, StepId=step_id)["Step"][
+        "Config"]["Args"]
+
+    # Then the step verifies channels as the pipeline does, and gets no local-only settings
+    confs = [a for a in args if a.startswith("spark.")]
+    for where in ("yarn.appMasterEnv", "executorEnv"):
+        assert f"spark.{where}.MESSENGER_PROVISIONING=verify" in confs
+        assert f"spark.{where}.MESSENGER_OFFLOAD_BUCKET=prod-offload" in confs
+    assert not [a for a in confs if "BUCKET_TLS_POLICY" in a or "PROVISIONING=auto" in a]
+
+    # And --provisioning auto / --python choose otherwise, explicitly
+    assert submit(cluster, "--provisioning", "auto", "--python", "/usr/bin/python3.9") == 0
+    step_id = capsys.readouterr().out.split()[1]
+    args = clients.client("emr").describe_step(ClusterId=cluster, StepId=step_id)["Step"][
+        "Config"]["Args"]
+    assert "spark.executorEnv.MESSENGER_PROVISIONING=auto" in args
+    assert "spark.pyspark.python=/usr/bin/python3.9" in args
+    assert main(["emr", "submit", "--cluster-id", cluster, "--code-bucket", BUCKET,
+                 "--provisioning", "off", str(JOB)]) == 2
+    assert "--provisioning must be one of verify, auto" in capsys.readouterr().err
+
+
 def test_same_code_goes_to_the_same_keys(cluster: str, clients: ClientFactory) -> None:
     assert submit(cluster) == 0
     assert submit(cluster, "--name", "again") == 0
