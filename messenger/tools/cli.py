@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--name", default=None, help="step name (default 'messenger: <job>')")
     submit.add_argument("--action-on-failure", default="CONTINUE",
                         help="CONTINUE (default), CANCEL_AND_WAIT or TERMINATE_CLUSTER")
+    submit.add_argument("--provisioning", default="verify",
+                        help="the step's MESSENGER_PROVISIONING: verify (default, as the "
+                             "pipeline) or auto")
+    submit.add_argument("--python", default="/usr/bin/python3.11",
+                        help="interpreter of the Spark driver and executors on the nodes "
+                             "(default /usr/bin/python3.11)")
     submit.add_argument("script", help="the job script, e.g. spark_jobs/wishlist_price_drops.py")
     submit.add_argument("job_args", nargs=argparse.REMAINDER, help="-- then the job's arguments")
     submit.set_defaults(run=_emr)
