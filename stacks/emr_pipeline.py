@@ -62,8 +62,7 @@ EXECUTION_MARGIN = Duration.minutes(30)
 DEFAULT_IDLE_TIMEOUT = Duration.minutes(30)
 #: Errors of EMR's Step Functions integration retried with backoff (throttling surfaces as
 #: EMR.AmazonElasticMapReduceException; a bad request fails again and then goes to the Catch).
-EMR_RETRY_ERRORS = ["EMR.ThrottlingException", "EMR.AmazonElasticMapReduceException",
-                    "ElasticMapReduce.ThrottlingException", "States.Http.StatusCode.429"]
+EMR_RETRY_ERRORS = ["EMR.ThrottlingException", "EMR.AmazonElasticMapReduceException"]
 MANAGED_POLICIES = {
     "ServiceRole": "service-role/AmazonEMRServicePolicy_v2",
     "AutoScalingRole": "service-role/AmazonElasticMapReduceforAutoScalingRole",

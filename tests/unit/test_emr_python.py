@@ -35,6 +35,11 @@ print(json.dumps({{
 """
 
 
+def shipped_sources() -> list[Path]:
+    """What runs on the nodes: the archive's files and the jobs (the pipeline ships both)."""
+    return [path for _, path in emr_package_files()] + sorted((ROOT / "spark_jobs").glob("*.py"))
+
+
 def write_zip(tmp_path: Path) -> Path:
     archive = tmp_path / "messenger.zip"
     archive.write_bytes(package_zip())
@@ -104,8 +109,8 @@ def test_the_archive_holds_the_producing_side_only() -> None:
 
 
 def test_vermin_finds_nothing_newer_than_python_3_9_in_the_archive() -> None:
-    # Given the files of the archive; When vermin checks them against 3.9
-    paths = [str(path) for _, path in emr_package_files()]
+    # Given the files of the archive and the jobs; When vermin checks them against 3.9
+    paths = [str(path) for path in shipped_sources()]
     done = subprocess.run(
         [sys.executable, "-c", "import sys, vermin; sys.exit(vermin.main())",
          "--target=3.9-", "--violations", "--no-tips", "--no-parse-comments", *paths],
@@ -139,10 +144,7 @@ def runtime_unions(source: str) -> list[int]:
 
 
 def test_no_type_unions_are_evaluated_at_run_time_in_the_archive() -> None:
-    found = {
-        name: runtime_unions(path.read_text(encoding="utf-8"))
-        for name, path in emr_package_files()
-    }
+    found = {path.name: runtime_unions(path.read_text("utf-8")) for path in shipped_sources()}
     assert {name: lines for name, lines in found.items() if lines} == {}
 
 
