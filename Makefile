@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: test demo bench lint synth clean
+.PHONY: test demo bench lint synth clean consumer-image consumer-image-engine emr-env
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,7 @@ demo: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m examples.demo
 
 bench: $(STAMP) $(NODE_STAMP)
+	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python bench/run_all.py
 
 lint: $(STAMP)
@@ -35,5 +36,34 @@ lint: $(STAMP)
 synth: $(STAMP) $(NODE_STAMP)
 	npx cdk synth --quiet
 
+# The consumer image built with podman as `cdk deploy` builds it (consumer_image/README.md):
+# APP_DIR=<folder> for a team's own code. The engine and base images are set up once (root).
+consumer-image-engine:
+	consumer_image/build_local.sh --setup
+
+consumer-image: $(STAMP)
+	consumer_image/build_local.sh $(if $(APP_DIR),--app-dir $(APP_DIR)) $(if $(TAG),--tag $(TAG))
+
+# EMR nodes' interpreters for the EMR tests (requirements-emr.txt): Python 3.11 with pyspark 3.5.5,
+# and Python 3.9 with boto3 only. Without them those tests skip (fail with
+# MESSENGER_REQUIRE_EMR_ENV=1).
+PYTHON39 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.9*/bin/python3.9) \
+	$(shell command -v python3.9 2>/dev/null))
+PYTHON311 ?= $(firstword $(shell command -v python3.11 2>/dev/null) $(PYTHON))
+EMR_STAMPS := .venv-emr/.installed .venv-emr39/.installed
+
+.venv-emr/.installed: requirements-emr.txt
+	test -x .venv-emr/bin/python || $(PYTHON311) -m venv .venv-emr
+	.venv-emr/bin/pip install --quiet -r requirements-emr.txt
+	touch $@
+
+.venv-emr39/.installed: requirements-emr.txt
+	test -n "$(PYTHON39)" || { echo "python3.9 not found: set PYTHON39=" >&2; exit 1; }
+	test -x .venv-emr39/bin/python || $(PYTHON39) -m venv .venv-emr39
+	.venv-emr39/bin/pip install --quiet -r requirements-emr.txt
+	touch $@
+
+emr-env: $(EMR_STAMPS)
+
 clean:
-	rm -rf $(VENV) node_modules cdk.out .pytest_cache
+	rm -rf $(VENV) .venv-emr .venv-emr39 node_modules cdk.out .pytest_cache

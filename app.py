@@ -72,6 +72,7 @@ def read_config(app: App) -> MessengerConfig:
         alarm_threshold=threshold,
         cleaner_dry_run=_flag(context("cleaner-dry-run", True), "messenger:cleaner-dry-run"),
         pipeline=_flag(context("pipeline", True), "messenger:pipeline"),
+        critical_mention=str(context("critical-mention", "")),
     )
 
 

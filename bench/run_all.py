@@ -54,6 +54,12 @@ BENCHES = (
     Bench("consume.py", "Consumer requests per message, 1,000-message backlog, concurrency 10", (
         Figure("consume", ("requests_per_message",), 0.25),
     )),
+    Bench("peers.py", "Consumer vs aws-sqs-consumer, same backlog, alternating rounds", (
+        Figure("CPU ratio messenger/peer", ("cpu_ratio",), 1.0),
+        Figure("messenger CPU s per 1,000", ("messenger", "cpu_seconds_per_1000")),
+        Figure("peer CPU s per 1,000", ("peer", "cpu_seconds_per_1000")),
+        Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),
+    )),
     Bench("spark_publish.py", "Spark publish from executors", (
         Figure("requests per message", ("requests_per_message",), 0.11),
         Figure("speed vs per-row push", ("speedup_vs_push",), 5, at_most=False),
@@ -63,7 +69,11 @@ BENCHES = (
                                                                     "aws_calls"), 24),
         Figure("queue alarm calls, DLQ scope (+1 secret read)", ("queue_alarm.dlq", "aws_calls"),
                24),
+        Figure("queue alarm calls, source scope, +3 CloudFormation +3 cost tags",
+               ("queue_alarm.source.cloudformation_and_cost_tags", "aws_calls"), 24),
         Figure("resource cleaner calls", ("resource_cleaner", "aws_calls")),
+        Figure("resource cleaner CloudWatch calls", ("resource_cleaner", "cloudwatch_calls"),
+               12),
     )),
     Bench("synth.py", "CDK synth time", (
         Figure("10 channels (s)", ("channels_10_s",)),
@@ -73,6 +83,21 @@ BENCHES = (
     Bench("status.py", "Status tracking on vs off, same run", (
         Figure("throughput ratio on/off", ("throughput_ratio",)),
         Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
+    )),
+    Bench("consumer_image.py", "Consumer image with podman (skipped without an engine)", (
+        Figure("build (s)", ("build_s",)),
+        Figure("image (MB)", ("image_mb",)),
+        Figure("podman run to LISTENING (s)", ("run_to_listening_s",)),
+        Figure("SIGTERM to exit (s)", ("sigterm_to_exit_s",)),
+    )),
+    Bench("local_endpoint.py", "Local endpoint SQS, depth 10,000 vs empty, same run", (
+        Figure("indexed: worst ratio deep/empty", ("indexed_worst_ratio",), 2),
+        Figure("indexed: batched send at depth (s)", ("indexed", "standard-deep", "send_batch")),
+        Figure("indexed: receive at depth (s)", ("indexed", "standard-deep", "receive")),
+        Figure("stock: batched send ratio deep/empty",
+               ("stock", "standard.send_batch.ratio_deep_vs_empty")),
+        Figure("stock: receive ratio deep/empty",
+               ("stock", "standard.receive.ratio_deep_vs_empty")),
     )),
 )
 

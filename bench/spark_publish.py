@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 df, PublishBench, body=["user_id", "seq"], routing_key="routing_key",
                 group_id="user_id", dedup_key=["user_id", "seq"], order_by=["seq"],
                 failed_path=f"{scratch}/failed", executor=executor,
+                partitions=args.partitions,
             )
             publish_seconds = time.perf_counter() - started
             server_cpu.append(cpu_seconds(pid))

@@ -282,7 +282,7 @@ class ChannelSpec:
             raise InvalidChannelSpec(
                 f"name {self.name!r} must be 'queue' or 'exchange.queue' (at most one '.')"
             )
-        for what, part in zip(("exchange", "queue")[-len(parts) :], parts, strict=True):
+        for what, part in zip(("exchange", "queue")[-len(parts) :], parts):
             _check_part(f"channel {what} name", part)
         validate_namespace(self.namespace)
         for attr, limit in (

@@ -78,7 +78,7 @@ class Settings:
             )
         budget = self.retry_budget_seconds
         # NaN compares false with everything and inf never runs out: both would retry forever.
-        if isinstance(budget, bool) or not isinstance(budget, int | float) \
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) \
                 or not math.isfinite(budget) or budget <= 0:
             raise InvalidSettings(
                 f"retry_budget_seconds (MESSENGER_RETRY_BUDGET) must be a finite number of "

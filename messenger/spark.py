@@ -32,12 +32,13 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Union
 
 from messenger.aws import ClientFactory, RequestCounter, error_code
 from messenger.channel import MAX_BATCH_ENTRIES
 from messenger.errors import InvalidSettings
+from messenger.produce.ledger import Ledger, PartitionLedger, item_digest
 from messenger.produce.producer import PushItem, _BaseProducer
 from messenger.settings import Settings
 
@@ -56,9 +57,13 @@ NOT_ATTEMPTED = "NotAttempted"
 #: Batches a partition has in flight at once (each lane sends its batches in order).
 DEFAULT_LANES = 4
 MAX_LANES = 16
+#: Publishing partitions (tasks) at most; the default is the cluster's default parallelism.
+MAX_PARTITIONS = 10_000
+#: Counters (Spark accumulators) a publishing task adds to.
+COUNTERS = ("published", "offloaded", "failed", "requests", "skipped", "partitions")
 
-#: A column name, or a function of the Row.
-RowField = str | Callable[[Any], Any]
+#: A column name, or a function of the Row (`Union`: evaluated at import, on Python 3.9 too).
+RowField = Union[str, Callable[[Any], Any]]
 
 
 @dataclass(frozen=True)
@@ -104,13 +109,18 @@ _factories_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class PublishReport:
-    """What `publish` did. failed rows are in `failed_path`; requests counts every AWS call."""
+    """What `publish` did. failed rows are in `failed_path`; requests counts every AWS call;
+    skipped: rows the run's ledger showed as already published; partitions: partitions that
+    published (or skipped) at least one row."""
 
     published: int
     offloaded: int
     failed: int
     requests: int
     failed_path: str
+    skipped: int = 0
+    partitions: int = 0
+    run_id: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -189,9 +199,9 @@ def plain(value: Any) -> Any:
         return {key: plain(item) for key, item in value.asDict().items()}
     if isinstance(value, dict):
         return {str(key): plain(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return [plain(item) for item in value]
-    if isinstance(value, datetime.date | datetime.datetime):
+    if isinstance(value, (datetime.date, datetime.datetime)):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
         return str(value)
@@ -214,6 +224,7 @@ class _BatchOutcome:
     published: int = 0
     offloaded: int = 0
     channel_error: bool = False
+    digests: list[str] = field(default_factory=list)  # of the published rows (with a ledger)
 
 
 class PartitionPublisher:
@@ -221,8 +232,8 @@ class PartitionPublisher:
 
     Batches go out on `lanes` threads: a row's lane is fixed by its message group, and each lane
     sends its batches one after the other, so a group's order is kept while requests of other
-    groups overlap (AWS calls are latency-bound). counters: Spark accumulators named published,
-    offloaded, failed, requests.
+    groups overlap (AWS calls are latency-bound). counters: Spark accumulators named as in
+    `COUNTERS`. ledger: the run's record; rows it lists are skipped, published ones added.
     """
 
     def __init__(
@@ -232,21 +243,25 @@ class PartitionPublisher:
         mapping: RowMapping,
         counters: Mapping[str, Any],
         lanes: int = DEFAULT_LANES,
+        ledger: Ledger | None = None,
     ) -> None:
         self.producer_class = producer_class
         self.executor = executor
         self.mapping = mapping
         self.counters = counters
         self.lanes = lanes
+        self.ledger = ledger
 
-    def __call__(self, rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+    def __call__(self, index: int, rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+        """Publish partition `index` (Spark's mapPartitionsWithIndex)."""
         clients = self.executor.client_factory()
         requests = RequestCounter().attach(clients)
         lanes = [ThreadPoolExecutor(max_workers=1) for _ in range(self.lanes)]
         producer = None
         try:
+            ledger = None if self.ledger is None else self.ledger.partition(index, clients)
             producer = self.producer_class(settings=self.executor.settings, clients=clients)
-            yield from self._publish(producer, iter(rows), lanes)
+            yield from self._publish(producer, iter(rows), lanes, ledger)
         finally:
             for lane in lanes:
                 lane.shutdown(wait=True)
@@ -257,9 +272,10 @@ class PartitionPublisher:
             self.counters["requests"].add(requests.total)
 
     def _publish(
-        self, producer: _BaseProducer, rows: Iterator[Any], lanes: list[ThreadPoolExecutor]
+        self, producer: _BaseProducer, rows: Iterator[Any], lanes: list[ThreadPoolExecutor],
+        ledger: PartitionLedger | None,
     ) -> Iterator[tuple[Any, ...]]:
-        counts = {"published": 0, "offloaded": 0, "failed": 0}
+        counts = {"published": 0, "offloaded": 0, "failed": 0, "skipped": 0, "partitions": 0}
         batches: list[list[tuple[Any, PushItem]]] = [[] for _ in lanes]
         in_flight: deque[Future[_BatchOutcome]] = deque()
         batch_errors, last_error = 0, ""
@@ -269,6 +285,8 @@ class PartitionPublisher:
             counts["published"] += outcome.published
             counts["offloaded"] += outcome.offloaded
             counts["failed"] += len(outcome.failures)
+            if ledger is not None:
+                ledger.record(outcome.digests)
             if sent:
                 batch_errors = batch_errors + 1 if outcome.channel_error else 0
             for row, code, reason in outcome.failures:
@@ -284,17 +302,21 @@ class PartitionPublisher:
                 not_attempted = [(row, NOT_ATTEMPTED, reason) for row, _ in batch]
                 yield from settle(_BatchOutcome(not_attempted), sent=False)
                 return
-            in_flight.append(lanes[lane].submit(self._send, producer, batch))
+            in_flight.append(lanes[lane].submit(self._send, producer, batch, ledger is not None))
             while len(in_flight) > 2 * len(lanes):
                 yield from settle(in_flight.popleft().result())
 
         rotation = 0
         for row in rows:
+            counts["partitions"] = 1
             try:
                 item = self.mapping.item(row)
             except Exception as error:  # the user's mapping failed on this row: keep the row
                 failure = (row, type(error).__name__, str(error))
                 yield from settle(_BatchOutcome([failure]), sent=False)
+                continue
+            if ledger is not None and item_digest(item) in ledger.published:
+                counts["skipped"] += 1  # published by an earlier attempt of this run
                 continue
             if producer.ordered:  # a group always takes the same lane: its order is kept
                 group = (item.group_id or "").encode("utf-8")
@@ -310,12 +332,17 @@ class PartitionPublisher:
                 yield from send(lane)
         while in_flight:
             yield from settle(in_flight.popleft().result())
+        if ledger is not None:
+            ledger.flush()
         for name, value in counts.items():
             self.counters[name].add(value)
 
     @staticmethod
-    def _send(producer: _BaseProducer, batch: list[tuple[Any, PushItem]]) -> _BatchOutcome:
-        """Publish up to 10 rows; channel_error: the whole batch failed for a channel reason."""
+    def _send(
+        producer: _BaseProducer, batch: list[tuple[Any, PushItem]], digests: bool = False
+    ) -> _BatchOutcome:
+        """Publish up to 10 rows; channel_error: the whole batch failed for a channel reason;
+        digests: also return those of the published rows (for the ledger)."""
         try:
             result = producer.push_many([item for _, item in batch])
         except Exception as error:  # neither retryable nor per entry (e.g. AccessDenied)
@@ -325,7 +352,11 @@ class PartitionPublisher:
         channel_error = not result.published and all(
             failure.code in _CHANNEL_FAILURE_CODES for failure in result.failures
         )
-        return _BatchOutcome(failures, result.published, result.offloaded, channel_error)
+        published: list[str] = []
+        if digests:
+            failed = {failure.index for failure in result.failures}
+            published = [item_digest(item) for n, (_, item) in enumerate(batch) if n not in failed]
+        return _BatchOutcome(failures, result.published, result.offloaded, channel_error, published)
 
 
 def failed_row(row: Any, code: str, reason: str) -> tuple[Any, ...]:
@@ -344,17 +375,21 @@ def publish(
     order_by: Sequence[str] = (),
     executor: ExecutorSettings | None = None,
     lanes: int = DEFAULT_LANES,
+    partitions: int | None = None,
+    run_id: str | None = None,
+    ledger: str | None = None,
 ) -> PublishReport:
     """Publish every row of `df` to `producer_class`'s channel; returns the counts.
 
     failed_path: where rows that could not be published are written (JSON lines, the row's
-        columns plus `_failure_code` and `_failure_reason`); must not exist yet, so no earlier
-        run's failures are overwritten. Any Spark path: local, hdfs://, s3://.
+        columns plus `_failure_code` and `_failure_reason`). Any Spark path: local, hdfs://,
+        s3://. A completed earlier output there (`_SUCCESS`) is never overwritten (error); what
+        a killed run left (`_temporary/`, part files, no `_SUCCESS`) is replaced.
     body: None (the whole row as an object), a column, a list of columns, or a function of
         the Row. Dates become ISO 8601 strings, decimals exact strings.
     routing_key: a column or a function of the Row (None: no routing key).
     group_id: ordered channels: the FIFO message group, a column or function (e.g. 'user_id').
-        A column: rows are repartitioned by it so each group is published by one task, in order.
+        A column: rows are partitioned by it so each group is published by one task, in order.
     dedup_key: ordered channels: columns (or a function) identifying a row; the message
         deduplication id is their sha256, so a rerun within 5 minutes publishes nothing twice.
         None: the sha256 of the message content (group, routing key, headers, priority, body).
@@ -362,13 +397,23 @@ def publish(
     executor: settings shipped to the executors (default: `ExecutorSettings.from_env()`).
     lanes: batches a partition sends at once (1 to 16, default 4); a message group always
         uses the same lane, so its order is kept.
+    partitions: publishing tasks (1 to 10,000; default: the cluster's default parallelism,
+        on EMR its executors' cores). Set explicitly with `repartition(n, ...)`, which adaptive
+        query execution does not coalesce, so every executor publishes whatever the data size.
+    run_id, ledger: give both for re-runs that publish nothing twice, however late: each
+        partition records the rows it published under `<ledger>/<run_id>/` (an s3:// URI or a
+        local folder) and skips them when the run is retried or re-run. Rows are partitioned by
+        their key (group_id, dedup_key or all columns), so a re-run must use the same
+        `partitions` (checked).
     producer_class must be importable on the executors: defined in the job script itself or in
     a module shipped with --py-files.
     """
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import MapType, StringType, StructField, StructType
 
     if not 1 <= lanes <= MAX_LANES:
         raise InvalidSettings(f"publish(lanes=...) must be from 1 to {MAX_LANES}, got {lanes}")
+    if (run_id is None) != (ledger is None):
+        raise InvalidSettings("publish(run_id=, ledger=) go together: give both or neither")
     mapping = RowMapping(body, routing_key, group_id, dedup_key)
     mapping.check(df.columns, producer_class)
     missing = [column for column in order_by if column not in df.columns]
@@ -377,17 +422,36 @@ def publish(
             f"publish(order_by=...): no column {', '.join(map(repr, missing))}; the DataFrame "
             f"has {', '.join(df.columns)}"
         )
+    spark = df.sparkSession
+    count = spark.sparkContext.defaultParallelism if partitions is None else partitions
+    if not 1 <= count <= MAX_PARTITIONS:
+        raise InvalidSettings(
+            f"publish(partitions=...) must be from 1 to {MAX_PARTITIONS}, got {partitions}"
+        )
+    executor = executor or ExecutorSettings.from_env()
+    run_ledger = None
+    if run_id is not None and ledger is not None:
+        run_ledger = Ledger(ledger, run_id, count)
+        run_ledger.check(executor.client_factory())
+    # An explicit number of partitions: adaptive query execution keeps it (it coalesces only
+    # shuffles whose number it chose), so all executors publish.
     if isinstance(group_id, str):
-        df = df.repartition(group_id)
+        df = df.repartition(count, group_id)
+    elif run_ledger is not None:  # a row's partition must not depend on the input's order
+        if isinstance(dedup_key, str):
+            keys = [dedup_key]
+        elif dedup_key is not None and not callable(dedup_key):
+            keys = list(dedup_key)
+        else:
+            keys = [f.name for f in df.schema.fields if not isinstance(f.dataType, MapType)]
+        df = df.repartition(count, *keys)
+    else:
+        df = df.repartition(count)
     if order_by:
         df = df.sortWithinPartitions(*order_by)
-    executor = executor or ExecutorSettings.from_env()
-    spark = df.sparkSession
-    counters = {
-        name: spark.sparkContext.accumulator(0)
-        for name in ("published", "offloaded", "failed", "requests")
-    }
-    task = PartitionPublisher(producer_class, executor, mapping, counters, lanes)
+    mode = failed_output_mode(spark, failed_path)
+    counters = {name: spark.sparkContext.accumulator(0) for name in COUNTERS}
+    task = PartitionPublisher(producer_class, executor, mapping, counters, lanes, run_ledger)
     schema = StructType(
         [
             *df.schema.fields,
@@ -396,16 +460,44 @@ def publish(
         ]
     )
     # One action: publishing and writing the failed rows happen in the same tasks.
-    spark.createDataFrame(df.rdd.mapPartitions(task), schema).write.mode(
-        "errorifexists"
-    ).json(failed_path)
+    spark.createDataFrame(df.rdd.mapPartitionsWithIndex(task), schema).write.mode(mode).json(
+        failed_path
+    )
     return PublishReport(
         published=counters["published"].value,
         offloaded=counters["offloaded"].value,
         failed=counters["failed"].value,
         requests=counters["requests"].value,
         failed_path=failed_path,
+        skipped=counters["skipped"].value,
+        partitions=counters["partitions"].value,
+        run_id=run_id,
     )
+
+
+def failed_output_mode(spark: SparkSession, path: str) -> str:
+    """The write mode for the failed rows at `path` (Hadoop's file system, so any Spark path):
+    'errorifexists' for a new path, 'overwrite' for what a killed run left (no `_SUCCESS`, only
+    `_temporary`, part files and hidden files); anything else is an error naming it."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    target = jvm.org.apache.hadoop.fs.Path(path)
+    fs = target.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(target):
+        return "errorifexists"
+    names = sorted(status.getPath().getName() for status in fs.listStatus(target))
+    if "_SUCCESS" in names:
+        raise InvalidSettings(
+            f"failed_path {path!r} holds a completed run's failed rows (_SUCCESS); give a new "
+            f"path (e.g. one per run or attempt)"
+        )
+    foreign = [n for n in names if not n.startswith(("_", ".", "part-"))]
+    if foreign:
+        raise InvalidSettings(
+            f"failed_path {path!r} holds files no publish run wrote ({', '.join(foreign[:5])}); "
+            f"give a new path"
+        )
+    return "overwrite"
 
 
 def spark_session(app_name: str) -> SparkSession:

@@ -9,13 +9,16 @@ Input (`--input DIR`, Parquet or CSV): `DIR/wishlist` (user_id, item_id) and `DI
 A drop: an item's price on `--date` (default: the latest date in the feed) is at least
 `--min-drop-pct` below its previous price. Each drop on a user's wishlist becomes one event,
 routing key `<CATEGORY>.<BRAND>`, FIFO group the user, dedup id sha256(user|item|date), so rerunning
-the step within 5 minutes publishes nothing twice. Rows that fail land in `--failed-output`; the
-job then exits 1.
+the step within 5 minutes publishes nothing twice; with `--ledger` (an s3:// URI or a folder) a
+re-run at any later time skips what the run already published (run id: `--run-id`, by default
+derived from the arguments that choose the events). Rows that fail land in `--failed-output`;
+the job then exits 1. `--partitions`: publishing tasks (default: the cluster's parallelism).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Sequence
@@ -132,7 +135,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--endpoint-url", default=None, help="default: AWS_ENDPOINT_URL")
     parser.add_argument("--provisioning", choices=("auto", "verify"), default=None,
                         help="default: MESSENGER_PROVISIONING")
+    parser.add_argument("--partitions", type=int, default=None,
+                        help="publishing tasks (default: the cluster's default parallelism)")
+    parser.add_argument("--ledger", default=None,
+                        help="s3:// URI or folder recording what each run published, so a "
+                             "re-run publishes nothing twice (default: none)")
+    parser.add_argument("--run-id", default=None,
+                        help="the run's id in the ledger (default: derived from --input, "
+                             "--date, --min-drop-pct and --channel)")
     return parser
+
+
+def default_run_id(args: argparse.Namespace) -> str:
+    """The same events give the same id: a re-run of the step is recognised as such."""
+    chosen = [args.input, args.date, args.min_drop_pct, args.channel, args.ordered]
+    digest = hashlib.sha256(json.dumps(chosen).encode("utf-8")).hexdigest()[:16]
+    return f"wishlist_price_drops-{digest}"
 
 
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
@@ -141,6 +159,8 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     args = parser.parse_args(argv)
     if not 0 <= args.min_drop_pct < 100:
         parser.error(f"--min-drop-pct must be from 0 to below 100, got {args.min_drop_pct}")
+    if args.run_id and not args.ledger:
+        parser.error("--run-id needs --ledger (where the run's published rows are recorded)")
     overrides = {
         name: value
         for name, value in (
@@ -164,6 +184,9 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         order_by=["item_id"] if args.ordered else (),
         failed_path=args.failed_output,
         executor=executor,
+        partitions=args.partitions,
+        run_id=(args.run_id or default_run_id(args)) if args.ledger else None,
+        ledger=args.ledger,
     )
     print(json.dumps({"job": "wishlist_price_drops", **report.as_dict()}), flush=True)
     return report.exit_code

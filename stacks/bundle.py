@@ -3,8 +3,8 @@
 A Lambda bundle is the function's folder (kept as the package `lambdas.<name>`) plus the
 `messenger` library and the pure-Python packages it needs, copied from the virtualenv the app runs
 in, so the deployed code is exactly the code the tests ran against (versions pinned in
-requirements.txt). The EMR library bundle is `messenger`, `spark_jobs` and `filelock` (boto3
-comes with EMR).
+requirements.txt). The EMR library bundle is the part of `messenger` a step imports and
+`spark_jobs` (boto3 comes with EMR).
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ LAMBDA_PACKAGES = (
     "wrapt",
     "filelock",
 )
-#: What `import messenger` needs besides boto3 (which EMR releases ship).
-LIBRARY_PACKAGES = ("filelock",)
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "tests", "*.dist-info")
 _staged: dict[tuple[str, ...], Path] = {}
 _root: Path | None = None
@@ -81,17 +79,21 @@ def lambda_bundle(function: str, packages: Sequence[str] = LAMBDA_PACKAGES) -> P
 
 
 def library_bundle() -> Path:
-    """A directory holding `messenger/`, `spark_jobs/` and `filelock` (zipped by its asset: the
-    EMR steps' --py-files, so a job may import the library and its sibling modules)."""
+    """A directory holding the EMR part of `messenger/` (the files `messenger emr submit` zips:
+    `messenger.tools.emr.emr_package_files`) and `spark_jobs/`, zipped by its asset: the EMR
+    steps' --py-files, so a job may import the library and its sibling modules. Nothing else:
+    EMR's Python provides boto3."""
+    from messenger.tools.emr import emr_package_files
+
     cache_key = ("library",)
     if cache_key not in _staged:
         target = staging_root() / "library"
-        shutil.copytree(REPO_ROOT / "messenger", target / "messenger", ignore=_IGNORE)
+        for name, source in emr_package_files(REPO_ROOT / "messenger"):
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
         jobs = REPO_ROOT / "spark_jobs"
         if jobs.is_dir():
             shutil.copytree(jobs, target / "spark_jobs", ignore=_IGNORE)
-        for package in LIBRARY_PACKAGES:
-            _copy_package(package, target)
         _staged[cache_key] = target
     return _staged[cache_key]
 

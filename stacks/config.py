@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from messenger.channel import validate_namespace
+from messenger.ops.settings import MENTION
 
 DEFAULT_SLACK_WEBHOOK_SECRET = "messenger/slack-webhook"
 
@@ -20,6 +21,8 @@ class MessengerConfig:
     alarm_threshold: default queue depth that raises a Slack alert (>= 0).
     cleaner_dry_run: the resource cleaner only reports (default True).
     pipeline: deploy the EMR pipeline stack (default True).
+    critical_mention: who a critical queue alarm pings in Slack: '<!here>', '<!channel>',
+        '<!subteam^ID>' or '<@USERID>' ('' for nobody, the default).
     """
 
     namespace: str = ""
@@ -30,9 +33,16 @@ class MessengerConfig:
     alarm_threshold: int = 100
     cleaner_dry_run: bool = True
     pipeline: bool = True
+    critical_mention: str = ""
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
+        if self.critical_mention and not MENTION.match(self.critical_mention):
+            raise ValueError(
+                f"critical_mention (context messenger:critical-mention) must be a Slack "
+                f"mention: '<!here>', '<!channel>', '<!subteam^ID>' or '<@USERID>', got "
+                f"{self.critical_mention!r}"
+            )
         if not self.slack_webhook_secret:
             raise ValueError(
                 "slack_webhook_secret (context messenger:slack-webhook-secret) is empty"

@@ -29,8 +29,12 @@ from aws_cdk import aws_ecs as ecs
 from stacks.bundle import REPO_ROOT, staging_root
 
 CONSUMER_DOCKERFILE = "consumer_image/Dockerfile"
-#: What the Dockerfile needs from the repository besides the service's folder.
-LIBRARY_FILES = ("messenger", "consumer_image", "pyproject.toml", "requirements.txt", "README.md")
+#: What the Dockerfile needs from the repository besides the service's folder (only these, so
+#: the local build tools in consumer_image/ never change an image asset's hash).
+LIBRARY_FILES = (
+    "messenger", "consumer_image/Dockerfile", "consumer_image/entrypoint.sh",
+    "pyproject.toml", "requirements.txt", "README.md",
+)
 #: Never part of a service's image: caches, virtualenvs, build output, version control.
 _IGNORE = shutil.ignore_patterns(
     "__pycache__", "*.pyc", "*.pyo", ".venv", "venv", ".git", "cdk.out", "node_modules",
@@ -148,7 +152,7 @@ class ConsumerImage:
             if source.is_dir():
                 shutil.copytree(source, partial / name, ignore=_IGNORE)
             elif source.is_file():
-                partial.mkdir(parents=True, exist_ok=True)
+                (partial / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, partial / name)
         shutil.copytree(self.code_dir, partial / self.package, ignore=_IGNORE)
         if self.requirements is not None:

@@ -4,6 +4,14 @@ The state machine runs a job on a transient cluster: check the job name, create 
 add one `spark-submit` step (the job script and the packaged `messenger` library are S3 assets),
 terminate the cluster whether the step succeeded or not. Input:
 `{"job": "<spark_jobs/ file name without .py>", "args": ["--flag", "value", ...]}`.
+
+A cluster never outlives its job: every task has its own timeout, shorter in sum than the
+execution's, and a Catch that leads to terminating the cluster (or, when none was created, to the
+failure); EMR throttling is retried; the failure carries its cause. When the execution is stopped
+or terminating fails anyway, the cluster ends itself: a failed step terminates it
+(ActionOnFailure), and an idle cluster terminates after `idle_timeout` (auto-termination policy).
+The driver and executors run Python 3.11 (`messenger.tools.emr.EMR_PYTHON`), set in the cluster's
+spark-env/spark-defaults and in the step; a bootstrap action makes sure it imports boto3.
 """
 
 from __future__ import annotations
@@ -20,12 +28,16 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from stacks.bundle import library_bundle, spark_job_scripts
+from messenger.tools.emr import EMR_PYTHON, python_confs
+from stacks.bundle import REPO_ROOT, library_bundle, spark_job_scripts
 from stacks.channel import Channel
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 
 DEFAULT_RELEASE_LABEL = "emr-7.9.0"
+#: The Spark of each release the pipeline is tested against (AWS's release table): the EMR tests
+#: run that pyspark (requirements-emr.txt) on Python 3.11.
+RELEASE_SPARK = {"emr-7.9.0": "3.5.5"}
 #: EMR's managed service policy (v2) only acts on network resources carrying this tag.
 EMR_MANAGED_TAG = "for-use-with-amazon-emr-managed-policies"
 #: Tag of the clusters the state machine creates (value: the pipeline's construct path); it may
@@ -37,6 +49,20 @@ DATA_PREFIX = "data/"
 #: code expires, never the jobs' input and output under `data/`.
 CODE_UPLOAD_PREFIX = "emr/"
 CODE_EXPIRY = Duration.days(30)
+#: What the bootstrap action installs when the step interpreter lacks boto3 (the pin of
+#: requirements-emr.txt, where the tests' EMR interpreter gets it).
+EMR_BOTO3 = "boto3==1.44.5"
+#: Task timeouts. The job's own is a construct parameter; the execution's timeout is their sum
+#: plus `EXECUTION_MARGIN`, so a task always times out (and terminates the cluster) first.
+CREATE_CLUSTER_TIMEOUT = Duration.hours(1)
+TERMINATE_TIMEOUT = Duration.minutes(30)
+DEFAULT_JOB_TIMEOUT = Duration.hours(8)
+EXECUTION_MARGIN = Duration.minutes(30)
+#: Backstop: a cluster with no step running for this long terminates itself.
+DEFAULT_IDLE_TIMEOUT = Duration.minutes(30)
+#: Errors of EMR's Step Functions integration retried with backoff (throttling surfaces as
+#: EMR.AmazonElasticMapReduceException; a bad request fails again and then goes to the Catch).
+EMR_RETRY_ERRORS = ["EMR.ThrottlingException", "EMR.AmazonElasticMapReduceException"]
 MANAGED_POLICIES = {
     "ServiceRole": "service-role/AmazonEMRServicePolicy_v2",
     "AutoScalingRole": "service-role/AmazonElasticMapReduceforAutoScalingRole",
@@ -50,8 +76,11 @@ class EmrPipeline(Construct):
     vpc: where the transient cluster runs (its first public subnet).
     channels: channels the jobs publish to (grant_publish on each, plus the key).
     namespace: MESSENGER_NAMESPACE of the Spark driver and executors.
-    release_label: EMR release (default emr-7.9.0: Spark 3.5, Python 3).
+    release_label: EMR release (default emr-7.9.0: Spark 3.5.5, Python 3.9 and 3.11).
     instance_type / core_instances: cluster size (m5.xlarge, 2 core nodes).
+    job_timeout: the step's limit (default 8 hours); then the cluster is terminated.
+    idle_timeout: a cluster without a running step terminates itself after this (default
+        30 minutes; 1 minute to 7 days): the backstop when the execution is stopped.
     """
 
     def __init__(
@@ -66,8 +95,11 @@ class EmrPipeline(Construct):
         release_label: str = DEFAULT_RELEASE_LABEL,
         instance_type: str = "m5.xlarge",
         core_instances: int = 2,
+        job_timeout: Duration = DEFAULT_JOB_TIMEOUT,
+        idle_timeout: Duration = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         super().__init__(scope, id)
+        self.job_timeout, self.idle_timeout = job_timeout, idle_timeout
         self.logs_bucket = s3.Bucket(
             self, "Logs", encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL, enforce_ssl=True,
@@ -89,6 +121,9 @@ class EmrPipeline(Construct):
             removal_policy=RemovalPolicy.RETAIN,
         )
         self.library = s3_assets.Asset(self, "Library", path=str(library_bundle()))
+        self.bootstrap = s3_assets.Asset(
+            self, "PythonBootstrap", path=str(REPO_ROOT / "stacks" / "emr_python.sh")
+        )
         self.jobs = {
             script.stem: s3_assets.Asset(self, f"Job{_camel(script.stem)}", path=str(script))
             for script in spark_job_scripts()
@@ -111,7 +146,8 @@ class EmrPipeline(Construct):
         foundation.key.grant(
             self.job_role, "kms:DescribeKey", "kms:Decrypt", "kms:GenerateDataKey"
         )
-        readable = [self.library.bucket.arn_for_objects(self.library.s3_object_key)]
+        readable = [self.library.bucket.arn_for_objects(self.library.s3_object_key),
+                    self.bootstrap.bucket.arn_for_objects(self.bootstrap.s3_object_key)]
         readable += [a.bucket.arn_for_objects(a.s3_object_key) for a in self.jobs.values()]
         readable.append(self.code_bucket.arn_for_objects("*"))
         self.job_role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"],
@@ -164,7 +200,7 @@ class EmrPipeline(Construct):
             "MESSENGER_OFFLOAD_BUCKET": foundation.offload_bucket_name,
             "AWS_DEFAULT_REGION": Aws.REGION,
         }
-        args = ["spark-submit", "--deploy-mode", "cluster",
+        args = ["spark-submit", "--deploy-mode", "cluster", *python_confs(EMR_PYTHON),
                 "--py-files", self.library.s3_object_url]
         for name, value in env.items():
             args += ["--conf", f"spark.yarn.appMasterEnv.{name}={value}",
@@ -197,6 +233,16 @@ class EmrPipeline(Construct):
                     ),
                 ],
             ),
+            configurations=python_configurations(EMR_PYTHON),
+            bootstrap_actions=[tasks.EmrCreateCluster.BootstrapActionConfigProperty(
+                name="step-python",
+                script_bootstrap_action=tasks.EmrCreateCluster.ScriptBootstrapActionConfigProperty(
+                    path=self.bootstrap.s3_object_url, args=[EMR_PYTHON, EMR_BOTO3],
+                ),
+            )],
+            # createCluster.sync requires KeepJobFlowAliveWhenNoSteps: the idle policy ends a
+            # cluster whose execution was stopped or could not terminate it.
+            auto_termination_policy_idle_timeout=self.idle_timeout,
             cluster_role=self.job_role,
             service_role=self.service_role,
             auto_scaling_role=self.autoscaling_role,
@@ -204,6 +250,7 @@ class EmrPipeline(Construct):
             visible_to_all_users=True,
             tags={PIPELINE_TAG: self.node.path},
             result_path="$.cluster",
+            task_timeout=sfn.Timeout.duration(CREATE_CLUSTER_TIMEOUT),
         )
         # The step runs `<spark-submit and settings> <script> <args...>`: a Pass state puts the
         # fixed part in the input (tokens render there), then JSONata appends script and args
@@ -224,24 +271,51 @@ class EmrPipeline(Construct):
             jar="command-runner.jar",
             # A list-typed token that renders as the expression string, not a one-item list.
             args=Token.as_list(step_args),
-            action_on_failure=tasks.ActionOnFailure.CONTINUE,
+            # A failed step ends its cluster even when nothing is left to terminate it.
+            action_on_failure=tasks.ActionOnFailure.TERMINATE_CLUSTER,
             outputs="{% $merge([$states.input, {'step': $states.result}]) %}",
+            task_timeout=sfn.Timeout.duration(self.job_timeout),
+        )
+        # Failures carry their cause: `$.error` is the caught {Error, Cause}.
+        job_failed = sfn.Fail(
+            self, "JobFailed", error_path="$.error.Error", cause_path="$.error.Cause",
         )
         terminate_after_failure = tasks.EmrTerminateCluster(
             self, "TerminateAfterFailure",
             cluster_id=sfn.JsonPath.string_at("$.cluster.ClusterId"),
             result_path=sfn.JsonPath.DISCARD,
+            task_timeout=sfn.Timeout.duration(TERMINATE_TIMEOUT),
         )
+        terminate_after_failure.next(job_failed)
+        # The job's error stays the cause even when terminating fails too (the idle policy
+        # still ends the cluster).
+        terminate_after_failure.add_catch(job_failed, result_path=sfn.JsonPath.DISCARD)
         # Keep the input (the cluster id, to terminate the cluster) and add the error.
         add_step.add_catch(
-            terminate_after_failure.next(sfn.Fail(self, "JobFailed", error="JobFailed")),
+            terminate_after_failure,
             outputs="{% $merge([$states.input, {'error': $states.errorOutput}]) %}",
+        )
+        # No cluster id when creating failed or timed out: a cluster that came up anyway is
+        # ended by its idle policy.
+        create.add_catch(
+            sfn.Fail(self, "ClusterFailed", error_path="$.error.Error",
+                     cause_path="$.error.Cause"),
+            result_path="$.error",
         )
         terminate = tasks.EmrTerminateCluster(
             self, "TerminateCluster",
             cluster_id=sfn.JsonPath.string_at("$.cluster.ClusterId"),
             result_path=sfn.JsonPath.DISCARD,
+            task_timeout=sfn.Timeout.duration(TERMINATE_TIMEOUT),
         )
+        terminate.add_catch(
+            sfn.Fail(self, "TerminateFailed", error_path="$.error.Error",
+                     cause_path="$.error.Cause"),
+            result_path="$.error",
+        )
+        for task in (create, add_step, terminate_after_failure, terminate):
+            task.add_retry(errors=EMR_RETRY_ERRORS, interval=Duration.seconds(5),
+                           backoff_rate=2, max_attempts=5, jitter_strategy=sfn.JitterType.FULL)
         choose = sfn.Choice(self, "WhichJob")
         for name, asset in sorted(self.jobs.items()):
             choose.when(
@@ -260,7 +334,7 @@ class EmrPipeline(Construct):
         machine = sfn.StateMachine(
             self, "RunSparkJob",
             definition_body=sfn.DefinitionBody.from_chainable(choose),
-            timeout=Duration.hours(12),
+            timeout=self.execution_timeout,
             tracing_enabled=True,
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL,
                                 include_execution_data=True),
@@ -320,8 +394,31 @@ class EmrPipeline(Construct):
             )
 
     @property
+    def execution_timeout(self) -> Duration:
+        """Longer than the longest path of task timeouts, so that a task times out first."""
+        seconds = sum(d.to_seconds() for d in (
+            CREATE_CLUSTER_TIMEOUT, self.job_timeout, TERMINATE_TIMEOUT, EXECUTION_MARGIN
+        ))
+        return Duration.seconds(seconds)
+
+    @property
     def job_names(self) -> list[str]:
         return sorted(self.jobs)
+
+
+def python_configurations(python: str) -> list[tasks.EmrCreateCluster.ConfigurationProperty]:
+    """Cluster configuration choosing `python` for PySpark (spark-env and spark-defaults), so
+    that steps added by hand or by `messenger emr submit` use it too."""
+    config = tasks.EmrCreateCluster.ConfigurationProperty
+    return [
+        config(classification="spark-env", configurations=[config(
+            classification="export",
+            properties={"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python},
+        )]),
+        config(classification="spark-defaults", properties={
+            "spark.pyspark.python": python, "spark.pyspark.driver.python": python,
+        }),
+    ]
 
 
 def _camel(name: str) -> str:

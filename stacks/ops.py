@@ -62,6 +62,7 @@ class OpsFunctions(Construct):
     slack_webhook_secret: name of the Secrets Manager secret holding the Slack webhook URL.
     alarm_threshold: default queue depth that raises an alert (MESSENGER_ALARM_THRESHOLD).
     cleaner_dry_run: report what the cleaner would delete without deleting (default True).
+    critical_mention: who a critical alarm pings (MESSENGER_CRITICAL_MENTION, e.g. '<!here>').
     key: the platform key; encrypts the alarm topic and the schedule dead-letter queue.
     Outputs: `alarm_topic`, `schedule_dlq`, `error_alarms` (one per function).
     """
@@ -75,6 +76,7 @@ class OpsFunctions(Construct):
         slack_webhook_secret: str,
         alarm_threshold: int = 100,
         cleaner_dry_run: bool = True,
+        critical_mention: str = "",
         key: kms.IKey,
     ) -> None:
         super().__init__(scope, id)
@@ -89,6 +91,7 @@ class OpsFunctions(Construct):
             "MESSENGER_PROVISIONING": "verify",
             "MESSENGER_ALARM_THRESHOLD": str(alarm_threshold),
             "CLEANER_DRY_RUN": "true" if cleaner_dry_run else "false",
+            "MESSENGER_CRITICAL_MENTION": critical_mention,
         }
         self.queue_alarm = self._function(
             "QueueAlarm", "queue_alarm", environment, timeout=Duration.minutes(2),

@@ -66,6 +66,7 @@ class PlatformStack(Stack):
             slack_webhook_secret=config.slack_webhook_secret,
             alarm_threshold=config.alarm_threshold,
             cleaner_dry_run=config.cleaner_dry_run,
+            critical_mention=config.critical_mention,
             key=self.foundation.key,
         )
         CfnOutput(self, "OpsAlarmTopicArn", value=self.ops.alarm_topic.topic_arn)

@@ -21,7 +21,8 @@ os.environ.update(LOCAL_CREDENTIALS)
 
 @pytest.fixture(scope="session")
 def local_endpoint() -> Iterator[LocalProcess]:
-    """The moto server, started once per session; AWS_ENDPOINT_URL points at it."""
+    """The moto server (`messenger local`: SQS with messenger's index, cost per request flat in
+    queue depth), started once per session; AWS_ENDPOINT_URL points at it."""
     server = start_local_process()
     os.environ["AWS_ENDPOINT_URL"] = server.url
     yield server

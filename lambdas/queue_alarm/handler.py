@@ -23,8 +23,12 @@ tracer = Tracer()
 
 @cache
 def runtime() -> OpsRuntime:
-    """Settings and clients, made once per execution environment."""
-    return OpsRuntime.from_env(logger)
+    """Settings, clients and the Slack webhook URL, read and checked once per execution
+    environment: a missing or malformed secret fails every invocation at once, whether or not
+    there is anything to report (then the function's Errors alarm tells the operator)."""
+    ops = OpsRuntime.from_env(logger)
+    ops.webhook_url()
+    return ops
 
 
 @logger.inject_lambda_context(log_event=True)
@@ -34,5 +38,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     ops = runtime()
     outcome = run_queue_alarm(event, ops.clients, ops.settings, ops.notifier())
     record_counts(metrics, outcome.metrics())
-    logger.info("queue alarm done", extra=outcome.summary())
+    logger.info("queue alarm done", extra={**outcome.summary(), "report": outcome.report_log()})
+    outcome.raise_for_failure()  # the report was not delivered: the invocation fails
     return outcome.summary()

@@ -23,8 +23,12 @@ tracer = Tracer()
 
 @cache
 def runtime() -> OpsRuntime:
-    """Settings and clients, made once per execution environment."""
-    return OpsRuntime.from_env(logger)
+    """Settings, clients and the Slack webhook URL, read and checked once per execution
+    environment: a missing or malformed secret fails every invocation at once, whether or not
+    there is anything to report (then the function's Errors alarm tells the operator)."""
+    ops = OpsRuntime.from_env(logger)
+    ops.webhook_url()
+    return ops
 
 
 @logger.inject_lambda_context(log_event=True)
@@ -32,7 +36,11 @@ def runtime() -> OpsRuntime:
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     ops = runtime()
-    outcome = run_resource_cleaner(ops.clients, ops.settings, ops.notifier())
+    outcome = run_resource_cleaner(
+        ops.clients, ops.settings, ops.notifier(),
+        remaining=lambda: context.get_remaining_time_in_millis() / 1000, log=logger,
+    )
     record_counts(metrics, outcome.metrics())
     logger.info("resource cleaner done", extra=outcome.summary())
+    outcome.raise_for_failure()  # stopped early or report not delivered: the invocation fails
     return outcome.summary()

@@ -90,6 +90,8 @@ class HealthFile:
                     data = json.load(source)
             except FileNotFoundError:
                 return None
+            except ValueError as error:  # not JSON or not UTF-8: a torn or foreign write
+                raise ValueError(f"health file {self.path} is malformed: {error}") from None
         try:
             record = _parse(data)
         except (KeyError, TypeError, ValueError, AttributeError) as error:

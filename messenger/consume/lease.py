@@ -1,7 +1,8 @@
 """The consumer's lease keeper: a thread that does nothing but keep held messages invisible.
 
-Every 0.1 s it extends the lease of the messages this process holds (waiting for a worker or
-running) with one `ChangeMessageVisibilityBatch` per 10, once a third of their lease is gone. It
+It extends the lease of the messages this process holds (waiting for a worker or running) with
+one `ChangeMessageVisibilityBatch` per 10, once a third of their lease is gone, waking when the
+next renewal is due (at least once a second). It
 is the first thread the runtime starts and it does no other work: deletes, dead-lettering, hooks,
 `on_event` and status records run elsewhere (its events are handed to the watchdog), and it has
 its own SQS client, with its own connections and a read timeout of a third of the lease, so a
@@ -25,8 +26,11 @@ from typing import Any, Protocol
 
 from messenger.consume.mailbox import Delivery, EntryError, Mailbox, Stage
 
-TICK_SECONDS = 0.1
-#: A tick this much later than planned means the thread could not run: the process stalled.
+#: The keeper wakes when the next renewal is due, at least every MAX_SLEEP_SECONDS (new messages
+#: come due a third of a lease after they arrive), never more often than every MIN_SLEEP_SECONDS.
+MIN_SLEEP_SECONDS = 0.1
+MAX_SLEEP_SECONDS = 1.0
+#: A wake-up this much later than planned means the thread could not run: the process stalled.
 STALL_SECONDS = 1.0
 #: A renewal must answer this long before the lease runs out.
 SAFETY_SECONDS = 0.5
@@ -85,16 +89,23 @@ class LeaseKeeper:
         self._stop.set()
 
     def run(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(TICK_SECONDS):
+        planned = time.monotonic() + MIN_SLEEP_SECONDS
+        while not self._stop.wait(max(0.0, planned - time.monotonic())):
             now = time.monotonic()
-            late, last = now - last - TICK_SECONDS, now
             try:
-                if late > STALL_SECONDS:
-                    self.stalled(late, now)
+                if now - planned > STALL_SECONDS:
+                    self.stalled(now - planned, now)
                 self.renew(now)
             except Exception as error:  # keep renewing; the watchdog reports it
                 self.events.put(("watchdog_error", None, {"error": repr(error)}))
+            planned = now + self.sleep_for(now)
+
+    def sleep_for(self, now: float) -> float:
+        """Seconds until the next renewal is due (MIN_SLEEP_SECONDS to MAX_SLEEP_SECONDS)."""
+        lease = self.runtime.visibility
+        held = self.runtime.held(Stage.QUEUED, Stage.RUNNING)
+        due = min((d.lease_until - lease * 2 / 3 for d in held), default=now + MAX_SLEEP_SECONDS)
+        return min(MAX_SLEEP_SECONDS, max(MIN_SLEEP_SECONDS, due - now))
 
     def stalled(self, seconds: float, now: float) -> None:
         """The thread could not run for `seconds`: say so, and name every lease that ran out."""

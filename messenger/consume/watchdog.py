@@ -1,6 +1,6 @@
 """The consumer's watchdog thread: processing timeouts, delete batches, progress, lease events.
 
-Every 0.1 s it
+Every 0.25 s it
 - times out handlers past `processing_timeout`: the message goes to the DLQ with the reason, the
   handler thread gets `ProcessingTimeout` raised at its next Python instruction, and its worker
   counts as lost until the thread returns; a thread still running `stuck_after` seconds later
@@ -25,7 +25,8 @@ from messenger.consume.mailbox import Delivery, Mailbox, Stage
 from messenger.consume.settings import ConsumerSettings
 from messenger.errors import MessengerError
 
-TICK_SECONDS = 0.1
+#: Processing timeouts are enforced within this long.
+TICK_SECONDS = 0.25
 
 
 class ProcessingTimeout(MessengerError):

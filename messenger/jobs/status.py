@@ -35,7 +35,7 @@ DYNAMODB_MAX_BATCH = 25
 DEFAULT_MAX_BUFFER = 10_000
 
 
-class StatusEvent(enum.StrEnum):
+class StatusEvent(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 too
     QUEUED = "QUEUED"
     RECEIVED = "RECEIVED"
     STARTED = "STARTED"
@@ -45,6 +45,9 @@ class StatusEvent(enum.StrEnum):
     TIMED_OUT = "TIMED_OUT"
     DEAD_LETTERED = "DEAD_LETTERED"
     REQUEUED = "REQUEUED"
+
+    def __str__(self) -> str:
+        return str(self.value)
 
 
 @dataclass(frozen=True)

@@ -2,24 +2,31 @@
 
 1. Inventory: every platform-owned topic and queue of the namespace (Tagging API).
 2. A topic is active when it published or delivered anything in the past day.
-3. A queue subscribed to an active topic is active.
-4. For the other queues (and DLQs whose source queue is gone), three days of
+3. For every queue (and DLQs whose source queue is gone), three days of
    ApproximateNumberOfMessagesVisible, NumberOfMessagesSent, NumberOfMessagesReceived and
    NumberOfEmptyReceives (batched GetMetricData).
-5. Sends without receives: no consumers. Receives (or empty polls) without sends: no producers.
-   Neither: idle, and the queue's attributes decide, because missing datapoints are not zeros
-   (SQS stops reporting a queue after six idle hours): messages in it -> stale; created or
-   changed within the three days -> too new to judge; else unused -> deleted.
-6. Unused queues are deleted with their subscriptions and their (empty) DLQ; an inactive topic
-   is deleted once no remaining queue is subscribed to it.
+4. Sends without receives: no consumers (on a queue subscribed to a busy exchange, sends are
+   SNS's deliveries: an abandoned subscriber). Receives (or empty polls) without sends: no
+   producers. Neither: idle. An idle queue subscribed to an active topic is active; otherwise the
+   queue's attributes decide, because missing datapoints are not zeros (SQS stops reporting a
+   queue after six idle hours): messages in it -> stale; created or changed within the three days
+   -> too new to judge; else unused -> deleted.
+5. Unused queues are deleted with their subscriptions and their (empty) DLQ; an inactive topic
+   is deleted once no remaining queue is subscribed to it (else it is reported as kept).
 
 Never deleted: resources of a CloudFormation stack (reported instead), anything in a dry run.
+Every deletion is logged by name as it happens. Any error that is not about one resource (a
+broken connection, a timeout, anything unexpected), or the Lambda's remaining time falling
+under `STOP_MARGIN_SECONDS`, stops the run: the report says why and names what was not checked,
+is posted and logged, and then the invocation fails (`CleanerOutcome.raise_for_failure`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -27,13 +34,18 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from messenger.aws import ClientFactory, error_code
+from messenger.errors import MessengerError
 from messenger.ops.findings import CleanerReport, Finding
 from messenger.ops.inventory import PlatformResource, list_platform_resources
 from messenger.ops.metrics import fetch_series, peak, sns_metric, sqs_metric, total
-from messenger.ops.report import Notifier, cleaner_message
+from messenger.ops.report import Notifier, ReportNotDelivered, cleaner_messages, post_all
 from messenger.ops.settings import OpsSettings
 from messenger.provision import QUEUE_MISSING_CODES, TOPIC_MISSING_CODES
 
+logger = logging.getLogger("messenger.ops.cleaner")
+
+#: The run stops (and reports) when the Lambda has less than this left: time to post and log.
+STOP_MARGIN_SECONDS = 60.0
 TOPIC_LOOKBACK = timedelta(days=1)
 QUEUE_LOOKBACK = timedelta(days=3)
 PERIOD_SECONDS = 3600
@@ -110,6 +122,10 @@ def judge_idle(state: QueueState, now: datetime, lookback: timedelta = QUEUE_LOO
     return UNUSED
 
 
+class CleanerStopped(MessengerError):
+    """The clean-up stopped before it judged everything (its report says what it did)."""
+
+
 @dataclass(frozen=True)
 class CleanerOutcome:
     report: CleanerReport
@@ -120,23 +136,57 @@ class CleanerOutcome:
         names = {
             "deleted_topics": r.deleted_topics, "deleted_queues": r.deleted_queues,
             "stale": r.stale, "no_producers": r.no_producers, "no_consumers": r.no_consumers,
-            "kept_by_stack": r.kept_by_stack, "failed": r.failed,
+            "kept_by_stack": r.kept_by_stack, "kept_topics": r.kept_topics,
+            "kept_outside_prefix": r.kept_outside_prefix, "failed": r.failed,
+            "not_checked": r.not_checked,
         }
         return {
             "dry_run": r.dry_run,
+            "stopped": r.stopped,
             **{key: [f.name for f in found] for key, found in names.items()},
             "posted": self.posted,
         }
 
+    def report_log(self) -> dict[str, Any]:
+        """The whole report, every finding with its detail (for the log)."""
+        r = self.report
+        return {
+            **self.summary(),
+            "details": {
+                f.name: f.detail for group in (
+                    r.failed, r.not_checked, r.deleted_topics, r.deleted_queues, r.stale,
+                    r.no_producers, r.no_consumers, r.kept_by_stack, r.kept_topics,
+                    r.kept_outside_prefix)
+                for f in group
+            },
+        }
+
     def metrics(self) -> dict[str, int]:
         r = self.report
-        deleted = 0 if r.dry_run else len(r.deleted_topics) + len(r.deleted_queues)
         return {
-            "ResourcesDeleted": deleted,
+            "ResourcesDeleted": 0 if r.dry_run else len(r.deleted_topics) + r.queues_removed,
             "QueuesFlagged": len(r.stale) + len(r.no_producers) + len(r.no_consumers),
-            "CleanupFailures": len(r.failed),
+            "CleanupFailures": len(r.failed) + int(r.stopped is not None),
             "SlackPostFailed": int(r.has_findings and not self.posted),
         }
+
+    def raise_for_failure(self) -> None:
+        """Fail the invocation (after the report was posted and logged) when the run stopped
+        early or its report could not be delivered."""
+        if self.report.stopped:
+            raise CleanerStopped(
+                f"resource cleaner stopped early: {self.report.stopped} "
+                f"({len(self.report.not_checked)} resources not checked; report "
+                f"{'posted' if self.posted else 'NOT posted'}, full report in the log)"
+            )
+        if self.report.has_findings and not self.posted:
+            raise ReportNotDelivered(
+                "the resource cleaner's report could not be posted to Slack; it is in the log"
+            )
+
+
+class _Stop(Exception):
+    """Internal: stop the run with this reason."""
 
 
 @dataclass
@@ -151,6 +201,26 @@ class _Run:
     subscriptions_by_endpoint: dict[str, list[dict[str, Any]]]
     found: dict[str, list[Finding]] = field(default_factory=lambda: defaultdict(list))
     removed: set[str] = field(default_factory=set)
+    namespace: str = ""
+    #: Seconds the invocation has left (None: no limit, e.g. outside Lambda).
+    remaining: Callable[[], float] | None = None
+    margin: float = STOP_MARGIN_SECONDS
+    #: Where deletions are logged as they happen (the Lambda's Powertools Logger).
+    log: Any = logger
+    unsubscribed: set[str] = field(default_factory=set)
+    queues_removed: int = 0
+
+    def owns(self, resource: PlatformResource) -> bool:
+        """Both the tags (the inventory's filter) and the name place it in the namespace, whose
+        resources are named '<namespace>-...' (the prefix the cleaner's IAM policy allows).
+        Without a namespace the tags alone decide (no namespace tag)."""
+        if self.namespace:
+            return resource.name.startswith(f"{self.namespace}-")
+        return True
+
+    def check_time(self) -> None:
+        if self.remaining is not None and self.remaining() < self.margin:
+            raise _Stop(f"less than {self.margin:g} s of the Lambda's time left")
 
     @property
     def sqs(self) -> Any:
@@ -187,24 +257,37 @@ class _Run:
     def unsubscribe(self, subscriptions: list[dict[str, Any]]) -> None:
         for subscription in subscriptions:
             arn = subscription.get("SubscriptionArn", "")
-            if arn.startswith("arn:"):  # not 'PendingConfirmation'
+            if arn.startswith("arn:") and arn not in self.unsubscribed:  # not pending
                 self.sns.unsubscribe(SubscriptionArn=arn)
+                self.unsubscribed.add(arn)
+                self.log.info("unsubscribed", extra={"subscription": arn})
+
+    def remove_queue(self, name: str, url: str, what: str) -> None:
+        """Delete one queue now and log it by name (its DLQ is deleted by its own call)."""
+        self.sqs.delete_queue(QueueUrl=url)
+        self.queues_removed += 1
+        self.log.info(f"deleted {what} {name}", extra={"queue": name, "url": url})
 
     def delete_queue(self, queue: PlatformResource, state: QueueState, why: str) -> None:
         """Delete an unused queue, its subscriptions and its empty DLQ (or report them)."""
         if queue.stack:
-            self.found["kept_by_stack"].append(Finding(queue.name, why, queue.stack))
+            self.found["kept_by_stack"].append(finding(queue, why, queue.stack))
+            return
+        if not self.owns(queue):
+            self.found["kept_outside_prefix"].append(finding(queue, why))
             return
         notes = []
         dlq = self.queues.get(state.dlq_arn or "")
         if not self.dry_run:
             self.unsubscribe(self.subscriptions_by_endpoint.get(queue.arn, []))
-            self.sqs.delete_queue(QueueUrl=state.url)
+            self.remove_queue(queue.name, state.url, "queue")
         self.removed.add(queue.arn)
+        self.found["deleted_queues"].append(finding(queue, why))
         if dlq is not None:
+            # The queue is in the report already, should deleting its DLQ fail
             notes.append(self._delete_dlq(dlq, queue))
-        detail = "; ".join([why, *filter(None, notes)])
-        self.found["deleted_queues"].append(Finding(queue.name, detail))
+            detail = "; ".join([why, *filter(None, notes)])
+            self.found["deleted_queues"][-1] = finding(queue, detail)
 
     def _delete_dlq(self, dlq: PlatformResource, source: PlatformResource) -> str:
         dlq_state = self.state(dlq)
@@ -213,51 +296,78 @@ class _Run:
         if dlq.channel != source.channel:
             return f"DLQ {dlq.name} kept: it belongs to channel {dlq.channel or '?'}"
         if dlq_state.messages > 0:
-            self.found["stale"].append(Finding(
-                dlq.name,
+            self.found["stale"].append(finding(
+                dlq,
                 f"{dlq_state.messages} messages; dead-letter queue of unused {source.name}, kept",
             ))
             return f"DLQ {dlq.name} kept: it holds messages"
         if dlq.stack:
             self.found["kept_by_stack"].append(
-                Finding(dlq.name, f"empty DLQ of unused {source.name}", dlq.stack)
+                finding(dlq, f"empty DLQ of unused {source.name}", dlq.stack)
             )
             return f"DLQ {dlq.name} kept: CloudFormation stack {dlq.stack}"
+        if not self.owns(dlq):
+            self.found["kept_outside_prefix"].append(
+                finding(dlq, f"empty DLQ of unused {source.name}"))
+            return f"DLQ {dlq.name} kept: named outside the namespace's prefix"
         if not self.dry_run:
-            self.sqs.delete_queue(QueueUrl=dlq_state.url)
+            self.remove_queue(dlq.name, dlq_state.url, "dead-letter queue")
         self.removed.add(dlq.arn)
         return f"DLQ {dlq.name} {'would go' if self.dry_run else 'deleted'} too"
 
     def delete_topic(self, topic: PlatformResource) -> None:
         """Delete an inactive topic once nothing that stays is subscribed to it."""
         subscriptions = self.subscriptions_by_topic.get(topic.arn, [])
-        if any(s.get("Endpoint") not in self.removed for s in subscriptions):
-            return  # a queue that stays is subscribed: it is reported on its own
         why = f"nothing published or delivered in {TOPIC_LOOKBACK.days} day"
+        staying = sorted({str(s.get("Endpoint", "")).rsplit(":", 1)[-1] for s in subscriptions
+                          if s.get("Endpoint") not in self.removed})
+        if staying:
+            self.found["kept_topics"].append(finding(
+                topic, f"{why}; subscribed: {', '.join(staying)}"))
+            return
         if topic.stack:
-            self.found["kept_by_stack"].append(Finding(topic.name, why, topic.stack))
+            self.found["kept_by_stack"].append(finding(topic, why, topic.stack))
+            return
+        if not self.owns(topic):
+            self.found["kept_outside_prefix"].append(finding(topic, why))
             return
         if not self.dry_run:
             self.unsubscribe(subscriptions)
             try:
                 self.sns.delete_topic(TopicArn=topic.arn)
+                self.log.info(f"deleted topic {topic.name}", extra={"topic": topic.arn})
             except ClientError as error:
                 if error_code(error) not in TOPIC_MISSING_CODES:
                     raise
-        self.found["deleted_topics"].append(Finding(topic.name, why))
+        self.found["deleted_topics"].append(finding(topic, why))
+
+
+def finding(resource: PlatformResource, detail: str, stack: str | None = None) -> Finding:
+    """A finding about `resource`, with its owner and team from its tags."""
+    tags = resource.channel_tags
+    owner = " · ".join(x for x in (tags.team and f"team {tags.team}",
+                                   tags.owner and f"owner {tags.owner}") if x)
+    return Finding(resource.name, detail, stack, owner)
 
 
 def clean_resources(
-    clients: ClientFactory, namespace: str, dry_run: bool, now: datetime | None = None
+    clients: ClientFactory, namespace: str, dry_run: bool, now: datetime | None = None,
+    remaining: Callable[[], float] | None = None, margin: float = STOP_MARGIN_SECONDS,
+    log: Any = None,
 ) -> CleanerReport:
     """Classify every platform topic and queue of `namespace`; delete the unused ones
-    (unless `dry_run` or owned by a CloudFormation stack) and report the rest."""
+    (unless `dry_run` or owned by a CloudFormation stack) and report the rest.
+
+    remaining: seconds the invocation has left (a Lambda context's, in seconds); the run stops
+    with what it did so far when it falls under `margin`, or on any error that is not about
+    one resource (`CleanerReport.stopped`, `not_checked`)."""
     now = now or datetime.now(UTC)
     inventory = list_platform_resources(clients, namespace)
     topics = [r for r in inventory if r.service == "sns"]
     queues = {r.arn: r for r in inventory if r.service == "sqs"}
     by_topic, by_endpoint = _subscriptions(clients)
-    run = _Run(clients, dry_run, now, queues, by_topic, by_endpoint)
+    run = _Run(clients, dry_run, now, queues, by_topic, by_endpoint, namespace=namespace,
+               remaining=remaining, margin=margin, log=log or logger)
     cloudwatch = clients.client("cloudwatch")
 
     topic_series = fetch_series(
@@ -276,62 +386,101 @@ def clean_resources(
     # DLQs are judged with their source queue, unless that queue is gone (an orphan DLQ).
     sources = {q.channel for q in queues.values() if q.role == "queue"}
     subjects = [
-        q for q in queues.values()
-        if (q.role == "queue" or q.channel not in sources) and q.arn not in fed
+        q for q in queues.values() if q.role == "queue" or q.channel not in sources
     ]
     queue_series = fetch_series(
         cloudwatch,
         [sqs_metric(q.name, metric, stat) for q in subjects for metric, stat in QUEUE_METRICS],
         now - QUEUE_LOOKBACK, now, PERIOD_SECONDS,
     )
-    for i, queue in enumerate(subjects):
-        visible, sent, received, empty = queue_series[i * 4 : i * 4 + 4]
-        activity = QueueActivity(peak(visible), total(sent), total(received), total(empty))
-        try:
-            _judge_queue(run, queue, activity)
-        except ClientError as error:
-            run.found["failed"].append(Finding(queue.name, f"{error_code(error)}: {error}"))
-    for topic in topics:
-        if topic.arn not in active_topics:
+    inactive = [t for t in topics if t.arn not in active_topics]
+    pending: list[PlatformResource] = [*subjects, *inactive]
+    doing = "starting"
+    current: PlatformResource | None = None
+    try:
+        for i, queue in enumerate(subjects):
+            run.check_time()
+            doing, current = f"judging queue {queue.name}", queue
+            visible, sent, received, empty = queue_series[i * 4 : i * 4 + 4]
+            activity = QueueActivity(peak(visible), total(sent), total(received), total(empty))
+            try:
+                _judge_queue(run, queue, activity, fed_by_active_topic=queue.arn in fed)
+            except ClientError as error:
+                run.found["failed"].append(finding(queue, f"{error_code(error)}: {error}"))
+            pending.remove(queue)
+        for topic in inactive:
+            run.check_time()
+            doing, current = f"judging topic {topic.name}", topic
             try:
                 run.delete_topic(topic)
             except ClientError as error:
-                run.found["failed"].append(Finding(topic.name, f"{error_code(error)}: {error}"))
+                run.found["failed"].append(finding(topic, f"{error_code(error)}: {error}"))
+            pending.remove(topic)
+        stopped = None
+    except _Stop as stop:
+        stopped = str(stop)
+    except Exception as error:  # a broken connection, a timeout, a bug: stop and report
+        stopped = f"{type(error).__name__} while {doing}: {error}"
+        run.log.exception(f"resource cleaner stopped: {stopped}")
+        if current is not None and current in pending:  # half done: what is done is listed
+            pending.remove(current)
+            run.found["failed"].append(finding(
+                current, f"{type(error).__name__}: {error}; the run stopped here"))
+    not_checked = tuple(
+        finding(r, "not judged: the run stopped first") for r in pending
+    ) if stopped else ()
     return CleanerReport(
         namespace=namespace, dry_run=dry_run, checked_at=now,
         topics_checked=len(topics), queues_checked=len(queues),
+        stopped=stopped, not_checked=not_checked, queues_removed=run.queues_removed,
         **{key: tuple(found) for key, found in run.found.items()},
     )
 
 
-def _judge_queue(run: _Run, queue: PlatformResource, activity: QueueActivity) -> None:
+def _judge_queue(
+    run: _Run, queue: PlatformResource, activity: QueueActivity, fed_by_active_topic: bool
+) -> None:
     days = QUEUE_LOOKBACK.days
     verdict = classify_activity(activity)
     if verdict == NO_CONSUMERS:
-        run.found["no_consumers"].append(
-            Finding(queue.name, f"{activity.sent:,.0f} messages sent, none received in {days} days")
-        )
+        source = "delivered by its active exchange" if fed_by_active_topic else "sent"
+        run.found["no_consumers"].append(finding(
+            queue, f"{activity.sent:,.0f} messages {source}, none received in {days} days"))
         return
     if verdict == NO_PRODUCERS:
         polls = (activity.received or 0) + (activity.empty_receives or 0)
-        run.found["no_producers"].append(Finding(
-            queue.name,
+        run.found["no_producers"].append(finding(
+            queue,
             f"nothing sent in {days} days; consumers still polling ({polls:,.0f} receives)",
         ))
         return
-    if verdict == ACTIVE:
-        return
+    if verdict == ACTIVE or fed_by_active_topic:
+        return  # an idle subscriber of a busy exchange: its topic's filter matched nothing
     state = run.state(queue)
     if state is None:
-        return  # deleted meanwhile
+        _orphaned_dlq(run, queue)
+        return
     verdict = judge_idle(state, run.now)
     quiet = f"no sends or receives in {days} days" + (
         "" if activity.has_data else " (no CloudWatch data)"
     )
     if verdict == STALE:
-        run.found["stale"].append(Finding(queue.name, f"{state.messages} messages; {quiet}"))
+        run.found["stale"].append(finding(queue, f"{state.messages} messages; {quiet}"))
     elif verdict == UNUSED:
         run.delete_queue(queue, state, f"empty; {quiet}")
+
+
+def _orphaned_dlq(run: _Run, queue: PlatformResource) -> None:
+    """The queue was deleted by someone else between the inventory and now: its channel's DLQ
+    is judged in its place (else it would be orphaned until the next run)."""
+    if queue.role != "queue":
+        return
+    for dlq in run.queues.values():
+        if dlq.role == "dlq" and dlq.channel == queue.channel and dlq.arn not in run.removed:
+            note = run._delete_dlq(dlq, queue)
+            if note:
+                run.found["deleted_queues"].append(finding(
+                    queue, f"already gone (deleted meanwhile); {note}"))
 
 
 def _subscriptions(clients: ClientFactory) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
@@ -349,9 +498,16 @@ def run_resource_cleaner(
     settings: OpsSettings,
     notifier: Notifier,
     now: datetime | None = None,
+    remaining: Callable[[], float] | None = None,
+    log: Any = None,
 ) -> CleanerOutcome:
-    """The Lambda's work: make sure the report can be posted, clean, post the report."""
+    """The Lambda's work: make sure the report can be posted, clean, log and post the report.
+    The caller records metrics, then calls `raise_for_failure` (stopped early, not posted)."""
     notifier.prepare()  # never delete anything that could then not be reported
-    report = clean_resources(clients, settings.namespace, settings.dry_run, now)
-    posted = report.has_findings and notifier.post(cleaner_message(report))
+    log = log or logger
+    report = clean_resources(clients, settings.namespace, settings.dry_run, now,
+                             remaining=remaining, log=log)
+    log.info("resource cleaner report", extra={"report": CleanerOutcome(report, False)
+                                                .report_log()})
+    posted = post_all(notifier, cleaner_messages(report)) if report.has_findings else False
     return CleanerOutcome(report, posted)

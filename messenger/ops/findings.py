@@ -43,6 +43,8 @@ class Finding:
     name: str
     detail: str
     stack: str | None = None
+    #: 'team <t> · owner <o>' from the resource's tags ('' when untagged): reports group by it.
+    owner: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,21 @@ class CleanerReport:
     no_consumers: tuple[Finding, ...] = ()
     kept_by_stack: tuple[Finding, ...] = ()
     failed: tuple[Finding, ...] = ()
+    #: Inactive topics not deleted because a queue that stays is subscribed to them.
+    kept_topics: tuple[Finding, ...] = ()
+    #: Unused, tagged for the namespace but named outside its '<namespace>-' prefix: not deleted.
+    kept_outside_prefix: tuple[Finding, ...] = ()
+    #: Why the run stopped before judging everything (an error, the Lambda's time), or None.
+    stopped: str | None = None
+    #: What the run did not get to, when it stopped early.
+    not_checked: tuple[Finding, ...] = ()
+    #: Queues actually deleted, DLQs included (none in a dry run).
+    queues_removed: int = 0
 
     @property
     def has_findings(self) -> bool:
-        return any(
+        return bool(self.stopped) or any(
             (self.deleted_topics, self.deleted_queues, self.stale, self.no_producers,
-             self.no_consumers, self.kept_by_stack, self.failed)
+             self.no_consumers, self.kept_by_stack, self.failed, self.kept_topics,
+             self.kept_outside_prefix)
         )

@@ -17,7 +17,7 @@ from messenger.errors import MessengerError
 from messenger.ops.findings import QueueAlarmReport, QueueProblem
 from messenger.ops.inventory import PlatformResource, list_platform_resources
 from messenger.ops.metrics import fetch_series, latest, sqs_metric
-from messenger.ops.report import Notifier, queue_alarm_message
+from messenger.ops.report import Notifier, ReportNotDelivered, post_all, queue_alarm_messages
 from messenger.ops.settings import OpsSettings
 
 #: event["scope"] -> the role tag of the queues it checks.
@@ -59,6 +59,15 @@ class QueueAlarmOutcome:
             "posted": self.posted,
         }
 
+    def report_log(self) -> list[dict[str, Any]]:
+        """Every problem with its figures (for the log)."""
+        return [
+            {"queue": p.name, "depth": p.depth, "threshold": p.threshold,
+             "oldest_age_seconds": p.oldest_age_seconds, "critical": p.critical,
+             "owner": p.owner, "team": p.team}
+            for p in self.report.problems
+        ]
+
     def metrics(self) -> dict[str, int]:
         return {
             "QueuesChecked": self.report.checked,
@@ -66,6 +75,17 @@ class QueueAlarmOutcome:
             "CriticalQueuesOverThreshold": len(self.report.critical),
             "SlackPostFailed": int(bool(self.report.problems) and not self.posted),
         }
+
+    def raise_for_failure(self) -> None:
+        """Fail the invocation when there was something to report and it was not delivered
+        (after the caller logged the report and recorded metrics)."""
+        if self.report.problems and not self.posted:
+            raise ReportNotDelivered(
+                f"the queue alarm ({len(self.report.problems)} queues over threshold: "
+                f"{', '.join(p.name for p in self.report.problems[:5])}"
+                f"{' …' if len(self.report.problems) > 5 else ''}) could not be posted to "
+                f"Slack; it is in the log"
+            )
 
 
 def check_queues(
@@ -135,5 +155,6 @@ def run_queue_alarm(
         clients, scope, settings.namespace, settings.default_alarm_threshold, now,
         dlq_threshold=settings.dlq_alarm_threshold,
     )
-    posted = bool(report.problems) and notifier.post(queue_alarm_message(report))
+    posted = bool(report.problems) and post_all(
+        notifier, queue_alarm_messages(report, settings.critical_mention))
     return QueueAlarmOutcome(report, posted)

@@ -2,7 +2,8 @@
 
 Messages are short lines that read well on a phone: a header that says how bad it is, one line
 of context, then one section per queue (alarm) or per category (cleaner). Slack allows 50 blocks
-and 3,000 characters per section; longer lists end with "... and N more".
+per message and 3,000 characters per section: a longer report is split into as many posts as it
+needs, numbered in their headers ("(2/3)"), so that every queue is named in some post.
 The same `render_text` preview is kept in docs/ and printed by the demo.
 """
 
@@ -12,12 +13,17 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from messenger.errors import MessengerError
 from messenger.ops.findings import CleanerReport, Finding, QueueAlarmReport, QueueProblem
+
+
+class ReportNotDelivered(MessengerError):
+    """A report could not be posted to Slack (it is in the log); the invocation fails."""
 
 MAX_BLOCKS = 50
 MAX_SECTION_CHARS = 3000
-#: Queues listed one by one in an alarm before "... and N more".
-MAX_ALARM_QUEUES = 30
+#: Characters of one post's JSON, well under what a webhook accepts.
+MAX_POST_CHARS = 30_000
 SCOPE_TITLES = {"source": "Source queues", "dlq": "Dead-letter queues"}
 
 
@@ -29,6 +35,43 @@ class Notifier(Protocol):
 
     def post(self, message: dict[str, Any]) -> bool:
         """Post a Block Kit message; False when it could not be delivered (already logged)."""
+
+
+def post_all(notifier: Notifier, messages: Sequence[dict[str, Any]]) -> bool:
+    """Post every part of a report (all are tried); True when every one was delivered."""
+    delivered = [notifier.post(message) for message in messages]
+    return all(delivered)
+
+
+def split_posts(
+    title: str, context_text: str, body: Sequence[dict[str, Any]], fallback: str
+) -> list[dict[str, Any]]:
+    """Messages of at most MAX_BLOCKS blocks and MAX_POST_CHARS characters, each with the header
+    (numbered when there are several) and the context line; no later part opens, and no part
+    ends, with a divider."""
+    import json
+
+    room = MAX_BLOCKS - 2
+    parts: list[list[dict[str, Any]]] = [[]]
+    size = 0
+    for block in body:
+        length = len(json.dumps(block))
+        part = parts[-1]
+        if part and (len(part) >= room or size + length > MAX_POST_CHARS - 2_000):
+            parts.append([])
+            part, size = parts[-1], 0
+        if block["type"] == "divider" and not part and len(parts) > 1:
+            continue  # a later part opens with its section, right under the context line
+        part.append(block)
+        size += length
+    messages = []
+    for number, part in enumerate(parts, 1):
+        while part and part[-1]["type"] == "divider":
+            part.pop()
+        numbered = f"{title} ({number}/{len(parts)})" if len(parts) > 1 else title
+        messages.append({"text": f"{numbered}: {fallback}" if number == 1 else numbered,
+                         "blocks": [header(numbered), context(context_text), *part]})
+    return messages
 
 
 # -- building blocks -------------------------------------------------------------------------
@@ -71,8 +114,9 @@ def where(namespace: str) -> str:
 
 
 # -- queue alarm -----------------------------------------------------------------------------
-def queue_alarm_message(report: QueueAlarmReport) -> dict[str, Any]:
-    """The alarm: critical variant (🚨, critical queues first) or the plain one (⚠️)."""
+def queue_alarm_messages(report: QueueAlarmReport, mention: str = "") -> list[dict[str, Any]]:
+    """The alarm: critical variant (🚨, critical queues first, `mention` e.g. '<!here>' or
+    '<!subteam^ID>' pinged) or the plain one (⚠️); as many posts as the queues need."""
     problems = report.problems
     kind = "dead-letter queue" if report.scope == "dlq" else "queue"
     count = len(problems)
@@ -85,22 +129,27 @@ def queue_alarm_message(report: QueueAlarmReport) -> dict[str, Any]:
             title += f" (+{count - len(critical)} more)"
     else:
         title = f"⚠️ {count} {kind}{plural} over threshold"
-    blocks = [
-        header(title),
-        context(
-            f"{SCOPE_TITLES[report.scope]} · {where(report.namespace)} · "
-            f"{report.checked} checked · {when(report.checked_at)}"
-        ),
-    ]
-    shown = problems[:MAX_ALARM_QUEUES]
-    for index, problem in enumerate(shown):
-        if index and problem.critical != shown[index - 1].critical:
-            blocks.append(divider())
-        blocks.append(section(_problem_text(problem)))
-    if count > len(shown):
-        blocks.append(context(f"… and {count - len(shown)} more {kind}s over threshold"))
-    fallback = f"{title}: " + ", ".join(p.name for p in problems[:10])
-    return {"text": fallback, "blocks": blocks}
+    body: list[dict[str, Any]] = []
+    if critical and mention:
+        body.append(section(f"{mention} critical queues need attention"))
+    for index, problem in enumerate(problems):
+        if index and problem.critical != problems[index - 1].critical:
+            body.append(divider())
+        body.append(section(_problem_text(problem)))
+    fallback = ", ".join(p.name for p in problems[:10]) + ("…" if count > 10 else "")
+    if critical and mention:
+        fallback = f"{mention} {fallback}"
+    return split_posts(
+        title,
+        f"{SCOPE_TITLES[report.scope]} · {where(report.namespace)} · "
+        f"{report.checked} checked · {when(report.checked_at)}",
+        body, fallback,
+    )
+
+
+def queue_alarm_message(report: QueueAlarmReport, mention: str = "") -> dict[str, Any]:
+    """The first (usually the only) post of the alarm."""
+    return queue_alarm_messages(report, mention)[0]
 
 
 def _problem_text(problem: QueueProblem) -> str:
@@ -119,42 +168,58 @@ def _problem_text(problem: QueueProblem) -> str:
 
 
 # -- resource cleaner ------------------------------------------------------------------------
-def cleaner_message(report: CleanerReport) -> dict[str, Any]:
-    """The daily clean-up report: one section per non-empty category."""
+def cleaner_messages(report: CleanerReport) -> list[dict[str, Any]]:
+    """The daily clean-up report: one section per non-empty category, the run's problems first
+    (stopped early, could not clean), split into as many posts as needed."""
     gone = "would be deleted (dry run)" if report.dry_run else "deleted"
     categories: list[tuple[str, Sequence[Finding]]] = [
+        ("❗ Could not clean", report.failed),
+        ("⏸️ Not checked: the run stopped first", report.not_checked),
         (f"🗑️ Unused topics {gone}", report.deleted_topics),
         (f"🗑️ Unused queues {gone}", report.deleted_queues),
         ("⏳ Queues with stale messages", report.stale),
         ("🚫 Queues without producers", report.no_producers),
         ("📭 Queues without consumers", report.no_consumers),
         ("🔒 Unused, kept: a CloudFormation stack owns them", report.kept_by_stack),
-        ("❗ Could not clean", report.failed),
+        ("🔒 Unused, kept: named outside the namespace's prefix", report.kept_outside_prefix),
+        ("💤 Inactive topics kept: a queue that stays is subscribed", report.kept_topics),
     ]
     title = "🧹 Resource cleaner" + (" · dry run" if report.dry_run else "")
-    blocks = [
-        header(title),
-        context(
-            f"{where(report.namespace)} · {report.topics_checked} topics and "
-            f"{report.queues_checked} queues checked · {when(report.checked_at)}"
-        ),
-    ]
+    if report.stopped:
+        title += " · stopped early"
+    body: list[dict[str, Any]] = []
+    if report.stopped:
+        body.append(section(f"⛔ *Stopped early:* {report.stopped}. Everything listed below "
+                            f"was done; nothing else was deleted."))
     for name, findings in categories:
         if findings:
-            blocks.append(divider())
-            blocks.extend(_category(name, findings))
-    if len(blocks) > MAX_BLOCKS:
-        blocks = blocks[: MAX_BLOCKS - 1] + [context("… report cut to Slack's 50 blocks")]
+            body.append(divider())
+            body.extend(_category(name, findings))
     counts = ", ".join(f"{len(f)} {n.split(' ', 1)[1].lower()}" for n, f in categories if f)
-    return {"text": f"{title}: {counts or 'nothing to report'}", "blocks": blocks}
+    return split_posts(
+        title,
+        f"{where(report.namespace)} · {report.topics_checked} topics and "
+        f"{report.queues_checked} queues checked · {when(report.checked_at)}",
+        body, counts or "nothing to report",
+    )
+
+
+def cleaner_message(report: CleanerReport) -> dict[str, Any]:
+    """The first (usually the only) post of the clean-up report."""
+    return cleaner_messages(report)[0]
 
 
 def _category(name: str, findings: Sequence[Finding]) -> Iterable[dict[str, Any]]:
     """A bold title with the count, then bullets, split into sections under 3,000 chars."""
     text = f"*{name} ({len(findings)})*"
-    for finding in findings:
+    by_owner = any(f.owner for f in findings)
+    current_owner: str | None = None
+    for finding in sorted(findings, key=lambda f: f.owner) if by_owner else findings:
         stack = f" · stack `{finding.stack}`" if finding.stack else ""
         bullet = f"\n• `{finding.name}`{stack}\n   {finding.detail}"
+        if by_owner and finding.owner != current_owner:
+            current_owner = finding.owner
+            bullet = f"\n_{finding.owner or 'no owner tag'}_" + bullet
         if len(text) + len(bullet) > MAX_SECTION_CHARS - 100:
             yield section(text)
             text = ""

@@ -18,7 +18,7 @@ from messenger.errors import MessengerError
 def _local(args: argparse.Namespace) -> int:
     from messenger.tools.local import serve_forever
 
-    return serve_forever(args.host, args.port)
+    return serve_forever(args.host, args.port, stock_moto=args.stock_moto)
 
 
 def _requeue(args: argparse.Namespace) -> int:
@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     local = commands.add_parser("local", help="run the embedded AWS endpoint (moto) on loopback")
     local.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     local.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    local.add_argument(
+        "--stock-moto",
+        action="store_true",
+        help="serve moto's own SQS, without messenger's index (per-request cost grows with depth)",
+    )
     local.set_defaults(run=_local)
 
     from messenger.tools.top import add_parser as add_top
@@ -115,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--name", default=None, help="step name (default 'messenger: <job>')")
     submit.add_argument("--action-on-failure", default="CONTINUE",
                         help="CONTINUE (default), CANCEL_AND_WAIT or TERMINATE_CLUSTER")
+    submit.add_argument("--provisioning", default="verify",
+                        help="the step's MESSENGER_PROVISIONING: verify (default, as the "
+                             "pipeline) or auto")
+    submit.add_argument("--python", default="/usr/bin/python3.11",
+                        help="interpreter of the Spark driver and executors on the nodes "
+                             "(default /usr/bin/python3.11)")
     submit.add_argument("script", help="the job script, e.g. spark_jobs/wishlist_price_drops.py")
     submit.add_argument("job_args", nargs=argparse.REMAINDER, help="-- then the job's arguments")
     submit.set_defaults(run=_emr)

@@ -7,8 +7,12 @@
 `submit` zips the `messenger` package (messenger.zip), uploads it and the script to
 `s3://<code bucket>/emr/<content hash>/` (the same code gives the same keys), and adds a
 command-runner.jar step: `spark-submit --deploy-mode cluster --py-files <zip> <script> <args>`.
-The messenger settings of the submitting shell (`Settings.as_env()`) reach the job's driver as
-`spark.yarn.appMasterEnv.*`; the driver ships them to the executors itself (messenger.spark).
+The step gets the pipeline's settings (`step_env`): the submitting shell's namespace, region,
+offload bucket, KMS key and limits, but provisioning `verify` (`--provisioning auto` to change it)
+and nothing that only suits the shell (e.g. the local endpoint's MESSENGER_BUCKET_TLS_POLICY).
+They reach the driver as `spark.yarn.appMasterEnv.*` and the executors as `spark.executorEnv.*`;
+the driver also ships them to the executors itself (messenger.spark). The driver and executors
+run `--python` (default EMR_PYTHON, Python 3.11).
 """
 
 from __future__ import annotations
@@ -33,9 +37,20 @@ CODE_BUCKET_ENV = "MESSENGER_CODE_BUCKET"
 CODE_PREFIX = "emr"
 PACKAGE_ZIP = "messenger.zip"
 ACTIONS_ON_FAILURE = ("CONTINUE", "CANCEL_AND_WAIT", "TERMINATE_CLUSTER")
+PROVISIONING_MODES = ("verify", "auto")
+#: What of `Settings.as_env()` a step gets (the pipeline's stack sets the same ones).
+STEP_SETTINGS = ("MESSENGER_NAMESPACE", "MESSENGER_OFFLOAD_BUCKET", "MESSENGER_OFFLOAD_THRESHOLD",
+                 "MESSENGER_KMS_KEY", "MESSENGER_RETRY_BUDGET", "AWS_DEFAULT_REGION")
 CLUSTER_ID = re.compile(r"^j-[A-Z0-9]{1,255}$")
 FAILED_STATES = frozenset({"FAILED", "CANCELLED", "INTERRUPTED"})
 STEP_ID = re.compile(r"^s-[A-Z0-9]{1,255}$")
+#: The Python of the Spark driver and executors. emr-7.x nodes have Python 3.9 (`python3`, what
+#: Spark uses unless told) and 3.11; the EMR package runs on both, and steps choose 3.11.
+EMR_PYTHON = "/usr/bin/python3.11"
+#: Subpackages of messenger that EMR steps import (besides the core modules and spark.py).
+EMR_PARTS = ("produce", "jobs")
+#: Core modules that are commands, not library: left out of the EMR package.
+EMR_EXCLUDED_MODULES = frozenset({"__main__.py"})
 #: Fixed timestamp for zip entries so that the same sources give the same bytes (and S3 keys).
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
@@ -56,16 +71,24 @@ class StepState:
     reason: str
 
 
-def package_zip(package_dir: Path | None = None) -> bytes:
-    """The messenger package as a zip for --py-files: `messenger/...py` at the top level,
-    sorted, fixed timestamps, no caches."""
+def emr_package_files(package_dir: Path | None = None) -> list[tuple[str, Path]]:
+    """What of `messenger` an EMR step needs, as (name in the archive, source path), sorted:
+    the core modules, `EMR_PARTS` and `messenger.spark`. Neither the consumer runtime (filelock,
+    threads) nor the tools go to the cluster; everything here runs on Python 3.9 and needs only
+    boto3, which EMR's Python provides (`tests/unit/test_emr_python.py` checks both)."""
     root = package_dir or Path(messenger.__file__).resolve().parent
+    files = [path for path in root.glob("*.py") if path.name not in EMR_EXCLUDED_MODULES]
+    for part in EMR_PARTS:
+        files += (root / part).glob("*.py")
+    return sorted((f"{root.name}/{path.relative_to(root).as_posix()}", path) for path in files)
+
+
+def package_zip(package_dir: Path | None = None) -> bytes:
+    """The EMR part of messenger (`emr_package_files`) as a zip for --py-files:
+    `messenger/...py` at the top level, sorted, fixed timestamps, no caches."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(root.rglob("*")):
-            if path.is_dir() or "__pycache__" in path.parts or path.suffix not in (".py", ".typed"):
-                continue
-            name = f"{root.name}/{path.relative_to(root).as_posix()}"
+        for name, path in emr_package_files(package_dir):
             info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
@@ -73,13 +96,41 @@ def package_zip(package_dir: Path | None = None) -> bytes:
     return buffer.getvalue()
 
 
+def python_confs(python: str = EMR_PYTHON) -> list[str]:
+    """spark-submit arguments choosing `python` for the driver (in YARN's application master)
+    and the executors: the `spark.pyspark.*` settings win over any PYSPARK_PYTHON of the
+    cluster's spark-env, and the environment variables cover code that reads them."""
+    confs = {
+        "spark.pyspark.python": python,
+        "spark.pyspark.driver.python": python,
+        "spark.yarn.appMasterEnv.PYSPARK_PYTHON": python,
+        "spark.executorEnv.PYSPARK_PYTHON": python,
+    }
+    return [arg for name, value in confs.items() for arg in ("--conf", f"{name}={value}")]
+
+
+def step_env(settings: Settings, provisioning: str = "verify") -> dict[str, str]:
+    """The settings a step gets: `STEP_SETTINGS` of `settings` (empty ones left out) and
+    `provisioning` (default verify, as the pipeline: the stacks own the channels)."""
+    if provisioning not in PROVISIONING_MODES:
+        raise InvalidSettings(
+            f"--provisioning must be one of {', '.join(PROVISIONING_MODES)}, got {provisioning!r}"
+        )
+    env = {name: value for name, value in settings.as_env().items()
+           if name in STEP_SETTINGS and value}
+    return {**env, "MESSENGER_PROVISIONING": provisioning}
+
+
 def spark_submit_args(
-    package_uri: str, script_uri: str, job_args: Sequence[str], env: Mapping[str, str]
+    package_uri: str, script_uri: str, job_args: Sequence[str], env: Mapping[str, str],
+    python: str = EMR_PYTHON,
 ) -> list[str]:
     """The command-runner.jar arguments of the step."""
-    args = ["spark-submit", "--deploy-mode", "cluster", "--py-files", package_uri]
+    args = ["spark-submit", "--deploy-mode", "cluster", *python_confs(python),
+            "--py-files", package_uri]
     for name, value in sorted(env.items()):
-        args += ["--conf", f"spark.yarn.appMasterEnv.{name}={value}"]
+        args += ["--conf", f"spark.yarn.appMasterEnv.{name}={value}",
+                 "--conf", f"spark.executorEnv.{name}={value}"]
     return [*args, script_uri, *job_args]
 
 
@@ -92,9 +143,15 @@ def submit(
     settings: Settings,
     name: str | None = None,
     action_on_failure: str = "CONTINUE",
+    provisioning: str = "verify",
+    python: str = EMR_PYTHON,
 ) -> SubmittedStep:
-    """Upload the package and `script`, add the spark-submit step; returns its id and URIs."""
+    """Upload the package and `script`, add the spark-submit step; returns its id and URIs.
+
+    provisioning: the step's MESSENGER_PROVISIONING (verify, as the pipeline; or auto).
+    python: the interpreter of the driver and executors on the nodes (default Python 3.11)."""
     _check(cluster_id, script, code_bucket, action_on_failure)
+    env = step_env(settings, provisioning)
     package = package_zip()
     source = script.read_bytes()
     digest = hashlib.sha256(package + b"\0" + source).hexdigest()[:16]
@@ -104,7 +161,7 @@ def submit(
     s3.put_object(Bucket=code_bucket, Key=f"{prefix}/{script.name}", Body=source)
     package_uri = f"s3://{code_bucket}/{prefix}/{PACKAGE_ZIP}"
     script_uri = f"s3://{code_bucket}/{prefix}/{script.name}"
-    args = spark_submit_args(package_uri, script_uri, job_args, settings.as_env())
+    args = spark_submit_args(package_uri, script_uri, job_args, env, python)
     response = clients.client("emr").add_job_flow_steps(
         JobFlowId=cluster_id,
         Steps=[
@@ -177,6 +234,8 @@ def run_cli(args: argparse.Namespace, environ: Mapping[str, str] | None = None) 
             clients, args.cluster_id, Path(args.script), job_args,
             args.code_bucket or env.get(CODE_BUCKET_ENV, ""), settings,
             name=args.name, action_on_failure=args.action_on_failure,
+            provisioning=getattr(args, "provisioning", "verify"),
+            python=getattr(args, "python", EMR_PYTHON),
         )
         print(f"step {step.step_id} added to {args.cluster_id}")
         print(f"  package {step.package_uri}")

@@ -43,15 +43,24 @@ def local_env(url: str) -> dict[str, str]:
 
 
 class LocalEndpoint:
-    """A moto server in a thread of this process, on `host:port` (port 0 = a free one)."""
+    """A moto server in a thread of this process, on `host:port` (port 0 = a free one).
 
-    def __init__(self, host: str = LOOPBACK, port: int = 0) -> None:
+    Unless `stock_moto`, moto's SQS gets messenger's index first (messenger.tools.moto_sqs:
+    a request costs the same whatever a queue's depth); it patches moto in this process."""
+
+    def __init__(self, host: str = LOOPBACK, port: int = 0, stock_moto: bool = False) -> None:
         import logging
 
         from moto.server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no access log per request
 
+        #: Whether moto's SQS runs with messenger's index (False: stock, asked or refused).
+        self.sqs_indexed = False
+        if not stock_moto:
+            from messenger.tools import moto_sqs
+
+            self.sqs_indexed = moto_sqs.apply()
         self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
         self.url = ""
 
@@ -101,10 +110,14 @@ class LocalProcess:
                 self.process.wait()
 
 
-def start_local_process(port: int = 0, timeout: float = 30.0) -> LocalProcess:
-    """Start `python -m messenger local` and wait until it prints its endpoint URL."""
+def start_local_process(
+    port: int = 0, timeout: float = 30.0, stock_moto: bool = False
+) -> LocalProcess:
+    """Start `python -m messenger local` and wait until it prints its endpoint URL.
+    `stock_moto`: without messenger's SQS index (what the benchmark compares against)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "messenger", "local", "--port", str(port)],
+        [sys.executable, "-m", "messenger", "local", "--port", str(port)]
+        + (["--stock-moto"] if stock_moto else []),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -146,16 +159,17 @@ def endpoint_from_env() -> Iterator[str | None]:
         server.stop()
 
 
-def serve_forever(host: str, port: int) -> int:
+def serve_forever(host: str, port: int, stock_moto: bool = False) -> int:
     """Run an endpoint until SIGINT/SIGTERM; print the variables to export. Returns exit code."""
-    endpoint = LocalEndpoint(host, port).start()
+    endpoint = LocalEndpoint(host, port, stock_moto=stock_moto).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print("messenger local endpoint running. In another shell:", flush=True)
     for name, value in endpoint.env().items():
         print(f"  export {name}={value}", flush=True)
-    print("Ctrl-C stops it.", flush=True)
+    sqs = "indexed (messenger.tools.moto_sqs)" if endpoint.sqs_indexed else "stock moto"
+    print(f"SQS: {sqs}. Ctrl-C stops it.", flush=True)
     stop.wait()
     endpoint.stop()
     print("stopped.", flush=True)

@@ -8,7 +8,7 @@ import pytest
 
 from examples.cdk import EXAMPLE_CONSUMERS
 from examples.channels import example_channels
-from messenger.tools.emr import CODE_PREFIX
+from messenger.tools.emr import CODE_PREFIX, emr_package_files
 from stacks.bundle import spark_job_scripts
 from stacks.emr_pipeline import DATA_PREFIX
 from tests.infra.conftest import NAMESPACE, CloudAssembly, as_list, policy_statements
@@ -225,11 +225,15 @@ def test_pipeline_provides_code_bucket_roles_and_job_runner(assembly: CloudAssem
     assert job_policy, "the EMR job role may publish to the example exchange"
     profiles = assembly.resources("AWS::IAM::InstanceProfile", "pipeline")
     assert len(profiles) == 1
-    # The --py-files bundle: `import messenger` works on EMR (boto3 ships with EMR).
+    # The --py-files bundle: the same part of messenger as `emr submit` ships, and the jobs;
+    # nothing else (boto3 ships with EMR; tests/unit/test_emr_python.py imports it that way).
     libraries = [p for p in assembly.outdir.glob("asset.*") if (p / "spark_jobs").is_dir()]
     assert len(libraries) == 1
-    assert (libraries[0] / "messenger" / "produce" / "producer.py").is_file()
-    assert (libraries[0] / "filelock" / "__init__.py").is_file()
+    shipped = sorted(p.relative_to(libraries[0]).as_posix()
+                     for p in libraries[0].rglob("*") if p.is_file())
+    assert [p for p in shipped if not p.startswith("spark_jobs/")] == [
+        name for name, _ in emr_package_files()
+    ]
 
 
 def _state_machine_definition(assembly: CloudAssembly) -> dict:

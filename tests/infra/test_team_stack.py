@@ -43,6 +43,10 @@ def test_the_image_asset_holds_the_team_code_and_the_library(team_app: TeamApp) 
                  "messenger/consume/consumer.py", "pyproject.toml", "requirements.txt"):
         assert (context / path).is_file(), path
     assert not list(context.rglob("__pycache__"))
+    # Only what the Dockerfile copies: the local build tools never change the asset's hash
+    assert sorted(p.name for p in (context / "consumer_image").iterdir()) == [
+        "Dockerfile", "entrypoint.sh",
+    ]
 
 
 def test_the_task_runs_the_team_class_on_the_image_platform(team_app: TeamApp) -> None:

@@ -60,8 +60,12 @@ def test_submit_uploads_package_and_script_and_adds_a_spark_submit_step(
     assert step["ActionOnFailure"] == "CONTINUE"
     assert step["Config"]["Jar"] == "command-runner.jar"
     args = step["Config"]["Args"]
-    assert args[:5] == ["spark-submit", "--deploy-mode", "cluster", "--py-files", args[4]]
-    package_uri = args[4]
+    assert args[:3] == ["spark-submit", "--deploy-mode", "cluster"]
+    package_uri = args[args.index("--py-files") + 1]
+    # The driver and executors run the node's Python 3.11, chosen explicitly (EMR: 3.9 else)
+    assert "spark.pyspark.python=/usr/bin/python3.11" in args
+    assert "spark.pyspark.driver.python=/usr/bin/python3.11" in args
+    assert "spark.executorEnv.PYSPARK_PYTHON=/usr/bin/python3.11" in args
     assert package_uri.startswith(f"s3://{BUCKET}/emr/") and package_uri.endswith("/messenger.zip")
     prefix = package_uri.removesuffix("/messenger.zip")
     # The job's arguments come last, unchanged, after the script.
@@ -84,13 +88,48 @@ def test_submit_uploads_package_and_script_and_adds_a_spark_submit_step(
     assert all(name.startswith("messenger/") and "__pycache__" not in name for name in names)
 
 
+def test_submit_gives_the_step_the_pipelines_settings_not_the_shells(
+    cluster: str, clients: ClientFactory, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a shell set up for the local endpoint: auto provisioning, no TLS-only bucket policy
+    monkeypatch.setenv("MESSENGER_NAMESPACE", "prod")
+    monkeypatch.setenv("MESSENGER_PROVISIONING", "auto")
+    monkeypatch.setenv("MESSENGER_BUCKET_TLS_POLICY", "false")
+    monkeypatch.setenv("MESSENGER_OFFLOAD_BUCKET", "prod-offload")
+
+    assert submit(cluster) == 0
+    step_id = capsys.readouterr().out.split()[1]
+    args = clients.client("emr").describe_step(ClusterId=cluster, StepId=step_id)["Step"][
+        "Config"]["Args"]
+
+    # Then the step verifies channels as the pipeline does, and gets no local-only settings
+    confs = [a for a in args if a.startswith("spark.")]
+    for where in ("yarn.appMasterEnv", "executorEnv"):
+        assert f"spark.{where}.MESSENGER_PROVISIONING=verify" in confs
+        assert f"spark.{where}.MESSENGER_OFFLOAD_BUCKET=prod-offload" in confs
+    assert not [a for a in confs if "BUCKET_TLS_POLICY" in a or "PROVISIONING=auto" in a]
+
+    # And --provisioning auto / --python choose otherwise, explicitly
+    assert submit(cluster, "--provisioning", "auto", "--python", "/usr/bin/python3.9") == 0
+    step_id = capsys.readouterr().out.split()[1]
+    args = clients.client("emr").describe_step(ClusterId=cluster, StepId=step_id)["Step"][
+        "Config"]["Args"]
+    assert "spark.executorEnv.MESSENGER_PROVISIONING=auto" in args
+    assert "spark.pyspark.python=/usr/bin/python3.9" in args
+    assert main(["emr", "submit", "--cluster-id", cluster, "--code-bucket", BUCKET,
+                 "--provisioning", "off", str(JOB)]) == 2
+    assert "--provisioning must be one of verify, auto" in capsys.readouterr().err
+
+
 def test_same_code_goes_to_the_same_keys(cluster: str, clients: ClientFactory) -> None:
     assert submit(cluster) == 0
     assert submit(cluster, "--name", "again") == 0
 
     steps = clients.client("emr").list_steps(ClusterId=cluster)["Steps"]
     assert sorted(step["Name"] for step in steps) == ["again", "messenger: wishlist_price_drops"]
-    assert len({step["Config"]["Args"][4] for step in steps}) == 1
+    packages = {a[a.index("--py-files") + 1] for a in (s["Config"]["Args"] for s in steps)}
+    assert len(packages) == 1
     listed = clients.client("s3").list_objects_v2(Bucket=BUCKET)["Contents"]
     assert len(listed) == 2
 

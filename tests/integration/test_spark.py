@@ -225,9 +225,10 @@ def test_channel_unreachable_keeps_every_row(
 ) -> None:
     # Given an endpoint nobody listens on and a short retry budget
     executor = ExecutorSettings(settings.with_changes(retry_budget_seconds=0.3), DEAD_ENDPOINT)
-    df = spark.createDataFrame([(n,) for n in range(300)], "n int").coalesce(1)
+    df = spark.createDataFrame([(n,) for n in range(300)], "n int")
 
-    report = publish(df, AuditProducer, failed_path=str(tmp_path / "failed"), executor=executor)
+    report = publish(df, AuditProducer, failed_path=str(tmp_path / "failed"), executor=executor,
+                     partitions=1)
 
     # Then every row is kept: those tried until 3 batches in a row had failed (plus those
     # already in flight), the rest not even attempted
@@ -370,6 +371,124 @@ def test_row_mapping_makes_json_ready_items_and_stable_dedup_ids() -> None:
     assert item.dedup_id == mapping.item(Row(**{**row.asDict(), "price": Decimal("1")})).dedup_id
     assert item.dedup_id != mapping.item(Row(**{**row.asDict(), "user": 8})).dedup_id
     assert len(item.dedup_id or "") == 64
+
+
+# -- re-runs, failed-output leftovers, parallelism ---------------------------------------------
+def audit_rows(spark: SparkSession, count: int, bad: int = 0) -> Any:
+    """`count` rows for the audit queue; the first `bad` have a routing key SNS/SQS refuse."""
+    rows = [(n, ("x" * 300) if n < bad else "A.B") for n in range(count)]
+    return spark.createDataFrame(rows, "n int, key string")
+
+
+def audit_queue(clients: ClientFactory, settings: Settings) -> ChannelResources:
+    return Provisioner(clients, settings).ensure_channel(
+        ChannelSpec(name="audit.log", namespace=settings.namespace)
+    )
+
+
+def test_a_rerun_of_a_run_publishes_only_what_it_has_not_published(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, executor: ExecutorSettings,
+    tmp_path: Path,
+) -> None:
+    # Given a standard exchange (no deduplication: only the ledger can prevent duplicates),
+    # a ledger in S3, and 300 rows of which 12 cannot be published
+    queue = audit_queue(clients, settings)
+    clients.client("s3").create_bucket(Bucket="jobs")
+    df = audit_rows(spark, 300, bad=12)
+    run = {"run_id": "audit-2026-11-21", "ledger": "s3://jobs/data/ledger", "partitions": 3}
+
+    first = publish(df, AuditProducer, routing_key="key", failed_path=str(tmp_path / "f1"),
+                    executor=executor, **run)
+    # When the same run is published again, much later (as a retried step would)
+    second = publish(df, AuditProducer, routing_key="key", failed_path=str(tmp_path / "f2"),
+                     executor=executor, **run)
+
+    # Then the second run skipped every published row and retried only the failed ones
+    assert (first.published, first.failed, first.skipped) == (288, 12, 0)
+    assert (second.published, second.failed, second.skipped) == (0, 12, 288)
+    assert depth(clients, queue) == 288
+    # The ledger: a few objects per partition, under the run id
+    listed = clients.client("s3").list_objects_v2(Bucket="jobs", Prefix="data/ledger/")
+    keys = [item["Key"] for item in listed["Contents"]]
+    assert {key.split("/")[3] for key in keys} == {"3-0", "3-1", "3-2"}
+    assert all(key.startswith("data/ledger/audit-2026-11-21/") for key in keys)
+    # Another run id is another run: it publishes everything again
+    third = publish(df, AuditProducer, routing_key="key", failed_path=str(tmp_path / "f3"),
+                    executor=executor, **{**run, "run_id": "audit-2026-11-22"})
+    assert (third.published, third.skipped) == (288, 0)
+
+
+def test_a_run_resumes_only_with_its_own_partitions(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, executor: ExecutorSettings,
+    tmp_path: Path,
+) -> None:
+    audit_queue(clients, settings)
+    df = audit_rows(spark, 40)
+    ledger = str(tmp_path / "ledger")
+    publish(df, AuditProducer, routing_key="key", failed_path=str(tmp_path / "f1"),
+            executor=executor, run_id="r1", ledger=ledger, partitions=2)
+
+    with pytest.raises(ValueError, match=r"run 'r1' was published with partitions=2"):
+        publish(df, AuditProducer, routing_key="key", failed_path=str(tmp_path / "f2"),
+                executor=executor, run_id="r1", ledger=ledger, partitions=3)
+    with pytest.raises(ValueError, match="run_id=, ledger="):
+        publish(df, AuditProducer, failed_path=str(tmp_path / "f3"), run_id="r1")
+    with pytest.raises(ValueError, match="run_id must be"):
+        publish(df, AuditProducer, failed_path=str(tmp_path / "f4"), run_id="../x",
+                ledger=ledger)
+
+
+def test_failed_output_left_by_a_killed_run_is_replaced_a_completed_one_kept(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, executor: ExecutorSettings,
+    tmp_path: Path,
+) -> None:
+    audit_queue(clients, settings)
+    df = audit_rows(spark, 20, bad=2)
+    # Given what a killed run leaves: _temporary with a task's attempt, no _SUCCESS
+    killed = tmp_path / "failed"
+    (killed / "_temporary" / "0" / "_temporary").mkdir(parents=True)
+    (killed / "_temporary" / "0" / "part-00000.json").write_text('{"n": 99}\n')
+
+    # When the run is repeated to the same path, it writes the failed rows there
+    report = publish(df, AuditProducer, routing_key="key", failed_path=str(killed),
+                     executor=executor)
+    assert report.failed == 2
+    assert sorted(r["n"] for r in spark.read.json(str(killed)).collect()) == [0, 1]
+    assert (killed / "_SUCCESS").is_file()
+
+    # A completed run's output is never overwritten, nor is a folder of other files
+    with pytest.raises(ValueError, match=r"completed run's failed rows \(_SUCCESS\)"):
+        publish(df, AuditProducer, routing_key="key", failed_path=str(killed), executor=executor)
+    other = tmp_path / "data"
+    other.mkdir()
+    (other / "wishlist.csv").write_text("user_id,item_id\n")
+    with pytest.raises(ValueError, match="no publish run wrote.*wishlist.csv"):
+        publish(df, AuditProducer, routing_key="key", failed_path=str(other), executor=executor)
+    assert (other / "wishlist.csv").is_file()
+
+
+def test_publishing_uses_the_partitions_asked_for_whatever_adaptive_execution_does(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, executor: ExecutorSettings,
+    tmp_path: Path,
+) -> None:
+    # Given adaptive query execution on (it coalesced `repartition(group)` of 50k rows to one
+    # task), and a small ordered DataFrame of 64 groups (the exchange has no queue: moto's FIFO
+    # queues slow down with depth, and the report counts what SNS took)
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+    rows = [(f"u{n % 64}", n) for n in range(128)]
+    df = spark.createDataFrame(rows, "user_id string, seq int").coalesce(1)
+
+    # When it is published with 6 partitions, and with the default (local[2]: 2)
+    six = publish(df, DropProducer, group_id="user_id", dedup_key=["user_id", "seq"],
+                  failed_path=str(tmp_path / "f6"), executor=executor, partitions=6)
+    default = publish(df, DropProducer, group_id="user_id", dedup_key=["user_id", "seq"],
+                      failed_path=str(tmp_path / "f2"), executor=executor)
+
+    # Then 6 (and 2) tasks published
+    assert (six.partitions, six.published) == (6, 128)
+    assert default.partitions == spark.sparkContext.defaultParallelism == 2
+    with pytest.raises(ValueError, match="partitions=.*from 1 to 10000, got 0"):
+        publish(df, DropProducer, failed_path=str(tmp_path / "f0"), partitions=0)
 
 
 class TrackedAudit(MultiProducer):

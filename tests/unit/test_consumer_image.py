@@ -70,3 +70,11 @@ def test_entrypoint_without_arguments_explains_its_usage():
     )
     assert result.returncode == 2
     assert "package.module:ConsumerClass" in result.stderr
+
+
+def test_the_dockerfile_trusts_no_extra_certificates():
+    # Local builds reach PyPI through a proxy whose CA only the stand-in base image carries
+    # (consumer_image/build_local.sh); a deployed image must not inherit that trust.
+    text = DOCKERFILE.read_text().lower()
+    for needle in ("cert", "pip.conf", "trusted-host", "ca_bundle", "ssl", "index-url"):
+        assert needle not in text, needle

@@ -55,7 +55,9 @@ def test_missing_file_is_healthy_while_starting(tmp_path):
 def test_a_malformed_file_is_unhealthy(tmp_path, content):
     path = tmp_path / "h.json"
     path.write_text(content)
-    assert not HealthFile(str(path)).check(now=NOW).healthy
+    verdict = HealthFile(str(path)).check(now=NOW)
+    assert not verdict.healthy
+    assert f"health file {path} is malformed" in verdict.reason  # the check's output names it
 
 
 def test_a_since_in_the_future_is_unhealthy(tmp_path):

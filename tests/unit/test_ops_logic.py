@@ -83,6 +83,10 @@ def test_settings_from_the_lambda_environment() -> None:
         "ops/slack", "prod", default_alarm_threshold=250, dlq_alarm_threshold=4, dry_run=True,
         region="eu-west-1",
     )
+    for mention in ("<!here>", "<!channel>", "<!subteam^S0123ABC>", "<@U024BE7LH>"):
+        found = OpsSettings.from_env({"SLACK_WEBHOOK_SECRET": "s",
+                                      "MESSENGER_CRITICAL_MENTION": mention})
+        assert found.critical_mention == mention
     defaults = OpsSettings.from_env({"SLACK_WEBHOOK_SECRET": "s"})
     assert defaults.dry_run is False
     assert defaults.dlq_alarm_threshold == 0  # any dead letter alarms
@@ -96,6 +100,8 @@ def test_settings_from_the_lambda_environment() -> None:
      "MESSENGER_ALARM_THRESHOLD must be a number"),
     ({"SLACK_WEBHOOK_SECRET": "s", "MESSENGER_DLQ_ALARM_THRESHOLD": "-1"},
      "MESSENGER_DLQ_ALARM_THRESHOLD must be a whole number >= 0"),
+    ({"SLACK_WEBHOOK_SECRET": "s", "MESSENGER_CRITICAL_MENTION": "@here"},
+     r"MESSENGER_CRITICAL_MENTION must be a Slack mention: '<!here>', .* got '@here'"),
 ])
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(InvalidSettings, match=message):

@@ -5,6 +5,7 @@ After an intended change: UPDATE_GOLDEN=1 pytest tests/unit/test_ops_report.py
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,10 +16,13 @@ import pytest
 from messenger.ops.findings import CleanerReport, Finding, QueueAlarmReport, QueueProblem
 from messenger.ops.report import (
     MAX_BLOCKS,
+    MAX_POST_CHARS,
     MAX_SECTION_CHARS,
     cleaner_message,
+    cleaner_messages,
     duration,
     queue_alarm_message,
+    queue_alarm_messages,
     render_text,
 )
 
@@ -65,7 +69,38 @@ GOLDEN = {
     "queue_alarm_critical.txt": lambda: queue_alarm_message(critical_alarm()),
     "queue_alarm.txt": lambda: queue_alarm_message(plain_alarm()),
     "resource_cleaner.txt": lambda: cleaner_message(cleaner_report()),
+    "resource_cleaner_stopped.txt": lambda: cleaner_message(stopped_report()),
+    "queue_alarm_split_2_of_2.txt": lambda: queue_alarm_messages(many_problems())[1],
 }
+
+
+def stopped_report() -> CleanerReport:
+    owned = "team shop · owner ana"
+    return CleanerReport(
+        namespace="prod", dry_run=False, checked_at=AT, topics_checked=14, queues_checked=120,
+        stopped="EndpointConnectionError while judging queue prod-legacy_sync: Could not "
+                "connect to the endpoint URL",
+        failed=(Finding("prod-locked", "AccessDenied: not authorized to DeleteQueue", None,
+                        owned),),
+        not_checked=(Finding("prod-legacy_sync", "not judged: the run stopped first"),
+                     Finding("prod-promo_2025", "not judged: the run stopped first")),
+        deleted_queues=(
+            Finding("prod-promo_mailer", "empty; no sends or receives in 3 days; DLQ "
+                    "prod-promo_mailer-dlq deleted too", None, owned),
+            Finding("prod-old_feed", "empty; no sends or receives in 3 days", None),
+        ),
+        no_consumers=(Finding("prod-audit_copy", "1,200 messages delivered by its active "
+                              "exchange, none received in 3 days", None, "team audit"),),
+        kept_topics=(Finding("prod-newsletter", "nothing published or delivered in 1 day; "
+                             "subscribed: prod-audit_copy"),),
+    )
+
+
+def many_problems() -> QueueAlarmReport:
+    return QueueAlarmReport("source", "prod", AT, 212, tuple(
+        QueueProblem(f"prod-q{n:02d}", f"q{n:02d}", 900 - n, 100, 600.0, False, "", "shop")
+        for n in range(52)
+    ))
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -95,25 +130,68 @@ def test_alarm_variants_differ_and_list_critical_first() -> None:
     assert "prod-payments" in critical["text"]  # notification fallback
 
 
-def test_long_alarm_stays_within_slack_limits() -> None:
+def _names(messages: list[dict[str, Any]]) -> list[str]:
+    """Every `name` in bold or in backticks at the start of a line, in order, over all posts."""
+    import re
+
+    found = []
+    for message in messages:
+        for text in _sections(message):
+            found += re.findall(r"^(?:🔴|🟠) \*([^*]+)\*|^• `([^`]+)`", text, re.M)
+    return [a or b for a, b in found]
+
+
+def test_long_alarm_is_split_and_names_every_queue() -> None:
     problems = tuple(
         QueueProblem(f"q{n}", f"q{n}", 1000 - n, 10, 60.0, n < 5) for n in range(200)
     )
-    message = queue_alarm_message(QueueAlarmReport("source", "", AT, 400, problems))
+    messages = queue_alarm_messages(QueueAlarmReport("source", "", AT, 400, problems),
+                                    mention="<!subteam^S123>")
 
-    assert len(message["blocks"]) <= MAX_BLOCKS
-    assert message["blocks"][-1]["elements"][0]["text"] == "… and 170 more queues over threshold"
+    assert len(messages) == 5  # 48 sections per post at most (header, context: 2 blocks)
+    assert all(len(m["blocks"]) <= MAX_BLOCKS for m in messages)
+    assert all(len(json.dumps(m)) <= MAX_POST_CHARS for m in messages)
+    headers = [m["blocks"][0]["text"]["text"] for m in messages]
+    assert headers[0] == "🚨 5 critical queues over threshold (+195 more) (1/5)"
+    assert headers[4].endswith("(5/5)")
+    # every queue is named once, in order, and the critical variant pings its target
+    assert _names(messages) == [p.name for p in problems]
+    assert "<!subteam^S123>" in messages[0]["text"]
+    assert _sections(messages[0])[0] == "<!subteam^S123> critical queues need attention"
+    plain = queue_alarm_messages(QueueAlarmReport("source", "", AT, 4, problems[6:8]),
+                                 mention="<!here>")
+    assert "<!here>" not in json.dumps(plain)  # no ping without a critical queue
 
 
-def test_long_cleaner_report_stays_within_slack_limits() -> None:
+def test_long_cleaner_report_is_split_and_names_every_resource() -> None:
     findings = tuple(Finding(f"prod-queue-{n:04d}", "x" * 60) for n in range(400))
-    report = CleanerReport("prod", True, AT, 0, 2000, stale=findings, no_consumers=findings)
+    report = CleanerReport("prod", True, AT, 0, 2000, stale=findings, no_consumers=findings,
+                           failed=(Finding("prod-broken", "AccessDenied: no"),))
 
-    message = cleaner_message(report)
+    messages = cleaner_messages(report)
 
-    assert len(message["blocks"]) <= MAX_BLOCKS
-    assert all(len(text) <= MAX_SECTION_CHARS for text in _sections(message))
-    assert message["blocks"][0]["text"]["text"] == "🧹 Resource cleaner · dry run"
+    assert len(messages) > 1
+    assert all(len(m["blocks"]) <= MAX_BLOCKS for m in messages)
+    assert all(len(json.dumps(m)) <= MAX_POST_CHARS for m in messages)
+    assert all(len(text) <= MAX_SECTION_CHARS for m in messages for text in _sections(m))
+    header = messages[0]["blocks"][0]["text"]["text"]
+    assert header == f"🧹 Resource cleaner · dry run (1/{len(messages)})"
+    # what went wrong comes first; every finding is named somewhere
+    assert _names(messages) == ["prod-broken", *[f.name for f in findings] * 2]
+
+
+def test_a_stopped_run_says_so_first_and_names_what_it_did_not_check() -> None:
+    report = CleanerReport(
+        "prod", False, AT, 3, 10, stopped="EndpointConnectionError while judging queue prod-b",
+        deleted_queues=(Finding("prod-a", "empty; no sends or receives in 3 days"),),
+        not_checked=(Finding("prod-b", "not judged: the run stopped first"),
+                     Finding("prod-c", "not judged: the run stopped first")),
+    )
+    [message] = cleaner_messages(report)
+    assert message["blocks"][0]["text"]["text"] == "🧹 Resource cleaner · stopped early"
+    sections = _sections(message)
+    assert sections[0].startswith("⛔ *Stopped early:* EndpointConnectionError while judging")
+    assert _names([message]) == ["prod-b", "prod-c", "prod-a"]
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

@@ -90,8 +90,16 @@ class FakeContext:
     log_group_name = "/aws/lambda/ops-test"
     log_stream_name = "test"
 
+    def __init__(self, seconds: float = 600.0) -> None:
+        """A Lambda with `seconds` left from now (10 minutes: the cleaner's timeout)."""
+        import time
+
+        self._deadline = time.monotonic() + seconds
+
     def get_remaining_time_in_millis(self) -> int:
-        return 60_000
+        import time
+
+        return int((self._deadline - time.monotonic()) * 1000)
 
 
 def seed(

@@ -13,6 +13,7 @@ import pytest
 from messenger.aws import RequestCounter
 from messenger.channel import ChannelSpec, ChannelTags
 from messenger.ops.queue_alarm import InvalidEvent, check_queues
+from messenger.ops.report import ReportNotDelivered
 from messenger.provision import Provisioner
 from messenger.tools.webhook_sink import WebhookSink
 
@@ -128,7 +129,7 @@ def test_bad_event_names_the_field_and_allowed_values(
         invoke(event)
 
 
-def test_failing_webhook_is_retried_then_logged(
+def test_failing_webhook_is_retried_then_fails_the_invocation(
     estate: dict[str, ChannelSpec],
     webhook: WebhookSink,
     caplog: pytest.LogCaptureFixture,
@@ -137,10 +138,15 @@ def test_failing_webhook_is_retried_then_logged(
 ) -> None:
     webhook.fail_status = 500
 
-    result = invoke({"scope": "source"})
+    # A report that does not reach Slack is a failed invocation (the Errors alarm fires)
+    with pytest.raises(ReportNotDelivered, match="3 queues over threshold.*in the log"):
+        invoke({"scope": "source"})
 
-    assert result["posted"] is False and len(result["problems"]) == 3
     assert webhook.requests == 3  # the post and slack_sdk's two retries
+    # the full report is in the log first
+    done = next(r for r in caplog.records if r.getMessage() == "queue alarm done")
+    assert done.posted is False and len(done.report) == 3
+    assert {p["queue"] for p in done.report} == set(done.problems)
     failure = next(r for r in caplog.records if r.getMessage() == "Slack webhook post failed")
     assert failure.levelname == "ERROR" and failure.status == 500
     # The run's metrics are still flushed (CloudWatch embedded metric format on stdout).

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, EndpointConnectionError
 
 from messenger.channel import ChannelSpec
-from messenger.ops.cleaner import run_resource_cleaner
+from messenger.errors import InvalidSettings
+from messenger.ops.cleaner import CleanerStopped, run_resource_cleaner
 from messenger.ops.inventory import CLOUDFORMATION_STACK_TAG
+from messenger.ops.report import ReportNotDelivered
 from messenger.ops.slack import SlackNotifier
 from messenger.provision import ChannelResources, Provisioner
 from messenger.tools.webhook_sink import WebhookSink
@@ -217,3 +220,159 @@ def test_unreachable_secret_stops_before_deleting(
         load_handler("resource_cleaner").handler({}, FakeContext())
 
     assert estate.queue_exists(unused.queue.name)
+
+
+def _run_with(env: LambdaEnv, webhook: WebhookSink, now: datetime, **kwargs: Any) -> Any:
+    return run_resource_cleaner(env.clients, env.ops, SlackNotifier(lambda: webhook.url),
+                                now=now, **kwargs)
+
+
+class FailOnCall:
+    """botocore `before-call` hook: the `nth` call (1-based) fails like a dropped connection."""
+
+    def __init__(self, nth: int) -> None:
+        self.nth, self.calls = nth, 0
+
+    def __call__(self, **_: Any) -> None:
+        self.calls += 1
+        if self.calls == self.nth:
+            raise EndpointConnectionError(endpoint_url="https://sqs.us-east-1.amazonaws.com")
+
+
+def test_a_connection_error_mid_run_stops_reports_everything_done_and_fails(
+    lambda_env: LambdaEnv, webhook: WebhookSink, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given five unused channels (each: queue + DLQ, 2 DeleteQueue calls)
+    estate = Estate(lambda_env)
+    now = datetime.now(UTC) + LATER
+    channels = [estate.channel(f"gone{n}") for n in range(5)]
+    # When the 4th DeleteQueue fails with a connection error (not a ClientError)
+    failing = FailOnCall(nth=4)
+    lambda_env.clients.register("before-call.sqs.DeleteQueue", failing)
+    try:
+        with caplog.at_level(logging.INFO, logger="messenger.ops.cleaner"):
+            outcome = _run_with(lambda_env, webhook, now)
+    finally:
+        lambda_env.clients.unregister("before-call.sqs.DeleteQueue", failing)
+    # Then the run stopped there, and its report names what was deleted and what was not checked
+    report = outcome.report
+    assert report.stopped and report.stopped.startswith("EndpointConnectionError while judging")
+    deleted = [f.name for f in report.deleted_queues]
+    assert deleted == [channels[0].queue.name, channels[1].queue.name]
+    assert report.queues_removed == 3  # two queues and the first one's DLQ
+    assert outcome.metrics()["ResourcesDeleted"] == 3
+    assert [f.name for f in report.not_checked] == [c.queue.name for c in channels[2:]]
+    # the queue being handled when it broke: its deletion is listed, and so is the failure
+    assert [f.name for f in report.failed] == [channels[1].queue.name]
+    assert "the run stopped here" in report.failed[0].detail
+    gone = [n for c in channels for n in (c.queue.name, c.dlq.name) if not estate.queue_exists(n)]
+    assert sorted(gone) == sorted([channels[0].queue.name, channels[0].dlq.name,
+                                   channels[1].queue.name])
+    # every deletion was logged by name as it happened
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("deleted ")]
+    assert logged == [f"deleted queue {channels[0].queue.name}",
+                      f"deleted dead-letter queue {channels[0].dlq.name}",
+                      f"deleted queue {channels[1].queue.name}"]
+    # the report was posted, saying it stopped, and the invocation fails
+    assert outcome.posted and "stopped early" in webhook.texts()[0]
+    assert channels[4].queue.name in webhook.texts()[0]
+    with pytest.raises(CleanerStopped, match="3 resources not checked; report posted"):
+        outcome.raise_for_failure()
+
+
+def test_a_lambda_running_out_of_time_stops_before_the_next_deletion(
+    lambda_env: LambdaEnv, webhook: WebhookSink
+) -> None:
+    estate = Estate(lambda_env)
+    now = datetime.now(UTC) + LATER
+    channels = [estate.channel(f"late{n}") for n in range(3)]
+    # Given a Lambda with 70 s left, which drops under the 60 s margin after the first queue
+    left = iter([70.0, 50.0, 40.0, 30.0, 20.0])
+
+    outcome = _run_with(lambda_env, webhook, now, remaining=lambda: next(left))
+
+    report = outcome.report
+    assert report.stopped == "less than 60 s of the Lambda's time left"
+    assert [f.name for f in report.deleted_queues] == [channels[0].queue.name]
+    assert [f.name for f in report.not_checked] == [c.queue.name for c in channels[1:]]
+    assert estate.queue_exists(channels[1].queue.name)
+    assert outcome.posted
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics")
+def test_a_report_slack_refuses_fails_the_invocation_after_logging_it(
+    lambda_env: LambdaEnv, webhook: WebhookSink, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    estate = Estate(lambda_env)
+    stale = estate.channel("stale")
+    estate.sqs.send_message(QueueUrl=stale.queue.url, MessageBody="{}")
+    webhook.fail_status = 500
+    module = load_handler("resource_cleaner", lambda_env, monkeypatch)
+
+    with caplog.at_level(logging.INFO), pytest.raises(ReportNotDelivered,
+                                                      match="could not be posted"):
+        module.handler({}, FakeContext())
+
+    report = next(r for r in caplog.records if r.getMessage() == "resource cleaner report")
+    assert report.report["stale"] == [stale.queue.name] and report.report["posted"] is False
+    assert report.report["details"][stale.queue.name].startswith("1 messages")
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics")
+def test_a_malformed_secret_fails_even_with_nothing_to_report(
+    lambda_env: LambdaEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lambda_env.clients.client("secretsmanager").create_secret(
+        Name="messenger/not-a-url", SecretString="hooks.slack.com/services/x")
+    monkeypatch.setenv("SLACK_WEBHOOK_SECRET", "messenger/not-a-url")
+
+    with pytest.raises(InvalidSettings, match="must hold the webhook URL"):
+        load_handler("resource_cleaner").handler({}, FakeContext())
+
+
+def test_a_subscriber_abandoned_on_a_busy_exchange_is_reported(
+    lambda_env: LambdaEnv, webhook: WebhookSink
+) -> None:
+    # Given an active exchange with two subscribers: one consumed, one nobody reads any more,
+    # and a third whose filter matched nothing (idle: active through its topic)
+    estate = Estate(lambda_env)
+    now = datetime.now(UTC) + LATER
+    read = estate.channel("orders.billing")
+    abandoned = estate.channel("orders.legacy_audit")
+    idle = estate.channel("orders.rare_events")
+    estate.topic_metrics(read.spec.topic_name, now, NumberOfMessagesPublished=50,
+                         NumberOfNotificationsDelivered=150)
+    estate.queue_metrics(read.queue.name, now, NumberOfMessagesSent=50,
+                         NumberOfMessagesReceived=50)
+    estate.queue_metrics(abandoned.queue.name, now, NumberOfMessagesSent=50,
+                         NumberOfMessagesReceived=0)
+
+    outcome = _run_with(lambda_env, webhook, now)
+
+    summary = outcome.summary()
+    assert summary["no_consumers"] == [abandoned.queue.name]
+    assert summary["deleted_queues"] == [] and summary["deleted_topics"] == []
+    assert estate.queue_exists(idle.queue.name)
+    [text] = webhook.texts()
+    assert "50 messages delivered by its active exchange, none received in 3 days" in text
+
+
+def test_a_queue_tagged_for_the_namespace_but_named_outside_it_is_never_deleted(
+    lambda_env: LambdaEnv, webhook: WebhookSink
+) -> None:
+    # Given an unused queue carrying this namespace's platform tags, named 'shared-bus-*'
+    estate = Estate(lambda_env)
+    now = datetime.now(UTC) + LATER
+    spec = ChannelSpec("shared_bus", namespace=lambda_env.settings.namespace)
+    estate.sqs.create_queue(QueueName="shared-bus-events", tags=spec.resource_tags("queue"))
+    unused = estate.channel("unused")
+
+    outcome = _run_with(lambda_env, webhook, now)
+
+    # Then only the queue both its tags and its name place in the namespace is deleted
+    summary = outcome.summary()
+    assert summary["deleted_queues"] == [unused.queue.name]
+    assert summary["kept_outside_prefix"] == ["shared-bus-events"]
+    assert estate.queue_exists("shared-bus-events")
+    assert "named outside the namespace's prefix" in webhook.texts()[0]
