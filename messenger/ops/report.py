@@ -127,16 +127,32 @@ def queue_alarm_messages(report: QueueAlarmReport, mention: str = "") -> list[di
         title = f"🚨 {len(critical)} critical {kind}{many} over threshold"
         if count > len(critical):
             title += f" (+{count - len(critical)} more)"
-    else:
+    elif problems or not report.stopped:
         title = f"⚠️ {count} {kind}{plural} over threshold"
+    else:
+        title = f"⛔ Queue alarm stopped early: {len(report.not_checked)} {kind}s not checked"
+    if report.stopped and problems:
+        title += " · stopped early"
     body: list[dict[str, Any]] = []
     if critical and mention:
         body.append(section(f"{mention} critical queues need attention"))
+    if report.stopped:
+        body.append(section(
+            f"⛔ *Stopped early:* {report.stopped}. {report.checked} {kind}s were checked"
+            f"{f' ({count} over threshold, below)' if problems else ', none over threshold'}; "
+            f"{len(report.not_checked)} were not (listed last)."))
     for index, problem in enumerate(problems):
         if index and problem.critical != problems[index - 1].critical:
             body.append(divider())
         body.append(section(_problem_text(problem)))
+    if report.not_checked:
+        body.append(divider())
+        body.extend(_category(
+            "⏸️ Not checked: the run stopped first",
+            [Finding(name, "depth not read") for name in report.not_checked]))
     fallback = ", ".join(p.name for p in problems[:10]) + ("…" if count > 10 else "")
+    if report.stopped:
+        fallback = f"stopped early: {report.stopped}; {fallback or 'nothing over threshold'}"
     if critical and mention:
         fallback = f"{mention} {fallback}"
     return split_posts(
