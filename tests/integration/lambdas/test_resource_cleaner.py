@@ -376,3 +376,28 @@ def test_a_queue_tagged_for_the_namespace_but_named_outside_it_is_never_deleted(
     assert summary["kept_outside_prefix"] == ["shared-bus-events"]
     assert estate.queue_exists("shared-bus-events")
     assert "named outside the namespace's prefix" in webhook.texts()[0]
+
+
+def test_a_connection_error_before_judging_deletes_nothing_and_names_everything(
+    lambda_env: LambdaEnv, webhook: WebhookSink
+) -> None:
+    # Given two unused channels, and CloudWatch unreachable (a connection error, not ClientError)
+    estate = Estate(lambda_env)
+    now = datetime.now(UTC) + LATER
+    channels = [estate.channel(f"early{n}") for n in range(2)]
+    failing = FailOnCall(nth=1)
+    lambda_env.clients.register("before-call.cloudwatch.GetMetricData", failing)
+    try:
+        outcome = _run_with(lambda_env, webhook, now)
+    finally:
+        lambda_env.clients.unregister("before-call.cloudwatch.GetMetricData", failing)
+    # Then nothing is deleted, every resource is named as not checked, the report is posted
+    report = outcome.report
+    assert report.stopped and report.stopped.startswith(
+        "EndpointConnectionError before judging anything")
+    names = [n for c in channels for n in (c.queue.name, c.dlq.name)]
+    assert sorted(f.name for f in report.not_checked) == sorted(names)
+    assert all(estate.queue_exists(n) for n in names)
+    assert outcome.posted and all(n in webhook.texts()[0] for n in names)
+    with pytest.raises(CleanerStopped, match="4 resources not checked; report posted"):
+        outcome.raise_for_failure()
