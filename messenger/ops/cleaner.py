@@ -533,5 +533,6 @@ def run_resource_cleaner(
                              remaining=remaining, log=log)
     log.info("resource cleaner report", extra={"report": CleanerOutcome(report, False)
                                                 .report_log()})
-    posted = post_all(notifier, cleaner_messages(report)) if report.has_findings else False
+    posted = post_all(notifier, cleaner_messages(report), remaining, log) \
+        if report.has_findings else False
     return CleanerOutcome(report, posted)

@@ -213,5 +213,5 @@ def run_queue_alarm(
         "report": {**QueueAlarmOutcome(report, False).summary(),
                    "details": QueueAlarmOutcome(report, False).report_log()}})
     posted = report.has_news and post_all(
-        notifier, queue_alarm_messages(report, settings.critical_mention))
+        notifier, queue_alarm_messages(report, settings.critical_mention), remaining, log)
     return QueueAlarmOutcome(report, posted)

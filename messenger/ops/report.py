@@ -9,7 +9,8 @@ The same `render_text` preview is kept in docs/ and printed by the demo.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -37,9 +38,25 @@ class Notifier(Protocol):
         """Post a Block Kit message; False when it could not be delivered (already logged)."""
 
 
-def post_all(notifier: Notifier, messages: Sequence[dict[str, Any]]) -> bool:
-    """Post every part of a report (all are tried); True when every one was delivered."""
-    delivered = [notifier.post(message) for message in messages]
+#: Seconds one post may take at worst (slack_sdk: 3 attempts of up to 10 s, with backoff).
+POST_BUDGET_SECONDS = 35.0
+
+
+def post_all(
+    notifier: Notifier, messages: Sequence[dict[str, Any]],
+    remaining: Callable[[], float] | None = None, log: Any = None,
+) -> bool:
+    """Post every part of a report (all are tried, while the invocation has more than
+    POST_BUDGET_SECONDS left: a hung Slack must not let the Lambda time out unreported);
+    True when every one was delivered. remaining: seconds the invocation has left."""
+    delivered = []
+    for number, message in enumerate(messages, 1):
+        if remaining is not None and remaining() < POST_BUDGET_SECONDS:
+            (log or logging.getLogger(__name__)).error(
+                "report parts not posted: the Lambda's time is running out",
+                extra={"parts": f"{number}-{len(messages)} of {len(messages)}"})
+            return False
+        delivered.append(notifier.post(message))
     return all(delivered)
 
 

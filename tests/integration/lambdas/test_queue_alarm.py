@@ -15,8 +15,10 @@ from botocore.exceptions import EndpointConnectionError
 from messenger.aws import RequestCounter
 from messenger.channel import ChannelSpec, ChannelTags
 from messenger.ops import queue_alarm
+from messenger.ops.findings import QueueAlarmReport, QueueProblem
 from messenger.ops.queue_alarm import AlarmStopped, InvalidEvent, check_queues
-from messenger.ops.report import ReportNotDelivered
+from messenger.ops.report import ReportNotDelivered, post_all, queue_alarm_messages
+from messenger.ops.slack import SlackNotifier
 from messenger.provision import Provisioner
 from messenger.tools.webhook_sink import WebhookSink
 
@@ -255,3 +257,17 @@ def test_an_unreachable_tagging_api_is_reported_and_fails(
     [post] = webhook.posts
     assert post["blocks"][0]["text"]["text"].startswith("⛔ Queue alarm stopped early")
     assert "no queue was checked" in webhook.texts()[0]
+
+
+def test_posting_stops_before_the_lambda_runs_out_of_time(webhook: WebhookSink) -> None:
+    # Given a report of three posts and a Lambda whose time falls under the post budget
+    problems = tuple(QueueProblem(f"q{n}", f"q{n}", 500, 10, 60.0, False) for n in range(120))
+    messages = queue_alarm_messages(QueueAlarmReport("source", "", datetime.now(UTC), 120,
+                                                     problems))
+    left = iter([100.0, 60.0, 20.0])
+
+    delivered = post_all(SlackNotifier(lambda: webhook.url), messages, lambda: next(left))
+
+    # Then the parts posted while time allowed arrived; the run counts as not delivered
+    assert len(messages) == 3 and delivered is False
+    assert [p["blocks"][0]["text"]["text"][-5:] for p in webhook.posts] == ["(1/3)", "(2/3)"]

@@ -401,3 +401,28 @@ def test_a_connection_error_before_judging_deletes_nothing_and_names_everything(
     assert outcome.posted and all(n in webhook.texts()[0] for n in names)
     with pytest.raises(CleanerStopped, match="4 resources not checked; report posted"):
         outcome.raise_for_failure()
+
+
+def test_a_slack_webhook_that_never_answers_fails_the_run_after_logging(
+    lambda_env: LambdaEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a webhook endpoint that accepts connections and never answers (a hung Slack)
+    from tests.faults import Blackhole
+
+    estate = Estate(lambda_env)
+    stale = estate.channel("stale_hung")
+    estate.sqs.send_message(QueueUrl=stale.queue.url, MessageBody="{}")
+    hung = Blackhole()
+    try:
+        notifier = SlackNotifier(lambda: f"{hung.url}/services/T/B/X", timeout=1)
+        with caplog.at_level(logging.INFO):
+            outcome = run_resource_cleaner(lambda_env.clients, lambda_env.ops, notifier,
+                                           now=datetime.now(UTC) + LATER)
+    finally:
+        hung.close()
+    # Then the report is in the log, the post counts as failed and the invocation fails
+    logged = next(r for r in caplog.records if r.getMessage() == "resource cleaner report")
+    assert logged.report["stale"] == [stale.queue.name]
+    assert outcome.posted is False and outcome.metrics()["SlackPostFailed"] == 1
+    with pytest.raises(ReportNotDelivered, match="could not be posted"):
+        outcome.raise_for_failure()
