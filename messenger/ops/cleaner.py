@@ -419,7 +419,8 @@ def clean_resources(
             run.found["failed"].append(finding(
                 current, f"{type(error).__name__}: {error}; the run stopped here"))
     not_checked = tuple(
-        finding(r, "not judged: the run stopped first") for r in pending
+        finding(r, "not judged: the run stopped first" + _with_dlq(r, queues))
+        for r in pending
     ) if stopped else ()
     return CleanerReport(
         namespace=namespace, dry_run=dry_run, checked_at=now,
@@ -427,6 +428,14 @@ def clean_resources(
         stopped=stopped, not_checked=not_checked, queues_removed=run.queues_removed,
         **{key: tuple(found) for key, found in run.found.items()},
     )
+
+
+def _with_dlq(resource: PlatformResource, queues: dict[str, PlatformResource]) -> str:
+    """' (nor its DLQ x)' for a source queue: its DLQ is judged with it, so not either."""
+    if resource.role != "queue":
+        return ""
+    dlqs = [q.name for q in queues.values() if q.role == "dlq" and q.channel == resource.channel]
+    return f" (nor its DLQ {', '.join(dlqs)})" if dlqs else ""
 
 
 def _read_activity(

@@ -262,6 +262,8 @@ def test_a_connection_error_mid_run_stops_reports_everything_done_and_fails(
     assert report.queues_removed == 3  # two queues and the first one's DLQ
     assert outcome.metrics()["ResourcesDeleted"] == 3
     assert [f.name for f in report.not_checked] == [c.queue.name for c in channels[2:]]
+    assert [f.detail for f in report.not_checked] == [
+        f"not judged: the run stopped first (nor its DLQ {c.dlq.name})" for c in channels[2:]]
     # the queue being handled when it broke: its deletion is listed, and so is the failure
     assert [f.name for f in report.failed] == [channels[1].queue.name]
     assert "the run stopped here" in report.failed[0].detail
