@@ -36,8 +36,11 @@ def runtime() -> OpsRuntime:
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     ops = runtime()
-    outcome = run_queue_alarm(event, ops.clients, ops.settings, ops.notifier())
+    outcome = run_queue_alarm(
+        event, ops.clients, ops.settings, ops.notifier(),
+        remaining=lambda: context.get_remaining_time_in_millis() / 1000, log=logger,
+    )
     record_counts(metrics, outcome.metrics())
     logger.info("queue alarm done", extra={**outcome.summary(), "report": outcome.report_log()})
-    outcome.raise_for_failure()  # the report was not delivered: the invocation fails
+    outcome.raise_for_failure()  # stopped early or report not delivered: the invocation fails
     return outcome.summary()

@@ -362,37 +362,29 @@ def clean_resources(
     with what it did so far when it falls under `margin`, or on any error that is not about
     one resource (`CleanerReport.stopped`, `not_checked`)."""
     now = now or datetime.now(UTC)
-    inventory = list_platform_resources(clients, namespace)
-    topics = [r for r in inventory if r.service == "sns"]
-    queues = {r.arn: r for r in inventory if r.service == "sqs"}
-    by_topic, by_endpoint = _subscriptions(clients)
-    run = _Run(clients, dry_run, now, queues, by_topic, by_endpoint, namespace=namespace,
-               remaining=remaining, margin=margin, log=log or logger)
-    cloudwatch = clients.client("cloudwatch")
-
-    topic_series = fetch_series(
-        cloudwatch,
-        [sns_metric(t.name, metric, "Sum") for t in topics for metric in TOPIC_METRICS],
-        now - TOPIC_LOOKBACK, now, PERIOD_SECONDS,
-    )
-    width = len(TOPIC_METRICS)
-    active_topics = {
-        t.arn for i, t in enumerate(topics)
-        if any((total(topic_series[i * width + k]) or 0) > 0 for k in range(width))
-    }
-    fed = {
-        s.get("Endpoint") for arn in active_topics for s in by_topic.get(arn, [])
-    }
-    # DLQs are judged with their source queue, unless that queue is gone (an orphan DLQ).
-    sources = {q.channel for q in queues.values() if q.role == "queue"}
-    subjects = [
-        q for q in queues.values() if q.role == "queue" or q.channel not in sources
-    ]
-    queue_series = fetch_series(
-        cloudwatch,
-        [sqs_metric(q.name, metric, stat) for q in subjects for metric, stat in QUEUE_METRICS],
-        now - QUEUE_LOOKBACK, now, PERIOD_SECONDS,
-    )
+    inventory: list[PlatformResource] = []
+    try:  # nothing is deleted before this is read: a failure here stops with nothing done
+        inventory = list_platform_resources(clients, namespace)
+        topics = [r for r in inventory if r.service == "sns"]
+        queues = {r.arn: r for r in inventory if r.service == "sqs"}
+        by_topic, by_endpoint = _subscriptions(clients)
+        run = _Run(clients, dry_run, now, queues, by_topic, by_endpoint, namespace=namespace,
+                   remaining=remaining, margin=margin, log=log or logger)
+        (active_topics, fed, subjects, queue_series) = _read_activity(
+            clients, now, topics, queues, by_topic)
+    except Exception as error:
+        reason = str(error) if isinstance(error, _Stop) else (
+            f"{type(error).__name__} before judging anything: {error}")
+        (log or logger).exception(f"resource cleaner stopped: {reason}")
+        return CleanerReport(
+            namespace=namespace, dry_run=dry_run, checked_at=now,
+            topics_checked=sum(r.service == "sns" for r in inventory),
+            queues_checked=sum(r.service == "sqs" for r in inventory),
+            stopped=f"{reason}; nothing was deleted" if inventory else
+            f"{reason}; no resource was listed, nothing was deleted",
+            not_checked=tuple(finding(r, "not judged: the run stopped first")
+                              for r in inventory),
+        )
     inactive = [t for t in topics if t.arn not in active_topics]
     pending: list[PlatformResource] = [*subjects, *inactive]
     doing = "starting"
@@ -427,7 +419,8 @@ def clean_resources(
             run.found["failed"].append(finding(
                 current, f"{type(error).__name__}: {error}; the run stopped here"))
     not_checked = tuple(
-        finding(r, "not judged: the run stopped first") for r in pending
+        finding(r, "not judged: the run stopped first" + _with_dlq(r, queues))
+        for r in pending
     ) if stopped else ()
     return CleanerReport(
         namespace=namespace, dry_run=dry_run, checked_at=now,
@@ -435,6 +428,46 @@ def clean_resources(
         stopped=stopped, not_checked=not_checked, queues_removed=run.queues_removed,
         **{key: tuple(found) for key, found in run.found.items()},
     )
+
+
+def _with_dlq(resource: PlatformResource, queues: dict[str, PlatformResource]) -> str:
+    """' (nor its DLQ x)' for a source queue: its DLQ is judged with it, so not either."""
+    if resource.role != "queue":
+        return ""
+    dlqs = [q.name for q in queues.values() if q.role == "dlq" and q.channel == resource.channel]
+    return f" (nor its DLQ {', '.join(dlqs)})" if dlqs else ""
+
+
+def _read_activity(
+    clients: ClientFactory, now: datetime, topics: list[PlatformResource],
+    queues: dict[str, PlatformResource], by_topic: dict[str, list[Any]],
+) -> tuple[set[str], set[Any], list[PlatformResource], list[list[float]]]:
+    """Active topics, the endpoints they feed, the queues to judge and their metrics."""
+    cloudwatch = clients.client("cloudwatch")
+    topic_series = fetch_series(
+        cloudwatch,
+        [sns_metric(t.name, metric, "Sum") for t in topics for metric in TOPIC_METRICS],
+        now - TOPIC_LOOKBACK, now, PERIOD_SECONDS,
+    )
+    width = len(TOPIC_METRICS)
+    active_topics = {
+        t.arn for i, t in enumerate(topics)
+        if any((total(topic_series[i * width + k]) or 0) > 0 for k in range(width))
+    }
+    fed = {
+        s.get("Endpoint") for arn in active_topics for s in by_topic.get(arn, [])
+    }
+    # DLQs are judged with their source queue, unless that queue is gone (an orphan DLQ).
+    sources = {q.channel for q in queues.values() if q.role == "queue"}
+    subjects = [
+        q for q in queues.values() if q.role == "queue" or q.channel not in sources
+    ]
+    queue_series = fetch_series(
+        cloudwatch,
+        [sqs_metric(q.name, metric, stat) for q in subjects for metric, stat in QUEUE_METRICS],
+        now - QUEUE_LOOKBACK, now, PERIOD_SECONDS,
+    )
+    return active_topics, fed, subjects, queue_series
 
 
 def _judge_queue(
@@ -509,5 +542,6 @@ def run_resource_cleaner(
                              remaining=remaining, log=log)
     log.info("resource cleaner report", extra={"report": CleanerOutcome(report, False)
                                                 .report_log()})
-    posted = post_all(notifier, cleaner_messages(report)) if report.has_findings else False
+    posted = post_all(notifier, cleaner_messages(report), remaining, log) \
+        if report.has_findings else False
     return CleanerOutcome(report, posted)

@@ -29,10 +29,19 @@ class QueueAlarmReport:
     checked_at: datetime
     checked: int
     problems: tuple[QueueProblem, ...] = field(default_factory=tuple)
+    #: Why the run stopped before checking every queue (an error, the Lambda's time), or None.
+    stopped: str | None = None
+    #: Queues whose depth was not read because the run stopped first.
+    not_checked: tuple[str, ...] = ()
 
     @property
     def critical(self) -> tuple[QueueProblem, ...]:
         return tuple(p for p in self.problems if p.critical)
+
+    @property
+    def has_news(self) -> bool:
+        """Something to post: a queue over its threshold, or a run that stopped early."""
+        return bool(self.problems) or self.stopped is not None
 
 
 

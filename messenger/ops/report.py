@@ -9,7 +9,8 @@ The same `render_text` preview is kept in docs/ and printed by the demo.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -37,9 +38,25 @@ class Notifier(Protocol):
         """Post a Block Kit message; False when it could not be delivered (already logged)."""
 
 
-def post_all(notifier: Notifier, messages: Sequence[dict[str, Any]]) -> bool:
-    """Post every part of a report (all are tried); True when every one was delivered."""
-    delivered = [notifier.post(message) for message in messages]
+#: Seconds one post may take at worst (slack_sdk: 3 attempts of up to 10 s, with backoff).
+POST_BUDGET_SECONDS = 35.0
+
+
+def post_all(
+    notifier: Notifier, messages: Sequence[dict[str, Any]],
+    remaining: Callable[[], float] | None = None, log: Any = None,
+) -> bool:
+    """Post every part of a report (all are tried, while the invocation has more than
+    POST_BUDGET_SECONDS left: a hung Slack must not let the Lambda time out unreported);
+    True when every one was delivered. remaining: seconds the invocation has left."""
+    delivered = []
+    for number, message in enumerate(messages, 1):
+        if remaining is not None and remaining() < POST_BUDGET_SECONDS:
+            (log or logging.getLogger(__name__)).error(
+                "report parts not posted: the Lambda's time is running out",
+                extra={"parts": f"{number}-{len(messages)} of {len(messages)}"})
+            return False
+        delivered.append(notifier.post(message))
     return all(delivered)
 
 
@@ -127,16 +144,32 @@ def queue_alarm_messages(report: QueueAlarmReport, mention: str = "") -> list[di
         title = f"🚨 {len(critical)} critical {kind}{many} over threshold"
         if count > len(critical):
             title += f" (+{count - len(critical)} more)"
-    else:
+    elif problems or not report.stopped:
         title = f"⚠️ {count} {kind}{plural} over threshold"
+    else:
+        title = f"⛔ Queue alarm stopped early: {len(report.not_checked)} {kind}s not checked"
+    if report.stopped and problems:
+        title += " · stopped early"
     body: list[dict[str, Any]] = []
     if critical and mention:
         body.append(section(f"{mention} critical queues need attention"))
+    if report.stopped:
+        body.append(section(
+            f"⛔ *Stopped early:* {report.stopped}. {report.checked} {kind}s were checked"
+            f"{f' ({count} over threshold, below)' if problems else ', none over threshold'}; "
+            f"{len(report.not_checked)} were not (listed last)."))
     for index, problem in enumerate(problems):
         if index and problem.critical != problems[index - 1].critical:
             body.append(divider())
         body.append(section(_problem_text(problem)))
+    if report.not_checked:
+        body.append(divider())
+        body.extend(_category(
+            "⏸️ Not checked: the run stopped first",
+            [Finding(name, "depth not read") for name in report.not_checked]))
     fallback = ", ".join(p.name for p in problems[:10]) + ("…" if count > 10 else "")
+    if report.stopped:
+        fallback = f"stopped early: {report.stopped}; {fallback or 'nothing over threshold'}"
     if critical and mention:
         fallback = f"{mention} {fallback}"
     return split_posts(

@@ -48,6 +48,7 @@ class SlackNotifier:
 
     logger: where failures are logged (a Powertools Logger in the Lambdas).
     retry_interval: slack_sdk interval calculator (default: exponential backoff with jitter).
+    timeout: seconds one HTTP attempt may take (default 10; each post tries 1 + MAX_RETRIES times).
     """
 
     def __init__(
@@ -55,11 +56,13 @@ class SlackNotifier:
         url_provider: Callable[[], str],
         logger: Any = None,
         retry_interval: RetryIntervalCalculator | None = None,
+        timeout: int = TIMEOUT_SECONDS,
     ) -> None:
         self._url_provider = url_provider
         self._logger = logger or logging.getLogger(__name__)
         self._interval = retry_interval or BackoffRetryIntervalCalculator(backoff_factor=0.5)
         self._client: WebhookClient | None = None
+        self._timeout = timeout
 
     def prepare(self) -> None:
         if self._client is None:
@@ -71,7 +74,7 @@ class SlackNotifier:
                 )
             ]
             self._client = WebhookClient(
-                self._url_provider(), timeout=TIMEOUT_SECONDS, retry_handlers=handlers
+                self._url_provider(), timeout=self._timeout, retry_handlers=handlers
             )
 
     def post(self, message: dict[str, Any]) -> bool:

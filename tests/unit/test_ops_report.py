@@ -71,7 +71,18 @@ GOLDEN = {
     "resource_cleaner.txt": lambda: cleaner_message(cleaner_report()),
     "resource_cleaner_stopped.txt": lambda: cleaner_message(stopped_report()),
     "queue_alarm_split_2_of_2.txt": lambda: queue_alarm_messages(many_problems())[1],
+    "queue_alarm_stopped.txt": lambda: queue_alarm_message(stopped_alarm()),
 }
+
+
+def stopped_alarm() -> QueueAlarmReport:
+    return QueueAlarmReport(
+        "source", "prod", AT, 250,
+        (QueueProblem("prod-orders", "orders", 412, 100, 1800.0, False, "bo", "shop"),),
+        stopped="EndpointConnectionError while reading the metrics of prod-payments and 1 "
+                "more: Could not connect to the endpoint URL",
+        not_checked=("prod-payments", "prod-refunds"),
+    )
 
 
 def stopped_report() -> CleanerReport:
@@ -192,6 +203,20 @@ def test_a_stopped_run_says_so_first_and_names_what_it_did_not_check() -> None:
     sections = _sections(message)
     assert sections[0].startswith("⛔ *Stopped early:* EndpointConnectionError while judging")
     assert _names([message]) == ["prod-b", "prod-c", "prod-a"]
+
+
+def test_a_stopped_alarm_names_what_it_found_and_what_it_did_not_read() -> None:
+    [message] = queue_alarm_messages(stopped_alarm())
+    assert message["blocks"][0]["text"]["text"] == (
+        "⚠️ 1 queue over threshold · stopped early")
+    assert _sections(message)[0].startswith("⛔ *Stopped early:* EndpointConnectionError")
+    assert _names([message]) == ["prod-orders", "prod-payments", "prod-refunds"]
+    nothing = QueueAlarmReport("dlq", "prod", AT, 0, stopped="ReadTimeoutError while listing "
+                               "the queues: ...; no queue was checked")
+    [message] = queue_alarm_messages(nothing)
+    assert message["blocks"][0]["text"]["text"] == (
+        "⛔ Queue alarm stopped early: 0 dead-letter queues not checked")
+    assert "no queue was checked" in message["text"]
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

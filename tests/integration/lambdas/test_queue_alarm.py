@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from botocore.exceptions import EndpointConnectionError
 
 from messenger.aws import RequestCounter
 from messenger.channel import ChannelSpec, ChannelTags
-from messenger.ops.queue_alarm import InvalidEvent, check_queues
-from messenger.ops.report import ReportNotDelivered
+from messenger.ops import queue_alarm
+from messenger.ops.findings import QueueAlarmReport, QueueProblem
+from messenger.ops.queue_alarm import AlarmStopped, InvalidEvent, check_queues
+from messenger.ops.report import ReportNotDelivered, post_all, queue_alarm_messages
+from messenger.ops.slack import SlackNotifier
 from messenger.provision import Provisioner
 from messenger.tools.webhook_sink import WebhookSink
 
@@ -116,7 +121,7 @@ def test_no_problem_no_post(
     result = invoke({"scope": "source"})
 
     assert result == {"scope": "source", "checked": 1, "problems": [], "critical": [],
-                      "posted": False}
+                      "stopped": None, "not_checked": [], "posted": False}
     assert webhook.requests == 0
 
 
@@ -177,3 +182,92 @@ def test_many_queues_cost_few_batched_calls(lambda_env: LambdaEnv) -> None:
     assert set(counter.counts) == {
         "cloudwatch.GetMetricData", "resource-groups-tagging-api.GetResources"
     }
+
+
+class FailOnCall:
+    """botocore `before-call` hook: the `nth` call (1-based) fails like a dropped connection."""
+
+    def __init__(self, nth: int) -> None:
+        self.nth, self.calls = nth, 0
+
+    def __call__(self, **_: Any) -> None:
+        self.calls += 1
+        if self.calls == self.nth:
+            raise EndpointConnectionError(endpoint_url="https://monitoring.amazonaws.com")
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics")
+def test_a_connection_error_mid_run_posts_what_was_checked_and_fails(
+    estate: dict[str, ChannelSpec], lambda_env: LambdaEnv, webhook: WebhookSink,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    invoke: Callable[[Any], Any],
+) -> None:
+    # Given metrics read two queues per GetMetricData call, and the second call's connection
+    # breaks (botocore's EndpointConnectionError is not a ClientError)
+    monkeypatch.setattr(queue_alarm, "QUEUES_PER_CALL", 2)
+    failing = FailOnCall(nth=2)
+    lambda_env.clients.register("before-call.cloudwatch.GetMetricData", failing)
+    try:
+        with caplog.at_level(logging.INFO), pytest.raises(
+                AlarmStopped, match="2 queues not checked, 1 over threshold; report posted"):
+            invoke({"scope": "source"})
+    finally:
+        lambda_env.clients.unregister("before-call.cloudwatch.GetMetricData", failing)
+    # Then (queues are read in ARN order: audit, emails | orders, payments) the post names the
+    # problem found in the first batch and the queues never read
+    ns = lambda_env.settings.namespace
+    done = next(r for r in caplog.records if r.getMessage() == "queue alarm report")
+    assert done.report["problems"] == [f"{ns}-audit"]
+    assert done.report["not_checked"] == [f"{ns}-orders", f"{ns}-payments"]
+    [text] = webhook.texts()
+    assert "Stopped early:* EndpointConnectionError while reading the metrics" in text
+    for name in (f"{ns}-audit", f"{ns}-orders", f"{ns}-payments"):
+        assert f"{name}*" in text or f"`{name}`" in text
+
+
+def test_a_lambda_running_out_of_time_stops_reading_and_reports(
+    estate: dict[str, ChannelSpec], lambda_env: LambdaEnv, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(queue_alarm, "QUEUES_PER_CALL", 2)
+    left = iter([60.0, 30.0])
+
+    report = check_queues(lambda_env.clients, "source", lambda_env.settings.namespace, 100,
+                          remaining=lambda: next(left))
+
+    ns = lambda_env.settings.namespace
+    assert report.stopped == "less than 45 s of the Lambda's time left"
+    assert report.checked == 2
+    assert report.not_checked == (f"{ns}-orders", f"{ns}-payments")
+    assert [p.name for p in report.problems] == [f"{ns}-audit"]
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics")
+def test_an_unreachable_tagging_api_is_reported_and_fails(
+    estate: dict[str, ChannelSpec], lambda_env: LambdaEnv, webhook: WebhookSink,
+    invoke: Callable[[Any], Any],
+) -> None:
+    failing = FailOnCall(nth=1)
+    lambda_env.clients.register("before-call.resource-groups-tagging-api.GetResources", failing)
+    try:
+        with pytest.raises(AlarmStopped, match="0 queues not checked, 0 over threshold"):
+            invoke({"scope": "dlq"})
+    finally:
+        lambda_env.clients.unregister(
+            "before-call.resource-groups-tagging-api.GetResources", failing)
+    [post] = webhook.posts
+    assert post["blocks"][0]["text"]["text"].startswith("⛔ Queue alarm stopped early")
+    assert "no queue was checked" in webhook.texts()[0]
+
+
+def test_posting_stops_before_the_lambda_runs_out_of_time(webhook: WebhookSink) -> None:
+    # Given a report of three posts and a Lambda whose time falls under the post budget
+    problems = tuple(QueueProblem(f"q{n}", f"q{n}", 500, 10, 60.0, False) for n in range(120))
+    messages = queue_alarm_messages(QueueAlarmReport("source", "", datetime.now(UTC), 120,
+                                                     problems))
+    left = iter([100.0, 60.0, 20.0])
+
+    delivered = post_all(SlackNotifier(lambda: webhook.url), messages, lambda: next(left))
+
+    # Then the parts posted while time allowed arrived; the run counts as not delivered
+    assert len(messages) == 3 and delivered is False
+    assert [p["blocks"][0]["text"]["text"][-5:] for p in webhook.posts] == ["(1/3)", "(2/3)"]

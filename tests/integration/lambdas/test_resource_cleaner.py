@@ -262,6 +262,8 @@ def test_a_connection_error_mid_run_stops_reports_everything_done_and_fails(
     assert report.queues_removed == 3  # two queues and the first one's DLQ
     assert outcome.metrics()["ResourcesDeleted"] == 3
     assert [f.name for f in report.not_checked] == [c.queue.name for c in channels[2:]]
+    assert [f.detail for f in report.not_checked] == [
+        f"not judged: the run stopped first (nor its DLQ {c.dlq.name})" for c in channels[2:]]
     # the queue being handled when it broke: its deletion is listed, and so is the failure
     assert [f.name for f in report.failed] == [channels[1].queue.name]
     assert "the run stopped here" in report.failed[0].detail
@@ -376,3 +378,53 @@ def test_a_queue_tagged_for_the_namespace_but_named_outside_it_is_never_deleted(
     assert summary["kept_outside_prefix"] == ["shared-bus-events"]
     assert estate.queue_exists("shared-bus-events")
     assert "named outside the namespace's prefix" in webhook.texts()[0]
+
+
+def test_a_connection_error_before_judging_deletes_nothing_and_names_everything(
+    lambda_env: LambdaEnv, webhook: WebhookSink
+) -> None:
+    # Given two unused channels, and CloudWatch unreachable (a connection error, not ClientError)
+    estate = Estate(lambda_env)
+    now = datetime.now(UTC) + LATER
+    channels = [estate.channel(f"early{n}") for n in range(2)]
+    failing = FailOnCall(nth=1)
+    lambda_env.clients.register("before-call.cloudwatch.GetMetricData", failing)
+    try:
+        outcome = _run_with(lambda_env, webhook, now)
+    finally:
+        lambda_env.clients.unregister("before-call.cloudwatch.GetMetricData", failing)
+    # Then nothing is deleted, every resource is named as not checked, the report is posted
+    report = outcome.report
+    assert report.stopped and report.stopped.startswith(
+        "EndpointConnectionError before judging anything")
+    names = [n for c in channels for n in (c.queue.name, c.dlq.name)]
+    assert sorted(f.name for f in report.not_checked) == sorted(names)
+    assert all(estate.queue_exists(n) for n in names)
+    assert outcome.posted and all(n in webhook.texts()[0] for n in names)
+    with pytest.raises(CleanerStopped, match="4 resources not checked; report posted"):
+        outcome.raise_for_failure()
+
+
+def test_a_slack_webhook_that_never_answers_fails_the_run_after_logging(
+    lambda_env: LambdaEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a webhook endpoint that accepts connections and never answers (a hung Slack)
+    from tests.faults import Blackhole
+
+    estate = Estate(lambda_env)
+    stale = estate.channel("stale_hung")
+    estate.sqs.send_message(QueueUrl=stale.queue.url, MessageBody="{}")
+    hung = Blackhole()
+    try:
+        notifier = SlackNotifier(lambda: f"{hung.url}/services/T/B/X", timeout=1)
+        with caplog.at_level(logging.INFO):
+            outcome = run_resource_cleaner(lambda_env.clients, lambda_env.ops, notifier,
+                                           now=datetime.now(UTC) + LATER)
+    finally:
+        hung.close()
+    # Then the report is in the log, the post counts as failed and the invocation fails
+    logged = next(r for r in caplog.records if r.getMessage() == "resource cleaner report")
+    assert logged.report["stale"] == [stale.queue.name]
+    assert outcome.posted is False and outcome.metrics()["SlackPostFailed"] == 1
+    with pytest.raises(ReportNotDelivered, match="could not be posted"):
+        outcome.raise_for_failure()
