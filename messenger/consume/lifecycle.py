@@ -141,12 +141,7 @@ class LifecycleEvent:
 
     @property
     def level(self) -> int:
-        if self.name in ("failed", "timed_out", "dead_lettered", "hook_failed", "delete_failed",
-                         "heartbeat_failed", "lease_lapsed", "fatal"):
-            return logging.ERROR
-        if self.name in ("retried", "delayed", "released", "stalled"):
-            return logging.WARNING
-        return logging.INFO
+        return _EVENT_LEVELS.get(self.name, logging.INFO)
 
     def as_dict(self) -> dict[str, Any]:
         record: dict[str, Any] = {"event": self.name, "channel": self.channel}
@@ -159,6 +154,12 @@ class LifecycleEvent:
 
 
 EVENT_LOGGER = logging.getLogger("messenger.consumer.events")
+#: Events logged above INFO; every other event is INFO.
+_EVENT_LEVELS = {
+    **dict.fromkeys(("failed", "timed_out", "dead_lettered", "hook_failed", "delete_failed",
+                     "heartbeat_failed", "lease_lapsed", "fatal"), logging.ERROR),
+    **dict.fromkeys(("retried", "delayed", "released", "stalled"), logging.WARNING),
+}
 
 
 def log_event(event: LifecycleEvent, logger: logging.Logger = EVENT_LOGGER) -> None:
@@ -223,8 +224,14 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.setFormatter(JsonFormatter())
 
     def write_event(self, event: LifecycleEvent, level: int, logger_name: str) -> None:
-        payload = {"time": round(event.at, 3), "level": logging.getLevelName(level),
-                   "logger": logger_name, **event.as_dict()}
+        payload: dict[str, Any] = {"time": round(event.at, 3),
+                                   "level": logging.getLevelName(level), "logger": logger_name,
+                                   "event": event.name, "channel": event.channel}
+        if event.message_id is not None:
+            payload["message_id"] = event.message_id
+        if event.duration is not None:
+            payload["duration"] = round(event.duration, 6)
+        payload.update(event.fields)
         line = json.dumps(payload, default=str) + self.terminator
         self.acquire()
         try:
