@@ -224,14 +224,8 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.setFormatter(JsonFormatter())
 
     def write_event(self, event: LifecycleEvent, level: int, logger_name: str) -> None:
-        payload: dict[str, Any] = {"time": round(event.at, 3),
-                                   "level": logging.getLevelName(level), "logger": logger_name,
-                                   "event": event.name, "channel": event.channel}
-        if event.message_id is not None:
-            payload["message_id"] = event.message_id
-        if event.duration is not None:
-            payload["duration"] = round(event.duration, 6)
-        payload.update(event.fields)
+        payload = {"time": round(event.at, 3), "level": logging.getLevelName(level),
+                   "logger": logger_name, **event.as_dict()}
         line = json.dumps(payload, default=str) + self.terminator
         self.acquire()
         try:

@@ -217,10 +217,13 @@ class Mailbox:
                 errors.extend(_entry_errors(chunk, response))
         return errors
 
-    def _visibility_batch(self, deliveries: Sequence[Delivery], seconds: int) -> list[EntryError]:
+    def _visibility_batch(
+        self, deliveries: Sequence[Delivery], seconds: int, *,
+        budget: float | None = None, sqs: Any | None = None,
+    ) -> list[EntryError]:
         return self._batch(
-            "ChangeMessageVisibilityBatch", "change_message_visibility_batch",
-            deliveries, VisibilityTimeout=seconds,
+            "ChangeMessageVisibilityBatch", "change_message_visibility_batch", deliveries,
+            budget=budget, sqs=sqs, VisibilityTimeout=seconds,
         )
 
     def extend(
@@ -229,10 +232,7 @@ class Mailbox:
     ) -> list[EntryError]:
         """Heartbeat: keep the messages invisible for `seconds` more, retrying within `budget`
         seconds (default: the retry budget), through `sqs` (default: this mailbox's client)."""
-        return self._batch(
-            "ChangeMessageVisibilityBatch", "change_message_visibility_batch", deliveries,
-            budget=budget, sqs=sqs, VisibilityTimeout=seconds,
-        )
+        return self._visibility_batch(deliveries, seconds, budget=budget, sqs=sqs)
 
     def release(self, deliveries: Sequence[Delivery]) -> list[EntryError]:
         """Make the messages visible again now (not started, or abandoned at shutdown)."""
@@ -322,7 +322,7 @@ class DeleteBatcher:
 
     def start(self) -> None:
         """Send batches from a thread of the batcher's own (without it, `add` sends a full
-        batch itself and `flush_due` sends one that waited long enough)."""
+        batch itself and the rest waits for `flush`)."""
         self._thread = threading.Thread(target=self._run, name="messenger-deleter", daemon=True)
         self._thread.start()
 
@@ -344,12 +344,6 @@ class DeleteBatcher:
             if full or len(self._pending) == 1:
                 self._cond.notify_all()
         if full and self._thread is None:
-            self.flush()
-
-    def flush_due(self) -> None:
-        with self._cond:
-            due = bool(self._pending) and time.monotonic() - self._oldest >= self.linger
-        if due:
             self.flush()
 
     @property
