@@ -38,7 +38,14 @@ from messenger.errors import MessengerError
 from messenger.ops.findings import CleanerReport, Finding
 from messenger.ops.inventory import PlatformResource, list_platform_resources
 from messenger.ops.metrics import fetch_series, peak, sns_metric, sqs_metric, total
-from messenger.ops.report import Notifier, ReportNotDelivered, cleaner_messages, post_all
+from messenger.ops.report import (
+    Notifier,
+    ReportNotDelivered,
+    cleaner_messages,
+    owner_label,
+    post_all,
+    short_of_time,
+)
 from messenger.ops.settings import OpsSettings
 from messenger.provision import QUEUE_MISSING_CODES, TOPIC_MISSING_CODES
 
@@ -219,8 +226,9 @@ class _Run:
         return True
 
     def check_time(self) -> None:
-        if self.remaining is not None and self.remaining() < self.margin:
-            raise _Stop(f"less than {self.margin:g} s of the Lambda's time left")
+        reason = short_of_time(self.remaining, self.margin)
+        if reason:
+            raise _Stop(reason)
 
     @property
     def sqs(self) -> Any:
@@ -345,8 +353,7 @@ class _Run:
 def finding(resource: PlatformResource, detail: str, stack: str | None = None) -> Finding:
     """A finding about `resource`, with its owner and team from its tags."""
     tags = resource.channel_tags
-    owner = " · ".join(x for x in (tags.team and f"team {tags.team}",
-                                   tags.owner and f"owner {tags.owner}") if x)
+    owner = owner_label(tags.team, tags.owner)
     return Finding(resource.name, detail, stack, owner)
 
 

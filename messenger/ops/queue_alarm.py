@@ -18,7 +18,13 @@ from messenger.errors import MessengerError
 from messenger.ops.findings import QueueAlarmReport, QueueProblem
 from messenger.ops.inventory import PlatformResource, list_platform_resources
 from messenger.ops.metrics import MAX_QUERIES_PER_CALL, fetch_series, latest, sqs_metric
-from messenger.ops.report import Notifier, ReportNotDelivered, post_all, queue_alarm_messages
+from messenger.ops.report import (
+    Notifier,
+    ReportNotDelivered,
+    post_all,
+    queue_alarm_messages,
+    short_of_time,
+)
 from messenger.ops.settings import OpsSettings
 
 #: event["scope"] -> the role tag of the queues it checks.
@@ -146,8 +152,8 @@ def check_queues(
     cloudwatch = clients.client("cloudwatch")
     for start in range(0, len(queues), QUEUES_PER_CALL):
         batch = queues[start : start + QUEUES_PER_CALL]
-        if remaining is not None and remaining() < margin:
-            stopped = f"less than {margin:g} s of the Lambda's time left"
+        stopped = short_of_time(remaining, margin)
+        if stopped:
             break
         requests = [
             sqs_metric(q.name, metric, "Maximum")

@@ -9,6 +9,7 @@ The same `render_text` preview is kept in docs/ and printed by the demo.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -42,6 +43,19 @@ class Notifier(Protocol):
 POST_BUDGET_SECONDS = 35.0
 
 
+def short_of_time(remaining: Callable[[], float] | None, margin: float) -> str | None:
+    """Why to stop when the invocation has less than `margin` seconds left (`remaining`: the
+    seconds it has left, None: no limit); else None."""
+    if remaining is not None and remaining() < margin:
+        return f"less than {margin:g} s of the Lambda's time left"
+    return None
+
+
+def owner_label(team: str, owner: str) -> str:
+    """'team t · owner o' from a resource's tags ('' when it has neither)."""
+    return " · ".join(x for x in (team and f"team {team}", owner and f"owner {owner}") if x)
+
+
 def post_all(
     notifier: Notifier, messages: Sequence[dict[str, Any]],
     remaining: Callable[[], float] | None = None, log: Any = None,
@@ -51,7 +65,7 @@ def post_all(
     True when every one was delivered. remaining: seconds the invocation has left."""
     delivered = []
     for number, message in enumerate(messages, 1):
-        if remaining is not None and remaining() < POST_BUDGET_SECONDS:
+        if short_of_time(remaining, POST_BUDGET_SECONDS):
             (log or logging.getLogger(__name__)).error(
                 "report parts not posted: the Lambda's time is running out",
                 extra={"parts": f"{number}-{len(messages)} of {len(messages)}"})
@@ -66,8 +80,6 @@ def split_posts(
     """Messages of at most MAX_BLOCKS blocks and MAX_POST_CHARS characters, each with the header
     (numbered when there are several) and the context line; no later part opens, and no part
     ends, with a divider."""
-    import json
-
     room = MAX_BLOCKS - 2
     parts: list[list[dict[str, Any]]] = [[]]
     size = 0
@@ -193,8 +205,7 @@ def _problem_text(problem: QueueProblem) -> str:
         f"Depth *{problem.depth:,}* / threshold {problem.threshold:,} · "
         f"oldest {duration(problem.oldest_age_seconds)}",
     ]
-    who = " · ".join(x for x in (problem.team and f"team {problem.team}",
-                                 problem.owner and f"owner {problem.owner}") if x)
+    who = owner_label(problem.team, problem.owner)
     if who:
         lines.append(who)
     return "\n".join(lines)
