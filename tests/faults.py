@@ -2,16 +2,22 @@
 
 `Throttle(rate)` registered on 'before-send' answers a share of requests with the service's own
 throttling error instead of sending them, so botocore parses and retries it exactly as a real
-throttled response.
+throttled response. `FailOnCall(nth)` on 'before-call' makes one call fail like a dropped
+connection; `injected(clients, event, hook)` registers a hook for the duration of a block.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from botocore.awsrequest import AWSResponse
+from botocore.exceptions import EndpointConnectionError
+
+from messenger.aws import ClientFactory
 
 
 class _RawBody:
@@ -41,6 +47,29 @@ def throttling_response(protocol: str, url: str) -> AWSResponse:
         )
         headers = {"Content-Type": "text/xml"}
     return AWSResponse(url, 400, headers, _RawBody(body))
+
+
+@contextmanager
+def injected(clients: ClientFactory, event: str, hook: Callable[..., Any]) -> Iterator[None]:
+    """`hook` registered on `event` of every client of `clients` while the block runs."""
+    clients.register(event, hook)
+    try:
+        yield
+    finally:
+        clients.unregister(event, hook)
+
+
+class FailOnCall:
+    """botocore `before-call` hook: the `nth` call (1-based) fails like a dropped connection
+    (EndpointConnectionError, which is not a ClientError)."""
+
+    def __init__(self, nth: int) -> None:
+        self.nth, self.calls = nth, 0
+
+    def __call__(self, model: Any = None, **_: Any) -> None:
+        self.calls += 1
+        if self.calls == self.nth:
+            raise EndpointConnectionError(endpoint_url="https://aws.example/unreachable")
 
 
 class Throttle:

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from botocore.exceptions import EndpointConnectionError
 
 from messenger.aws import RequestCounter
 from messenger.channel import ChannelSpec, ChannelTags
@@ -21,6 +20,7 @@ from messenger.ops.report import ReportNotDelivered, post_all, queue_alarm_messa
 from messenger.ops.slack import SlackNotifier
 from messenger.provision import Provisioner
 from messenger.tools.webhook_sink import WebhookSink
+from tests.faults import FailOnCall, injected
 
 from .conftest import FakeContext, LambdaEnv, load_handler, seed
 
@@ -184,18 +184,6 @@ def test_many_queues_cost_few_batched_calls(lambda_env: LambdaEnv) -> None:
     }
 
 
-class FailOnCall:
-    """botocore `before-call` hook: the `nth` call (1-based) fails like a dropped connection."""
-
-    def __init__(self, nth: int) -> None:
-        self.nth, self.calls = nth, 0
-
-    def __call__(self, **_: Any) -> None:
-        self.calls += 1
-        if self.calls == self.nth:
-            raise EndpointConnectionError(endpoint_url="https://monitoring.amazonaws.com")
-
-
 @pytest.mark.filterwarnings("ignore:No application metrics")
 def test_a_connection_error_mid_run_posts_what_was_checked_and_fails(
     estate: dict[str, ChannelSpec], lambda_env: LambdaEnv, webhook: WebhookSink,
@@ -206,13 +194,10 @@ def test_a_connection_error_mid_run_posts_what_was_checked_and_fails(
     # breaks (botocore's EndpointConnectionError is not a ClientError)
     monkeypatch.setattr(queue_alarm, "QUEUES_PER_CALL", 2)
     failing = FailOnCall(nth=2)
-    lambda_env.clients.register("before-call.cloudwatch.GetMetricData", failing)
-    try:
+    with injected(lambda_env.clients, "before-call.cloudwatch.GetMetricData", failing):
         with caplog.at_level(logging.INFO), pytest.raises(
                 AlarmStopped, match="2 queues not checked, 1 over threshold; report posted"):
             invoke({"scope": "source"})
-    finally:
-        lambda_env.clients.unregister("before-call.cloudwatch.GetMetricData", failing)
     # Then (queues are read in ARN order: audit, emails | orders, payments) the post names the
     # problem found in the first batch and the queues never read
     ns = lambda_env.settings.namespace
@@ -247,13 +232,10 @@ def test_an_unreachable_tagging_api_is_reported_and_fails(
     invoke: Callable[[Any], Any],
 ) -> None:
     failing = FailOnCall(nth=1)
-    lambda_env.clients.register("before-call.resource-groups-tagging-api.GetResources", failing)
-    try:
-        with pytest.raises(AlarmStopped, match="0 queues not checked, 0 over threshold"):
-            invoke({"scope": "dlq"})
-    finally:
-        lambda_env.clients.unregister(
-            "before-call.resource-groups-tagging-api.GetResources", failing)
+    tagging = "before-call.resource-groups-tagging-api.GetResources"
+    with injected(lambda_env.clients, tagging, failing), pytest.raises(
+            AlarmStopped, match="0 queues not checked, 0 over threshold"):
+        invoke({"scope": "dlq"})
     [post] = webhook.posts
     assert post["blocks"][0]["text"]["text"].startswith("⛔ Queue alarm stopped early")
     assert "no queue was checked" in webhook.texts()[0]

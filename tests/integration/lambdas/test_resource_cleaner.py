@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
-from botocore.exceptions import ClientError, EndpointConnectionError
+from botocore.exceptions import ClientError
 
 from messenger.channel import ChannelSpec
 from messenger.errors import InvalidSettings
@@ -18,6 +18,7 @@ from messenger.ops.report import ReportNotDelivered
 from messenger.ops.slack import SlackNotifier
 from messenger.provision import ChannelResources, Provisioner
 from messenger.tools.webhook_sink import WebhookSink
+from tests.faults import FailOnCall, injected
 
 from .conftest import FakeContext, LambdaEnv, load_handler, seed
 
@@ -227,18 +228,6 @@ def _run_with(env: LambdaEnv, webhook: WebhookSink, now: datetime, **kwargs: Any
                                 now=now, **kwargs)
 
 
-class FailOnCall:
-    """botocore `before-call` hook: the `nth` call (1-based) fails like a dropped connection."""
-
-    def __init__(self, nth: int) -> None:
-        self.nth, self.calls = nth, 0
-
-    def __call__(self, **_: Any) -> None:
-        self.calls += 1
-        if self.calls == self.nth:
-            raise EndpointConnectionError(endpoint_url="https://sqs.us-east-1.amazonaws.com")
-
-
 def test_a_connection_error_mid_run_stops_reports_everything_done_and_fails(
     lambda_env: LambdaEnv, webhook: WebhookSink, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -248,12 +237,9 @@ def test_a_connection_error_mid_run_stops_reports_everything_done_and_fails(
     channels = [estate.channel(f"gone{n}") for n in range(5)]
     # When the 4th DeleteQueue fails with a connection error (not a ClientError)
     failing = FailOnCall(nth=4)
-    lambda_env.clients.register("before-call.sqs.DeleteQueue", failing)
-    try:
+    with injected(lambda_env.clients, "before-call.sqs.DeleteQueue", failing):
         with caplog.at_level(logging.INFO, logger="messenger.ops.cleaner"):
             outcome = _run_with(lambda_env, webhook, now)
-    finally:
-        lambda_env.clients.unregister("before-call.sqs.DeleteQueue", failing)
     # Then the run stopped there, and its report names what was deleted and what was not checked
     report = outcome.report
     assert report.stopped and report.stopped.startswith("EndpointConnectionError while judging")
@@ -388,11 +374,8 @@ def test_a_connection_error_before_judging_deletes_nothing_and_names_everything(
     now = datetime.now(UTC) + LATER
     channels = [estate.channel(f"early{n}") for n in range(2)]
     failing = FailOnCall(nth=1)
-    lambda_env.clients.register("before-call.cloudwatch.GetMetricData", failing)
-    try:
+    with injected(lambda_env.clients, "before-call.cloudwatch.GetMetricData", failing):
         outcome = _run_with(lambda_env, webhook, now)
-    finally:
-        lambda_env.clients.unregister("before-call.cloudwatch.GetMetricData", failing)
     # Then nothing is deleted, every resource is named as not checked, the report is posted
     report = outcome.report
     assert report.stopped and report.stopped.startswith(
