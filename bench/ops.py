@@ -1,9 +1,10 @@
 """AWS API calls of the ops Lambdas over 1,000 platform queues (each with its DLQ).
 
-Target: the queue alarm uses <= 25 AWS calls per run with 1,000 queues (tags through the
-Resource Groups Tagging API, metrics through GetMetricData with up to 500 queries per call),
-measured twice: with the provisioner's tags, and with 3 CloudFormation + 3 cost tags more on
-every queue. The resource cleaner's CloudWatch calls: <= 12. Its other calls are printed too.
+Target: the queue alarm uses <= 25 AWS calls per run with 1,000 queues (names through
+ListQueues, metrics through GetMetricData with up to 500 queries per call, the tags of the
+queues holding messages through the Resource Groups Tagging API by ARN), measured twice: with
+the provisioner's tags, and with 3 CloudFormation + 3 cost tags more on every queue. The
+resource cleaner's CloudWatch calls: <= 12. Its other calls are printed too.
 
 Runs against the embedded local endpoint (a child process) or AWS_ENDPOINT_URL if set. Requests
 are counted with botocore's 'before-send' event (retries included). The handlers also read the

@@ -38,11 +38,12 @@ CLEANER_SCHEDULE = events.Schedule.rate(Duration.days(1))
 #: moves the event to the schedule dead-letter queue.
 SCHEDULE_RETRY_ATTEMPTS = 2
 SCHEDULE_MAX_EVENT_AGE = Duration.hours(2)
-#: What `messenger.ops` calls. The queue alarm finds queues by tag and reads their depth from
-#: CloudWatch; the cleaner also deletes unused queues and topics of the namespace. Tagging,
-#: metric and account-wide subscription listing APIs have no resource-level permissions.
-ALARM_UNSCOPED_ACTIONS = ("tag:GetResources", "cloudwatch:GetMetricData")
-CLEANER_UNSCOPED_ACTIONS = (*ALARM_UNSCOPED_ACTIONS, "sns:ListSubscriptions")
+#: What `messenger.ops` calls. The queue alarm lists the namespace's queues by name, reads their
+#: depth from CloudWatch and the tags of those holding messages; the cleaner finds queues and
+#: topics by tag and deletes the unused ones of the namespace. Tagging, metric, queue listing
+#: and account-wide subscription listing APIs have no resource-level permissions.
+ALARM_UNSCOPED_ACTIONS = ("sqs:ListQueues", "tag:GetResources", "cloudwatch:GetMetricData")
+CLEANER_UNSCOPED_ACTIONS = ("tag:GetResources", "cloudwatch:GetMetricData", "sns:ListSubscriptions")
 CLEANER_QUEUE_ACTIONS = ("sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags")
 CLEANER_TOPIC_ACTIONS = (
     "sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic", "sns:ListTagsForResource",

@@ -1,7 +1,10 @@
 """Platform-owned SQS queues and SNS topics, found through the Resource Groups Tagging API.
 
 One paginated `tag:GetResources` call returns up to 100 resources *with their tags*, so an
-inventory of 1,000 queues costs about 15 calls instead of one ListQueueTags per queue.
+inventory of 1,000 queues costs about 15 calls instead of one ListQueueTags per queue. Pages
+also end at 500 tags, so that count grows with the tags per resource; the queue alarm avoids
+that: `list_queue_urls` (names only, 1,000 per ListQueues call) and `tags_by_arn` (the tags of
+up to 100 named resources per call, never paginated) cost the same whatever the tags.
 """
 
 from __future__ import annotations
@@ -10,8 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import boto3
+
 from messenger.aws import ClientFactory
 from messenger.channel import (
+    DLQ_SUFFIX,
+    FIFO_SUFFIX,
     TAG_CHANNEL,
     TAG_MANAGED,
     TAG_NAMESPACE,
@@ -28,6 +35,10 @@ CLOUDFORMATION_STACK_TAG = "aws:cloudformation:stack-name"
 RESOURCES_PER_PAGE = 100
 TAGS_PER_PAGE = 500
 ROLES = ("queue", "dlq", "topic")
+#: ListQueues returns at most 1,000 queue URLs per call.
+QUEUES_PER_LIST = 1_000
+#: GetResources takes at most 100 ARNs in ResourceARNList (and then returns them all at once).
+ARNS_PER_TAG_CALL = 100
 
 
 @dataclass(frozen=True)
@@ -122,3 +133,65 @@ def _pages(tagging: Any, filters: list[dict[str, Any]], types: Sequence[str]) ->
 
 def _tag_map(tags: Iterable[Mapping[str, str]]) -> dict[str, str]:
     return {str(tag["Key"]): str(tag["Value"]) for tag in tags}
+
+
+def list_queue_urls(clients: ClientFactory, prefix: str) -> list[str]:
+    """The URL of every queue whose name starts with `prefix` ('' = every queue of the account
+    and region): one ListQueues call per 1,000 queues."""
+    sqs = clients.client("sqs")
+    urls: list[str] = []
+    token = ""
+    while True:
+        kwargs: dict[str, Any] = {"MaxResults": QUEUES_PER_LIST}
+        if prefix:
+            kwargs["QueueNamePrefix"] = prefix
+        if token:
+            kwargs["NextToken"] = token
+        page = sqs.list_queues(**kwargs)
+        urls.extend(str(url) for url in page.get("QueueUrls", []))
+        token = page.get("NextToken") or ""
+        if not token:
+            return urls
+
+
+def queue_arn(url: str, region: str) -> str:
+    """The ARN of the queue at `url` (`https://sqs.<region>.amazonaws.com/<account>/<name>`)."""
+    account, name = url.rstrip("/").split("/")[-2:]
+    partition = boto3.session.Session().get_partition_for_region(region)
+    return f"arn:{partition}:sqs:{region}:{account}:{name}"
+
+
+def tags_by_arn(clients: ClientFactory, arns: Sequence[str]) -> dict[str, dict[str, str]]:
+    """The tags of each resource of `arns` that has (or ever had) tags: one GetResources call
+    per 100 ARNs, whatever their tags (a request naming its resources is not paginated)."""
+    tagging = clients.client("resourcegroupstaggingapi")
+    found: dict[str, dict[str, str]] = {}
+    for start in range(0, len(arns), ARNS_PER_TAG_CALL):
+        page = tagging.get_resources(ResourceARNList=list(arns[start : start + ARNS_PER_TAG_CALL]))
+        while True:
+            for item in page.get("ResourceTagMappingList", []):
+                found[str(item["ResourceARN"])] = _tag_map(item.get("Tags", []))
+            # AWS never pages such a request; stock moto does (by tags), so follow its token
+            token = page.get("PaginationToken") or ""
+            if not token:
+                break
+            page = tagging.get_resources(PaginationToken=token)
+    return found
+
+
+def role_by_name(names: Iterable[str]) -> dict[str, str | None]:
+    """What each queue's name says of its role among `names`: 'dlq' for `<q>-dlq` when `<q>`
+    is there too, 'queue' for `<q>` when `<q>-dlq` is there, else None (unknown: an orphaned
+    DLQ, a channel whose name ends in '-dlq', a foreign queue). `.fifo` names likewise."""
+    present = set(names)
+    roles: dict[str, str | None] = {}
+    for name in present:
+        suffix = FIFO_SUFFIX if name.endswith(FIFO_SUFFIX) else ""
+        base = name[: len(name) - len(suffix)]
+        if base.endswith(DLQ_SUFFIX) and base[: -len(DLQ_SUFFIX)] + suffix in present:
+            roles[name] = "dlq"
+        elif base + DLQ_SUFFIX + suffix in present:
+            roles[name] = "queue"
+        else:
+            roles[name] = None
+    return roles

@@ -1,8 +1,10 @@
 """Queue alarm: platform queues deeper than their alarm threshold, critical ones first.
 
 One function serves two schedules: source queues (`{"scope": "source"}`, every 15 minutes) and
-dead-letter queues (`{"scope": "dlq"}`, every 12 hours). Cost per run for N queues: ceil(N/70)
-GetResources pages + ceil(2N/500) GetMetricData calls (about 19 calls for 1,000 queues).
+dead-letter queues (`{"scope": "dlq"}`, every 12 hours). Cost per run for N channels (N queues
+and N DLQs), M of the scope's queues holding messages: ceil(2N/1000) ListQueues + ceil(N/250)
+GetMetricData + ceil(M/100) GetResources calls, whatever the tags per queue (9 calls for 1,000
+channels with 100 queues holding messages; at most 17 when every one of them does).
 """
 
 from __future__ import annotations
@@ -14,9 +16,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from messenger.aws import ClientFactory
+from messenger.channel import TAG_MANAGED, TAG_NAMESPACE
 from messenger.errors import MessengerError
 from messenger.ops.findings import QueueAlarmReport, QueueProblem
-from messenger.ops.inventory import PlatformResource, list_platform_resources
+from messenger.ops.inventory import (
+    PlatformResource,
+    list_queue_urls,
+    queue_arn,
+    role_by_name,
+    tags_by_arn,
+)
 from messenger.ops.metrics import MAX_QUERIES_PER_CALL, fetch_series, latest, sqs_metric
 from messenger.ops.report import (
     Notifier,
@@ -130,55 +139,113 @@ def check_queues(
     A queue is a problem when its newest ApproximateNumberOfMessagesVisible is above its
     `messenger:alarm-threshold` tag (else `default_threshold`); for a DLQ, its
     `messenger:dlq-alarm-threshold` tag (else `dlq_threshold`, default 0: any dead letter
-    alarms). No datapoint: not a problem
-    (SQS keeps reporting any queue that holds messages).
+    alarms). No datapoint: not a problem (SQS keeps reporting any queue that holds messages).
+
+    The cost does not depend on how many tags the queues carry: the queues named
+    `<namespace>-*` are listed (ListQueues, 1,000 per call; '' lists every queue), their depth
+    and age read (GetMetricData, 250 queues per call), and only the queues holding messages
+    have their tags read (GetResources by ARN, 100 per call), which decide whether a queue is
+    the platform's, of this namespace and of this scope (a queue's and its `-dlq`'s names
+    already tell the two roles apart, so the other role's queues are not read). `checked`
+    counts the queues read: named in the namespace and, by name, of this scope or unknown.
 
     remaining: seconds the invocation has left; under `margin`, or on any error (a broken
     connection, a timeout, a refused call), the run stops: the report holds the problems found
-    so far, `stopped` says why and `not_checked` names the queues not read.
+    so far, `stopped` says why and `not_checked` names the queues not judged.
     """
     now = now or datetime.now(UTC)
+    role = SCOPES[scope]
     try:
-        queues = list_platform_resources(
-            clients, namespace, roles=(SCOPES[scope],), resource_types=("sqs",)
-        )
+        urls = list_queue_urls(clients, f"{namespace}-" if namespace else "")
     except Exception as error:  # nothing checked: the report says so, the invocation fails
         logger.exception("queue alarm could not list the queues")
         return QueueAlarmReport(scope, namespace, now, 0, stopped=(
             f"{type(error).__name__} while listing the queues: {error}; no queue was checked"))
+    by_name = {url.rstrip("/").rsplit("/", 1)[-1]: url for url in urls}
+    queues = sorted(name for name, seen in role_by_name(by_name).items() if seen in (role, None))
+    scan = _DepthScan(clients.client("cloudwatch"), now, remaining, margin)
+    scan.read(queues)
+    not_judged = queues[scan.done :]
+    holding = sorted(scan.depths)  # the queues read that hold messages: their tags decide
+    arns = {name: queue_arn(by_name[name], clients.region) for name in holding}
+    tags = scan.read_tags(clients, list(arns.values())) if holding else {}
     problems: list[QueueProblem] = []
-    stopped: str | None = None
-    checked = 0
-    cloudwatch = clients.client("cloudwatch")
-    for start in range(0, len(queues), QUEUES_PER_CALL):
-        batch = queues[start : start + QUEUES_PER_CALL]
-        stopped = short_of_time(remaining, margin)
-        if stopped:
-            break
-        requests = [
-            sqs_metric(q.name, metric, "Maximum")
-            for q in batch
-            for metric in (DEPTH_METRIC, AGE_METRIC)
-        ]
-        try:
-            series = fetch_series(cloudwatch, requests, now - LOOKBACK, now, PERIOD_SECONDS)
-        except Exception as error:
-            logger.exception("queue alarm stopped reading metrics")
-            stopped = (f"{type(error).__name__} while reading the metrics of {batch[0].name} "
-                       f"and {len(batch) - 1} more: {error}")
-            break
-        for index, queue in enumerate(batch):
-            depth = latest(series[2 * index])
+    if tags is None:
+        not_judged = holding + not_judged
+    else:
+        for name in holding:
+            queue = PlatformResource(arn=arns[name], tags=tags.get(arns[name], {}))
+            depth, age = scan.depths[name]
             threshold = queue.alarm_threshold(default_threshold, dlq_threshold)
-            if depth is not None and depth > threshold:
-                problems.append(
-                    _problem(queue, int(depth), threshold, latest(series[2 * index + 1])))
-        checked += len(batch)
+            if _ours(queue, namespace, role) and depth > threshold:
+                problems.append(_problem(queue, int(depth), threshold, age))
     problems.sort(key=lambda p: (not p.critical, -p.depth, p.name))
     return QueueAlarmReport(
-        scope, namespace, now, checked, tuple(problems), stopped=stopped,
-        not_checked=tuple(q.name for q in queues[checked:]) if stopped else (),
+        scope, namespace, now, len(queues) - len(not_judged), tuple(problems),
+        stopped=scan.stopped, not_checked=tuple(not_judged) if scan.stopped else (),
     )
+
+
+class _DepthScan:
+    """Reads queue depths (then tags) until done, an error or the margin; `stopped` says why."""
+
+    def __init__(self, cloudwatch: Any, now: datetime,
+                 remaining: Callable[[], float] | None, margin: float) -> None:
+        self.cloudwatch, self.now, self.remaining, self.margin = cloudwatch, now, remaining, margin
+        #: name -> (depth, age of the oldest message) of the queues read that hold messages
+        self.depths: dict[str, tuple[float, float | None]] = {}
+        self.done = 0  # queues read (a prefix of the list)
+        self.stopped: str | None = None
+        self.out_of_time = False
+
+    def read(self, queues: list[str]) -> None:
+        for start in range(0, len(queues), QUEUES_PER_CALL):
+            if self._late():
+                return
+            batch = queues[start : start + QUEUES_PER_CALL]
+            requests = [sqs_metric(name, metric, "Maximum") for name in batch
+                        for metric in (DEPTH_METRIC, AGE_METRIC)]
+            try:
+                series = fetch_series(self.cloudwatch, requests, self.now - LOOKBACK, self.now,
+                                      PERIOD_SECONDS)
+            except Exception as error:
+                logger.exception("queue alarm stopped reading metrics")
+                self.stopped = (f"{type(error).__name__} while reading the metrics of "
+                                f"{batch[0]} and {len(batch) - 1} more: {error}")
+                return
+            for index, name in enumerate(batch):
+                depth = latest(series[2 * index])
+                if depth is not None and depth > 0:
+                    self.depths[name] = (depth, latest(series[2 * index + 1]))
+            self.done += len(batch)
+
+    def read_tags(self, clients: ClientFactory,
+                  arns: list[str]) -> dict[str, dict[str, str]] | None:
+        """The tags of `arns` (even after a failed metric read: what was read is judged), or
+        None when out of time or on an error."""
+        if self.out_of_time or self._late():
+            return None
+        try:
+            return tags_by_arn(clients, arns)
+        except Exception as error:
+            logger.exception("queue alarm could not read the tags of its queues")
+            why = (f"{type(error).__name__} while reading the tags of the {len(arns)} "
+                   f"queues holding messages: {error}")
+            self.stopped = f"{self.stopped}; then {why}" if self.stopped else why
+            return None
+
+    def _late(self) -> bool:
+        late = short_of_time(self.remaining, self.margin)
+        if late:
+            self.stopped = self.stopped or late
+            self.out_of_time = True
+        return bool(late)
+
+
+def _ours(queue: PlatformResource, namespace: str, role: str) -> bool:
+    """Tagged as the platform's queue of `role` in `namespace` (none: no namespace tag)."""
+    return (queue.tags.get(TAG_MANAGED) == "true" and queue.role == role
+            and queue.tags.get(TAG_NAMESPACE, "") == namespace)
 
 
 def _problem(

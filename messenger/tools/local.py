@@ -46,7 +46,8 @@ class LocalEndpoint:
     """A moto server in a thread of this process, on `host:port` (port 0 = a free one).
 
     Unless `stock_moto`, moto's SQS gets messenger's index first (messenger.tools.moto_sqs:
-    a request costs the same whatever a queue's depth); it patches moto in this process."""
+    a request costs the same whatever a queue's depth) and GetResources by ARN is answered in
+    one page as AWS does (messenger.tools.moto_tagging); both patch moto in this process."""
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, stock_moto: bool = False) -> None:
         import logging
@@ -58,9 +59,10 @@ class LocalEndpoint:
         #: Whether moto's SQS runs with messenger's index (False: stock, asked or refused).
         self.sqs_indexed = False
         if not stock_moto:
-            from messenger.tools import moto_sqs
+            from messenger.tools import moto_sqs, moto_tagging
 
             self.sqs_indexed = moto_sqs.apply()
+            moto_tagging.apply()
         self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
         self.url = ""
 

@@ -118,7 +118,7 @@ def test_consumer_grants_are_scoped_to_its_channel(assembly: CloudAssembly) -> N
 def test_no_iam_statement_allows_every_action(assembly: CloudAssembly) -> None:
     # Resource "*" only where IAM has no resource scope for the action (acknowledged in nag).
     unscoped_allowed = {
-        "tag:GetResources", "sns:ListSubscriptions", "cloudwatch:GetMetricData",
+        "tag:GetResources", "sns:ListSubscriptions", "cloudwatch:GetMetricData", "sqs:ListQueues",
         "ecr:GetAuthorizationToken", "xray:PutTraceSegments", "xray:PutTelemetryRecords",
         "xray:GetSamplingRules", "xray:GetSamplingTargets",
         "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery",
@@ -189,15 +189,16 @@ def test_ops_permissions_are_limited_to_the_namespace(assembly: CloudAssembly) -
                if "secretsmanager:GetSecretValue" in as_list(s["Action"])]
     assert secrets and all("messenger/slack-webhook-" in json.dumps(s["Resource"])
                            for s in secrets)
-    # The queue alarm only reads: tags, metrics, its secret, its logs and traces.
+    # The queue alarm only reads: queue names, tags, metrics, its secret, its logs and traces.
     (alarm_policy,) = [r for k, r in resources.items()
                        if k.startswith("OpsQueueAlarmRoleDefaultPolicy")]
     actions = {a for s in alarm_policy["Properties"]["PolicyDocument"]["Statement"]
                for a in as_list(s["Action"])}
     assert {a.split(":")[0] for a in actions} == {
-        "tag", "cloudwatch", "secretsmanager", "logs", "xray"
+        "sqs", "tag", "cloudwatch", "secretsmanager", "logs", "xray"
     }
-    assert not any(a.startswith(("sqs:", "sns:")) or "Delete" in a for a in actions)
+    assert {a for a in actions if a.startswith(("sqs:", "sns:"))} == {"sqs:ListQueues"}
+    assert not any("Delete" in a for a in actions)
 
 
 # -- dashboard and pipeline --------------------------------------------------------------------

@@ -159,29 +159,84 @@ def test_failing_webhook_is_retried_then_fails_the_invocation(
     assert emf and emf[-1]["SlackPostFailed"] == [1.0]
 
 
-def test_many_queues_cost_few_batched_calls(lambda_env: LambdaEnv) -> None:
-    # Given 300 platform queues (tags as the provisioner writes them)
+#: What CloudFormation adds to every resource of a stack, cost tags, and more of a team's own.
+MANY_TAGS = {
+    "aws:cloudformation:stack-name": "shop-prod",
+    "aws:cloudformation:logical-id": "OrdersQueue0A1B2C3D",
+    "aws:cloudformation:stack-id": "arn:aws:cloudformation:us-east-1:123456789012:stack/shop/x",
+    "cost-center": "cc-1234", "environment": "production", "application": "shop",
+    **{f"team-tag-{n:02d}": "x" * 40 for n in range(30)},
+}
+
+
+def test_many_queues_cost_few_calls_whatever_their_tags(lambda_env: LambdaEnv) -> None:
+    # Given 300 channels (queue and DLQ) whose queues carry the provisioner's tags plus 36 more
+    # (a GetResources page ends at 500 tags: listing them by tag would take 24 pages), 150 of
+    # the queues holding messages, and a DLQ holding messages too
     ns = lambda_env.settings.namespace
     sqs = lambda_env.clients.client("sqs")
     specs = [ChannelSpec(f"q{n:03d}", namespace=ns) for n in range(300)]
+
+    def create(spec: ChannelSpec) -> None:
+        sqs.create_queue(QueueName=spec.queue_name,
+                         tags={**spec.resource_tags("queue"), **MANY_TAGS})
+        sqs.create_queue(QueueName=spec.dlq_name, tags=spec.resource_tags("dlq"))
+
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(
-            lambda s: sqs.create_queue(QueueName=s.queue_name, tags=s.resource_tags("queue")),
-            specs,
-        ))
-    _depth(lambda_env, ChannelSpec("q123", namespace=ns).queue_name, 500)
+        list(pool.map(create, specs))
+        list(pool.map(lambda s: _depth(lambda_env, s.queue_name, 500 if s.name == "q123" else 7),
+                      specs[:150]))
+    _depth(lambda_env, specs[0].dlq_name, 9)
     counter = RequestCounter().attach(lambda_env.clients)
+    asked: list[int] = []
+    lambda_env.clients.client("resourcegroupstaggingapi").meta.events.register(
+        "before-parameter-build.resource-groups-tagging-api.GetResources",
+        lambda params, **_: asked.append(len(params.get("ResourceARNList", []))))
 
     report = check_queues(lambda_env.clients, "source", ns, 100)
 
     assert report.checked == 300
     assert [p.name for p in report.problems] == [f"{ns}-q123"]
-    # 600 metric queries in 2 GetMetricData calls; tags from a few GetResources pages
-    assert counter.counts["cloudwatch.GetMetricData"] == 2
-    assert counter.counts["resource-groups-tagging-api.GetResources"] <= 5
-    assert set(counter.counts) == {
-        "cloudwatch.GetMetricData", "resource-groups-tagging-api.GetResources"
+    # 600 queues listed in one call, 600 metric queries in 2 calls, and the tags of the 150
+    # source queues holding messages (not the DLQ's) in 2 calls of at most 100 ARNs
+    assert counter.counts == {
+        "sqs.ListQueues": 1, "cloudwatch.GetMetricData": 2,
+        "resource-groups-tagging-api.GetResources": 2,
     }
+    assert asked == [100, 50]
+
+
+def test_only_queues_both_named_and_tagged_in_the_namespace_alarm(
+    lambda_env: LambdaEnv,
+) -> None:
+    # Given, holding messages: a channel whose name ends in '-dlq', a queue tagged for the
+    # namespace but named outside its prefix, a queue named in the prefix but not the
+    # platform's, one tagged for another namespace, and a DLQ whose channel is gone
+    ns = lambda_env.settings.namespace
+    sqs = lambda_env.clients.client("sqs")
+    odd = ChannelSpec("retry-dlq", namespace=ns)
+    Provisioner(lambda_env.clients, lambda_env.settings).ensure_channel(odd)
+    outside = ChannelSpec("bus", namespace=ns)
+    sqs.create_queue(QueueName=f"shared-{ns}-bus", tags=outside.resource_tags("queue"))
+    sqs.create_queue(QueueName=f"{ns}-foreign", tags={"team": "other"})
+    other = ChannelSpec("elsewhere", namespace="othernamespace")
+    sqs.create_queue(QueueName=f"{ns}-elsewhere", tags=other.resource_tags("queue"))
+    orphan = ChannelSpec("gone", namespace=ns)
+    sqs.create_queue(QueueName=orphan.dlq_name, tags=orphan.resource_tags("dlq"))
+    for name in (odd.queue_name, f"shared-{ns}-bus", f"{ns}-foreign", f"{ns}-elsewhere",
+                 orphan.dlq_name):
+        _depth(lambda_env, name, 500)
+
+    source = check_queues(lambda_env.clients, "source", ns, 100)
+    dlq = check_queues(lambda_env.clients, "dlq", ns, 100)
+
+    # Then the '-dlq' channel's queue alarms as a source queue, the orphaned DLQ as a DLQ, and
+    # nothing not both named and tagged in the namespace does
+    assert [p.name for p in source.problems] == [odd.queue_name]
+    assert [p.name for p in dlq.problems] == [orphan.dlq_name]
+    # read: the channel's queue, and the three names that do not tell their role
+    assert source.checked == 4
+    assert dlq.checked == 4  # its DLQ, and the same three
 
 
 @pytest.mark.filterwarnings("ignore:No application metrics")
@@ -213,17 +268,35 @@ def test_a_connection_error_mid_run_posts_what_was_checked_and_fails(
 def test_a_lambda_running_out_of_time_stops_reading_and_reports(
     estate: dict[str, ChannelSpec], lambda_env: LambdaEnv, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Given metrics read two queues per call and time running short before the second call
     monkeypatch.setattr(queue_alarm, "QUEUES_PER_CALL", 2)
     left = iter([60.0, 30.0])
 
     report = check_queues(lambda_env.clients, "source", lambda_env.settings.namespace, 100,
                           remaining=lambda: next(left))
 
+    # Then no call follows: the two queues read hold messages but their tags (thresholds,
+    # ownership) were not read, so none of the four is judged, and the report says so
     ns = lambda_env.settings.namespace
     assert report.stopped == "less than 45 s of the Lambda's time left"
-    assert report.checked == 2
-    assert report.not_checked == (f"{ns}-orders", f"{ns}-payments")
-    assert [p.name for p in report.problems] == [f"{ns}-audit"]
+    assert report.checked == 0
+    assert report.not_checked == (f"{ns}-audit", f"{ns}-emails", f"{ns}-orders",
+                                  f"{ns}-payments")
+    assert report.problems == ()
+
+
+def test_time_running_short_before_the_tags_judges_nothing_it_cannot(
+    estate: dict[str, ChannelSpec], lambda_env: LambdaEnv,
+) -> None:
+    left = iter([60.0, 30.0])  # enough for the one metric call, not for the tags
+
+    report = check_queues(lambda_env.clients, "dlq", lambda_env.settings.namespace, 100,
+                          remaining=lambda: next(left))
+
+    ns = lambda_env.settings.namespace
+    assert report.stopped == "less than 45 s of the Lambda's time left"
+    assert report.not_checked == (f"{ns}-audit-dlq", f"{ns}-emails-dlq", f"{ns}-orders-dlq")
+    assert report.checked == 1  # the payments DLQ: empty, nothing to judge
 
 
 @pytest.mark.filterwarnings("ignore:No application metrics")
@@ -234,10 +307,27 @@ def test_an_unreachable_tagging_api_is_reported_and_fails(
     failing = FailOnCall(nth=1)
     tagging = "before-call.resource-groups-tagging-api.GetResources"
     with injected(lambda_env.clients, tagging, failing), pytest.raises(
-            AlarmStopped, match="0 queues not checked, 0 over threshold"):
+            AlarmStopped, match="3 queues not checked, 0 over threshold"):
         invoke({"scope": "dlq"})
     [post] = webhook.posts
     assert post["blocks"][0]["text"]["text"].startswith("⛔ Queue alarm stopped early")
+    text = webhook.texts()[0]
+    assert "EndpointConnectionError while reading the tags of the 3 queues holding" in text
+    for spec in (estate["audit"], estate["emails"], estate["orders"]):
+        assert spec.dlq_name in text
+
+
+@pytest.mark.filterwarnings("ignore:No application metrics")
+def test_queues_that_cannot_be_listed_are_reported_and_fail(
+    estate: dict[str, ChannelSpec], lambda_env: LambdaEnv, webhook: WebhookSink,
+    invoke: Callable[[Any], Any],
+) -> None:
+    with injected(lambda_env.clients, "before-call.sqs.ListQueues", FailOnCall(nth=1)), \
+            pytest.raises(AlarmStopped, match="0 queues not checked, 0 over threshold"):
+        invoke({"scope": "source"})
+    [post] = webhook.posts
+    assert post["blocks"][0]["text"]["text"].startswith("⛔ Queue alarm stopped early")
+    assert "while listing the queues" in webhook.texts()[0]
     assert "no queue was checked" in webhook.texts()[0]
 
 
@@ -253,3 +343,20 @@ def test_posting_stops_before_the_lambda_runs_out_of_time(webhook: WebhookSink) 
     # Then the parts posted while time allowed arrived; the run counts as not delivered
     assert len(messages) == 3 and delivered is False
     assert [p["blocks"][0]["text"]["text"][-5:] for p in webhook.posts] == ["(1/3)", "(2/3)"]
+
+
+def test_without_a_namespace_every_queue_is_read_and_only_unnamespaced_ones_alarm(
+    lambda_env: LambdaEnv,
+) -> None:
+    sqs = lambda_env.clients.client("sqs")
+    plain = ChannelSpec("plain")
+    namespaced = ChannelSpec("plain", namespace=lambda_env.settings.namespace)
+    for spec in (plain, namespaced):
+        sqs.create_queue(QueueName=spec.queue_name, tags=spec.resource_tags("queue"))
+        sqs.create_queue(QueueName=spec.dlq_name, tags=spec.resource_tags("dlq"))
+        _depth(lambda_env, spec.queue_name, 500)
+
+    report = check_queues(lambda_env.clients, "source", "", 100)
+
+    assert report.checked == 2  # both source queues are read (no prefix narrows the list)
+    assert [p.name for p in report.problems] == ["plain"]
