@@ -422,7 +422,7 @@ class Producer(_BaseProducer):
                     self.provisioner.describe_missing(f"queue {spec.queue_name!r}")
                 )
             queue = self.provisioner.ensure_channel(spec).queue
-        return QueueTarget(self.clients.client("sqs"), queue.url)
+        return QueueTarget(self.clients.client("sqs", validate_params=False), queue.url)
 
 
 class MultiProducer(_BaseProducer):
@@ -433,4 +433,4 @@ class MultiProducer(_BaseProducer):
 
     def _make_target(self, level: str | None) -> TopicTarget:
         arn = self.provisioner.ensure_exchange(self.channel, self.ordered)
-        return TopicTarget(self.clients.client("sns"), arn)
+        return TopicTarget(self.clients.client("sns", validate_params=False), arn)

@@ -329,3 +329,34 @@ def test_a_call_outside_any_budget_is_bounded_by_the_call_budget():
     # Then botocore stops after the attempt that ended past the 3 s (2 attempts, not 4)
     assert sends.total == 2
     assert elapsed < 3 + aws.CONNECT_TIMEOUT_SECONDS + 2
+
+
+def test_a_publish_batch_goes_out_as_botocore_alone_would_encode_it(settings, clients):
+    # Given a topic, a factory's sending client (form body encoded once, no parameter check)
+    # and boto3's own client, and entries with text that url-encoding must escape
+    topic = Provisioner(clients, settings).ensure_exchange("encoding", ordered=True)
+    entries = [
+        {
+            "Id": str(n),
+            "Message": f'{{"text":"a b&c=d+e/f~g%h é ✓ {n}"}}',
+            "MessageGroupId": "g&=+ /",
+            "MessageDeduplicationId": f"d{n}",
+            "MessageAttributes": {"routing_key": {"DataType": "String", "StringValue": "A.B C"}},
+        }
+        for n in range(3)
+    ]
+    bodies: list[bytes] = []
+
+    def record(request, **_):
+        bodies.append(request.body)
+
+    import boto3
+
+    plain = boto3.client("sns", region_name="us-east-1")
+    for client in (clients.client("sns", validate_params=False), plain):
+        client.meta.events.register("before-send.sns.PublishBatch", record)
+        # When each publishes the same batch
+        response = client.publish_batch(TopicArn=topic, PublishBatchRequestEntries=entries)
+        assert len(response["Successful"]) == 3
+    # Then the bytes on the wire are the same
+    assert bodies[0] == bodies[1]
