@@ -1,6 +1,6 @@
 """Benchmark: messenger.spark.publish against a per-row `push`, in the same local Spark run.
 
-    python bench/spark_publish.py [--rows 5000] [--partitions 2] [--rounds 3]
+    python bench/spark_publish.py [--rows 5000] [--partitions 2] [--rounds 3] [--network-ms 0,10]
 
 Starts a moto server (child process) and a local[2] SparkSession, then publishes rows to an
 ordered exchange with `publish` (batches of 10 per partition) and with a plain per-row `push`
@@ -10,6 +10,14 @@ counted on the executors with botocore's 'before-send' event (messenger.aws.Requ
 Targets: requests_per_message <= 0.11 and speedup_vs_push (all rounds' push seconds over all
 rounds' publish seconds) >= 5. The exchange has no subscribed queues: moto's SQS gets slower as a
 queue fills, which would measure moto rather than the publisher.
+
+Each round runs once per `--network-ms` condition. 0 is bare loopback, where moto's CPU per
+request bounds both sides (on 2 shared cores about 5.8x at best: it is moto that is measured).
+A positive value adds that round trip to every HTTP request the executors send (a `sitecustomize`
+on the Python workers' path sleeps it before botocore sends; botocore keeps connections alive on
+AWS, so one round trip per request), as between an EMR node and SNS in its region, where a
+request costs milliseconds of network and the endpoint's CPU is not ours to share: 10 ms is on
+the low side of an SNS Publish seen from EC2, so the figure is conservative.
 """
 
 from __future__ import annotations
@@ -74,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=5_000)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--network-ms", default="0,10",
+                        help="round trips added per request, one condition each (ms, comma list)")
     args = parser.parse_args(argv)
+    conditions = [float(value) for value in args.network_ms.split(",")]
     os.environ.update(LOCAL_CREDENTIALS)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     server = start_local_process()
@@ -86,35 +97,78 @@ def main(argv: list[str] | None = None) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     executor = ExecutorSettings(Settings(namespace="bench"), endpoint_url=server.url)
-    rounds: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            for number in range(args.rounds):
-                rounds.append(
-                    run_round(spark, executor, args, number, f"{scratch}/failed-{number}",
-                              server.process.pid)
-                )
+            network_path(spark, scratch)
+            for network_ms in conditions:
+                spark.sparkContext.environment[NETWORK_MS_ENV] = str(network_ms)
+                rounds = [
+                    run_round(spark, executor, args, len(results) * args.rounds + number,
+                              f"{scratch}/failed-{network_ms}-{number}", server.process.pid)
+                    for number in range(args.rounds)
+                ]
+                results.append(condition_figures(network_ms, rounds))
     finally:
         spark.stop()
         server.stop()
+    figures = {
+        "rows": args.rows, "partitions": args.partitions, "rounds": args.rounds,
+        "conditions": results,
+        "targets": {"requests_per_message": "<= 0.11", "speedup_vs_push": ">= 5"},
+    }
+    print(json.dumps(figures, indent=2))
+    complete = all(c["failed"] == 0 and c["pushed"] == args.rows * args.rounds for c in results)
+    return 0 if complete else 1
+
+
+#: The round trip (ms) the workers' sitecustomize adds to each request (read at worker start;
+#: Spark starts new workers when SparkContext.environment changes).
+NETWORK_MS_ENV = "MESSENGER_BENCH_NETWORK_MS"
+SITECUSTOMIZE = f"""
+import os
+import time
+
+_seconds = float(os.environ.get("{NETWORK_MS_ENV}") or 0) / 1000
+if _seconds > 0:
+    from botocore import httpsession
+
+    _send = httpsession.URLLib3Session.send
+
+    def _send_after_a_round_trip(self, request):
+        time.sleep(_seconds)
+        return _send(self, request)
+
+    httpsession.URLLib3Session.send = _send_after_a_round_trip
+"""
+
+
+def network_path(spark: SparkSession, folder: str) -> None:
+    """Put a sitecustomize that delays each request on the Python workers' path."""
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as module:
+        module.write(SITECUSTOMIZE)
+    spark.sparkContext.environment["PYTHONPATH"] = folder
+
+
+def condition_figures(network_ms: float, rounds: list[dict[str, Any]]) -> dict[str, Any]:
     reports = [r["publish"] for r in rounds]
     published, requests = sum(r.published for r in reports), sum(r.requests for r in reports)
     pushed = sum(r["push"][0] for r in rounds)
-    push_requests = sum(r["push"][1] for r in rounds)
     push_seconds = sum(r["push_seconds"] for r in rounds)
     publish_seconds = sum(r["publish_seconds"] for r in rounds)
-    figures = {
-        "rows": args.rows,
-        "partitions": args.partitions,
-        "rounds": args.rounds,
+    return {
+        "network_ms": network_ms,
         "published": published,
+        "pushed": pushed,
         "failed": sum(r.failed for r in reports),
         "requests": requests,
         "requests_per_message": round(requests / max(published, 1), 4),
         "publish_seconds": round(publish_seconds, 2),
         "push_seconds": round(push_seconds, 2),
-        "push_requests_per_message": round(push_requests / max(pushed, 1), 4),
+        "push_requests_per_message": round(sum(r["push"][1] for r in rounds) / max(pushed, 1), 4),
         "speedup_vs_push": round(push_seconds / publish_seconds, 2),
+        "meets_targets": requests / max(published, 1) <= 0.11
+                         and push_seconds / publish_seconds >= 5,
         "per_round": [
             {
                 "first": r["first"],
@@ -127,11 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             for r in rounds
         ],
-        "targets": {"requests_per_message": "<= 0.11", "speedup_vs_push": ">= 5"},
     }
-    print(json.dumps(figures, indent=2))
-    failed = figures["failed"]
-    return 0 if failed == 0 and pushed == args.rows * args.rounds else 1
 
 
 def run_round(
