@@ -26,7 +26,7 @@ from messenger.aws import is_transient
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper, lapse_event, lease_lapsed
 from messenger.consume.levels import LevelPoller
-from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
+from messenger.consume.lifecycle import ConsumerState, LifecycleHooks, one_received_line
 from messenger.consume.mailbox import (
     DeleteBatcher,
     Delivery,
@@ -240,13 +240,14 @@ class Runtime:
             for delivery in deliveries:
                 self._held[delivery.receipt_handle] = delivery
             self._last_poll_empty = not deliveries
-        for delivery in deliveries:
-            fields: dict[str, Any] = {
-                "receive_count": delivery.receive_count, "group_id": delivery.group_id,
-            }
-            if delivery.level is not None:
-                fields["priority"] = delivery.level
-            self.consumer.emit("received", delivery.log_id, fields=fields)
+        with one_received_line():  # one log line per poll; on_event gets every message's
+            for delivery in deliveries:
+                fields: dict[str, Any] = {
+                    "receive_count": delivery.receive_count, "group_id": delivery.group_id,
+                }
+                if delivery.level is not None:
+                    fields["priority"] = delivery.level
+                self.consumer.emit("received", delivery.log_id, fields=fields)
         self.refresh_state()
         for chain in self._chains(deliveries):
             self._work.put(chain)
