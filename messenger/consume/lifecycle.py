@@ -278,7 +278,7 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.acquire()
         try:
             self.stream.write(line)
-            self.flush()
+            self.stream.flush()  # under the lock held already (StreamHandler.flush takes it again)
         except Exception:
             self.handleError(logging.makeLogRecord({"msg": event.name}))
         finally:
