@@ -244,6 +244,10 @@ def _sole_json_handler(logger: logging.Logger, level: int) -> JsonLinesHandler |
     return None
 
 
+#: `json.dumps(value, default=str)`, without building an encoder per line.
+_encode = json.JSONEncoder(default=str).encode
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, lifecycle fields, exception."""
 
@@ -260,7 +264,7 @@ class JsonFormatter(logging.Formatter):
             payload["message"] = record.getMessage()
         if record.exc_info:
             payload["exception"] = self.formatException(record.exc_info)
-        return json.dumps(payload, default=str)
+        return _encode(payload)
 
 
 class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -274,7 +278,7 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def write_event(self, event: LifecycleEvent, level: int, logger_name: str) -> None:
         payload = {"time": round(event.at, 3), "level": logging.getLevelName(level),
                    "logger": logger_name, **event.as_dict()}
-        line = json.dumps(payload, default=str) + self.terminator
+        line = _encode(payload) + self.terminator
         self.acquire()
         try:
             self.stream.write(line)
