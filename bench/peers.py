@@ -13,6 +13,9 @@ its AWS requests with botocore's `before-send` event.
 - peer: `aws_sqs_consumer.Consumer` with `batch_size=10` (its cheapest setting: one receive and
   one delete batch per 10 messages), one thread.
 
+Messenger's first round also reports its CPU seconds and context switches per thread role
+(receiver, deleter, workers, lease keeper, watchdog; `other` holds the startup): where the CPU goes.
+
 Goal: CPU ratio (messenger / peer) <= 1.0, messenger requests/message <= 0.22.
 The peer is a benchmark-only dependency: `pip install -r bench/requirements.txt`.
 
@@ -86,6 +89,7 @@ def drain_messenger(queue: str, namespace: str, messages: int,
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     done.wait(600)
+    threads = thread_costs()  # before shutdown: the runtime's threads are still there
     consumer.request_shutdown()  # sends the last delete batches
     thread.join(60)
     lines = sum(1 for _ in open(log.name))
@@ -93,7 +97,30 @@ def drain_messenger(queue: str, namespace: str, messages: int,
     return {"cpu_seconds": time.process_time() - listening[0],
             "startup_cpu_seconds": listening[0] - cpu, "wall_seconds": time.perf_counter() - wall,
             "handled": handled[0], "requests": counter.total, "log_lines": lines,
-            "by_operation": dict(counter.counts)}
+            "by_operation": dict(counter.counts), "threads": threads}
+
+
+def thread_costs() -> dict[str, dict[str, float]]:
+    """CPU seconds and context switches so far of this process's threads, by role (the
+    runtime's threads are named messenger-<role>; its workers are summed). Linux only (empty
+    elsewhere): where the drain's CPU goes."""
+    costs: dict[str, dict[str, float]] = {}
+    for thread in threading.enumerate():
+        try:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(thread.ident or 0))
+            with open(f"/proc/self/task/{thread.native_id}/status") as status:
+                # voluntary_ctxt_switches and nonvoluntary_ctxt_switches
+                switches = sum(int(line.split()[1]) for line in status
+                               if "ctxt_switches:" in line)
+        except (AttributeError, OSError):
+            return {}
+        role = thread.name.removeprefix("messenger-").split("-")[0]
+        if role not in ("worker", "receiver", "deleter", "leases", "watchdog"):
+            role = "other"  # the consumer's own thread (startup included), the main thread
+        found = costs.setdefault(role, {"cpu_seconds": 0.0, "context_switches": 0})
+        found["cpu_seconds"] = round(found["cpu_seconds"] + seconds, 4)
+        found["context_switches"] += switches
+    return costs
 
 
 def drain_peer(queue_url: str, messages: int) -> dict[str, Any]:
@@ -173,6 +200,7 @@ def measure(rounds: int, messages: int) -> dict[str, Any]:
             "messages_per_second": round(
                 statistics.median(messages / r["wall_seconds"] for r in found), 1),
             "log_lines_per_message": round(found[0]["log_lines"] / messages, 2),
+            "threads_first_round": found[0].get("threads", {}),
             "by_operation": found[0]["by_operation"],
         }
     ratio = summary["messenger"]["cpu_seconds_per_1000"] / summary["peer"]["cpu_seconds_per_1000"]

@@ -26,8 +26,10 @@ import inspect
 import json
 import logging
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -162,13 +164,59 @@ _EVENT_LEVELS = {
 }
 
 
+_polls = threading.local()
+
+
+@contextmanager
+def one_received_line() -> Iterator[None]:
+    """Log the 'received' events this thread logs inside as one line per channel at the end:
+    a poll's messages (see `received_line`). `on_event` still gets each event as it happens."""
+    held: list[tuple[LifecycleEvent, logging.Logger]] = []
+    _polls.held = held
+    try:
+        yield
+    finally:
+        _polls.held = None
+        lines: dict[tuple[str, logging.Logger], list[LifecycleEvent]] = {}
+        for event, logger in held:
+            lines.setdefault((event.channel, logger), []).append(event)
+        for (_, logger), events in lines.items():
+            log_event(received_line(events), logger)
+
+
+def received_line(events: list[LifecycleEvent]) -> LifecycleEvent:
+    """The 'received' events of one poll as one event to log: `message_ids` and
+    `receive_counts` (in the same order), `group_ids` when any has one (ordered channels), and
+    the other fields: one value when the events share it (a poll's `priority`), else a list."""
+    first = events[0]
+    fields: dict[str, Any] = {
+        "count": len(events),
+        "message_ids": [event.message_id for event in events],
+        "receive_counts": [event.fields.get("receive_count") for event in events],
+    }
+    groups = [event.fields.get("group_id") for event in events]
+    if any(group is not None for group in groups):
+        fields["group_ids"] = groups
+    for key, value in first.fields.items():
+        if key not in ("receive_count", "group_id"):
+            values = [event.fields.get(key) for event in events]
+            fields[key] = value if values.count(value) == len(values) else values
+    return LifecycleEvent("received", first.channel, None, None, fields, at=first.at)
+
+
 def log_event(event: LifecycleEvent, logger: logging.Logger = EVENT_LOGGER) -> None:
-    """Log a lifecycle event as one structured record (the JSON formatter renders its fields).
+    """Log a lifecycle event as one structured record (the JSON formatter renders its fields);
+    inside `one_received_line`, a 'received' event is held for that poll's line.
 
     When the only handler the record would reach is `configure_json_logging`'s, with no
     filters, the line is written straight away: the same JSON line, without building a
-    `LogRecord` (a third of the cost of an event, three events per message). Any other logging
-    setup gets the record through `logging` as usual."""
+    `LogRecord` (a third of the cost of an event). Any other logging setup gets the record
+    through `logging` as usual."""
+    if event.name == "received":
+        held = getattr(_polls, "held", None)
+        if held is not None:
+            held.append((event, logger))
+            return
     level = event.level
     if not logger.isEnabledFor(level):
         return
@@ -196,6 +244,10 @@ def _sole_json_handler(logger: logging.Logger, level: int) -> JsonLinesHandler |
     return None
 
 
+#: `json.dumps(value, default=str)`, without building an encoder per line.
+_encode = json.JSONEncoder(default=str).encode
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, lifecycle fields, exception."""
 
@@ -212,7 +264,7 @@ class JsonFormatter(logging.Formatter):
             payload["message"] = record.getMessage()
         if record.exc_info:
             payload["exception"] = self.formatException(record.exc_info)
-        return json.dumps(payload, default=str)
+        return _encode(payload)
 
 
 class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -226,11 +278,11 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def write_event(self, event: LifecycleEvent, level: int, logger_name: str) -> None:
         payload = {"time": round(event.at, 3), "level": logging.getLevelName(level),
                    "logger": logger_name, **event.as_dict()}
-        line = json.dumps(payload, default=str) + self.terminator
+        line = _encode(payload) + self.terminator
         self.acquire()
         try:
             self.stream.write(line)
-            self.flush()
+            self.stream.flush()  # under the lock held already (StreamHandler.flush takes it again)
         except Exception:
             self.handleError(logging.makeLogRecord({"msg": event.name}))
         finally:

@@ -75,36 +75,35 @@ class Delivery:
     #: The mailbox (queue) it came from: it is deleted, extended, retried and dead-lettered there.
     mailbox: Mailbox | None = field(default=None, repr=False)
 
+    # What SQS said about the delivery, read from `raw` once: a message's id and receive count
+    # go into each of its events.
+    receipt_handle: str = field(init=False, repr=False)
+    sqs_message_id: str = field(init=False)
+    #: MessageGroupId on ordered channels, else None.
+    group_id: str | None = field(init=False)
+    #: 1 on the first delivery.
+    receive_count: int = field(init=False)
+    #: The producer's message id when readable, else the SQS MessageId.
+    log_id: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        raw = self.raw
+        self.receipt_handle = str(raw["ReceiptHandle"])
+        self.sqs_message_id = str(raw["MessageId"])
+        system = raw.get("Attributes", {})
+        self.group_id = system.get("MessageGroupId")
+        self.receive_count = int(system.get("ApproximateReceiveCount", "1"))
+        value = raw.get("MessageAttributes", {}).get("message_id", {}).get("StringValue")
+        self.log_id = str(value or self.sqs_message_id)
+
     @property
     def level(self) -> str | None:
         """The priority level it came from (None on a channel without priorities)."""
         return self.mailbox.level if self.mailbox is not None else None
 
     @property
-    def receipt_handle(self) -> str:
-        return str(self.raw["ReceiptHandle"])
-
-    @property
-    def sqs_message_id(self) -> str:
-        return str(self.raw["MessageId"])
-
-    @property
     def system(self) -> dict[str, str]:
         return dict(self.raw.get("Attributes", {}))
-
-    @property
-    def group_id(self) -> str | None:
-        return self.system.get("MessageGroupId")
-
-    @property
-    def receive_count(self) -> int:
-        return int(self.system.get("ApproximateReceiveCount", "1"))
-
-    @property
-    def log_id(self) -> str:
-        """The producer's message id when readable, else the SQS MessageId."""
-        value = self.raw.get("MessageAttributes", {}).get("message_id", {}).get("StringValue")
-        return str(value or self.sqs_message_id)
 
     def running_for(self) -> float | None:
         """Seconds since the handler started, None before."""
@@ -126,7 +125,7 @@ class Delivery:
         if pointer is not None:
             body = call_with_budget(lambda: store.get(pointer), budget, "reading offloaded payload")
         message = Message.decode(body, attributes, fallback_id=self.sqs_message_id)
-        sent = float(self.system.get("SentTimestamp", "0")) / 1000.0
+        sent = float(self.raw.get("Attributes", {}).get("SentTimestamp", "0")) / 1000.0
         return ReceivedMessage(
             body=message.body,
             meta_headers=dict(message.meta_headers),

@@ -26,7 +26,7 @@ from messenger.aws import is_transient
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper, lapse_event, lease_lapsed
 from messenger.consume.levels import LevelPoller
-from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
+from messenger.consume.lifecycle import ConsumerState, LifecycleHooks, one_received_line
 from messenger.consume.mailbox import (
     DeleteBatcher,
     Delivery,
@@ -69,7 +69,7 @@ class Runtime:
         self._stuck: dict[int, float] = {}  # handler threads past their timeout → since
         self._last_poll_empty = False
         self._progress = 0
-        self._work: queue.Queue[list[Delivery] | None] = queue.Queue()
+        self._work: queue.SimpleQueue[list[Delivery] | None] = queue.SimpleQueue()
         self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed)
         self._threads: list[threading.Thread] = []
         self.leases = LeaseKeeper(self, lease_sqs)
@@ -240,13 +240,14 @@ class Runtime:
             for delivery in deliveries:
                 self._held[delivery.receipt_handle] = delivery
             self._last_poll_empty = not deliveries
-        for delivery in deliveries:
-            fields: dict[str, Any] = {
-                "receive_count": delivery.receive_count, "group_id": delivery.group_id,
-            }
-            if delivery.level is not None:
-                fields["priority"] = delivery.level
-            self.consumer.emit("received", delivery.log_id, fields=fields)
+        with one_received_line():  # one log line per poll; on_event gets every message's
+            for delivery in deliveries:
+                fields: dict[str, Any] = {
+                    "receive_count": delivery.receive_count, "group_id": delivery.group_id,
+                }
+                if delivery.level is not None:
+                    fields["priority"] = delivery.level
+                self.consumer.emit("received", delivery.log_id, fields=fields)
         self.refresh_state()
         for chain in self._chains(deliveries):
             self._work.put(chain)
@@ -271,9 +272,11 @@ class Runtime:
                 pass  # a late interruption of a handler already timed out and dead-lettered
             finally:
                 with self._cond:
-                    self._stuck.pop(threading.get_ident(), None)
-                    self._cond.notify_all()
-                self.refresh_state()
+                    returned = self._stuck.pop(threading.get_ident(), None) is not None
+                    if returned:  # a timed-out handler's thread is a worker again
+                        self._cond.notify_all()
+                if returned:
+                    self.refresh_state()
 
     def _run_chain(self, chain: list[Delivery]) -> None:
         for position, delivery in enumerate(chain):
@@ -353,7 +356,9 @@ class Runtime:
         """Report a lease that ran out while the message ran (the process stalled, e.g. a C call
         held the GIL): SQS may have handed the message to another consumer meanwhile."""
         now = time.monotonic()
-        if lease_lapsed(delivery, now):
+        # The lease keeper only ever moves lease_until forward: a lease still running needs
+        # no lock to tell.
+        if delivery.lease_until <= now and lease_lapsed(delivery, now):
             name, message_id, fields = lapse_event(delivery, now, self.visibility)
             self.consumer.emit(name, message_id, fields=fields)
 
@@ -406,8 +411,16 @@ class Runtime:
             self._held.pop(delivery.receipt_handle, None)
             if progress:
                 self._progress += 1
-            self._cond.notify_all()
-        self.refresh_state()
+            # Wake the receiver (and a shutdown) only when that lets it move on: a first free
+            # worker, a full poll's worth, nothing held. Its waits are short and it counts free
+            # workers itself, so it need not wake for each message a busy worker finishes.
+            free = self.free_slots()
+            idle = not self._held and not self._stuck
+            if free == 1 or free >= min(10, self.config.concurrency) or idle or \
+                    self.stopping.is_set():
+                self._cond.notify_all()
+        if idle or self.stopping.is_set():  # else the state stays PROCESSING
+            self.refresh_state()
 
     def _release(self, deliveries: Sequence[Delivery], reason: str) -> None:
         if not deliveries:

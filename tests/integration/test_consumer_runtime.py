@@ -3,7 +3,9 @@ ordering, dead-lettering, retries, hooks, release at shutdown, offloaded payload
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import random
 import threading
 import time
@@ -24,7 +26,7 @@ from messenger import (
     register_hook,
 )
 from messenger.aws import ClientFactory, RequestCounter
-from messenger.consume.lifecycle import LifecycleEvent
+from messenger.consume.lifecycle import LifecycleEvent, configure_json_logging
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.offload import OffloadPointer, pointer_attributes
 
@@ -479,3 +481,40 @@ def test_legacy_pointers_resolve_and_malformed_pointers_never_reach_the_handler(
     # dead-lettered by the consumer on first receipt, not retried 3x until SQS's redrive
     assert len(run.consumer.named("dead_lettered")) == 3
     assert not run.consumer.named("failed")
+
+
+@pytest.mark.timeout(60)
+def test_the_json_log_lists_a_polls_messages_in_one_line_and_on_event_gets_each(
+    settings, running
+):
+    # Given 6 waiting messages and a consumer of 10 workers logging JSON lines, as
+    # `messenger consume` does
+    class Logged(Recording):
+        channel = "log_lines_test"
+
+    result = producer_for(settings, Logged.channel).push_many({"n": n} for n in range(6))
+    result.raise_for_failures()
+    ids = sorted(str(i) for i in result.message_ids)
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    stream = io.StringIO()
+    try:
+        configure_json_logging()
+        root.handlers[0].setStream(stream)  # type: ignore[attr-defined]
+        run = running(Logged, concurrency=10)
+        wait_until(lambda: len(run.consumer.handled) == 6)
+        run.stop()
+    finally:
+        root.handlers[:], root.level = saved
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    received = [line for line in lines if line.get("event") == "received"]
+    # Then on_event got every message's own 'received' event (status tracking uses them) ...
+    assert sorted(str(e.message_id) for e in run.consumer.named("received")) == ids
+    # ... and the log names each message once in a poll's line, with its receive count
+    assert len(received) < 6
+    assert sorted(i for line in received for i in line["message_ids"]) == ids
+    assert all(line["receive_counts"] == [1] * line["count"] == [1] * len(line["message_ids"])
+               for line in received)
+    # ... and still has each message's own 'started' and 'completed' line
+    for name in ("started", "completed"):
+        assert sorted(line["message_id"] for line in lines if line.get("event") == name) == ids

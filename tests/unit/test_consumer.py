@@ -218,6 +218,31 @@ def test_lifecycle_events_are_one_json_object_per_line(caplog):
     assert LifecycleEvent("retried", "orders").level == logging.WARNING
 
 
+def test_a_polls_received_events_are_logged_as_one_line_in_their_order(caplog):
+    from messenger.consume.lifecycle import one_received_line
+
+    def received(message_id: str, count: int, group: str | None) -> LifecycleEvent:
+        return LifecycleEvent("received", "orders", message_id, None,
+                              {"receive_count": count, "group_id": group, "priority": "high"})
+
+    # Given a poll's three messages (one redelivered) of one group, and a warning among them
+    with caplog.at_level(logging.INFO, logger="messenger.consumer.events"):
+        with one_received_line():
+            log_event(received("m-1", 1, "g"))
+            log_event(received("m-2", 3, "g"))
+            log_event(LifecycleEvent("delayed", "orders", "m-2", None, {"lag": 9.0}))
+            log_event(received("m-3", 1, "g"))
+        log_event(received("m-4", 1, None))  # outside: a line of its own, as before
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records]
+    # Then the warning is written at once, the poll's messages in one line after it
+    assert [line["event"] for line in lines] == ["delayed", "received", "received"]
+    poll = lines[1]
+    assert (poll["count"], poll["message_ids"], poll["receive_counts"], poll["group_ids"],
+            poll["priority"]) == (3, ["m-1", "m-2", "m-3"], [1, 3, 1], ["g", "g", "g"], "high")
+    assert "message_id" not in poll
+    assert lines[2]["message_id"] == "m-4" and lines[2]["receive_count"] == 1
+
+
 def test_load_consumer_names_what_is_wrong():
     found = load_consumer("tests.integration.consumer_apps.apps:SleepyConsumer")
     assert found.__name__ == "SleepyConsumer" and issubclass(found, Consumer)
