@@ -61,8 +61,12 @@ BENCHES = (
         Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),
     )),
     Bench("spark_publish.py", "Spark publish from executors", (
-        Figure("requests per message", ("requests_per_message",), 0.11),
-        Figure("speed vs per-row push", ("speedup_vs_push",), 5, at_most=False),
+        Figure("requests per message", ("conditions", "network_10ms", "requests_per_message"),
+               0.11),
+        Figure("speed vs per-row push, 10 ms round trip per request",
+               ("conditions", "network_10ms", "speedup_vs_push"), 5, at_most=False),
+        Figure("speed vs per-row push, bare loopback (moto's CPU bound)",
+               ("conditions", "loopback", "speedup_vs_push")),
     )),
     Bench("ops.py", "Ops Lambda API calls over 1,000 queues", (
         Figure("queue alarm calls, source scope (+1 secret read)", ("queue_alarm.source",

@@ -11,7 +11,8 @@ Targets: requests_per_message <= 0.11 and speedup_vs_push (all rounds' push seco
 rounds' publish seconds) >= 5. The exchange has no subscribed queues: moto's SQS gets slower as a
 queue fills, which would measure moto rather than the publisher.
 
-Each round runs once per `--network-ms` condition. 0 is bare loopback, where moto's CPU per
+Each round runs once per `--network-ms` condition (figures under "conditions", keyed
+"network_10ms", "loopback"). 0 is bare loopback, where moto's CPU per
 request bounds both sides (on 2 shared cores about 5.8x at best: it is moto that is measured).
 A positive value adds that round trip to every HTTP request the executors send (a `sitecustomize`
 on the Python workers' path sleeps it before botocore sends; botocore keeps connections alive on
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     spark.sparkContext.setLogLevel("ERROR")
     executor = ExecutorSettings(Settings(namespace="bench"), endpoint_url=server.url)
-    results: list[dict[str, Any]] = []
+    results: dict[str, dict[str, Any]] = {}
     try:
         with tempfile.TemporaryDirectory() as scratch:
             network_path(spark, scratch)
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                               f"{scratch}/failed-{network_ms}-{number}", server.process.pid)
                     for number in range(args.rounds)
                 ]
-                results.append(condition_figures(network_ms, rounds))
+                name = f"network_{network_ms:g}ms" if network_ms else "loopback"
+                results[name] = condition_figures(network_ms, rounds)
     finally:
         spark.stop()
         server.stop()
@@ -118,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"requests_per_message": "<= 0.11", "speedup_vs_push": ">= 5"},
     }
     print(json.dumps(figures, indent=2))
-    complete = all(c["failed"] == 0 and c["pushed"] == args.rows * args.rounds for c in results)
+    complete = all(c["failed"] == 0 and c["pushed"] == args.rows * args.rounds
+                   for c in results.values())
     return 0 if complete else 1
 
 
