@@ -9,6 +9,7 @@ up to 100 named resources per call, never paginated) cost the same whatever the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -157,8 +158,13 @@ def list_queue_urls(clients: ClientFactory, prefix: str) -> list[str]:
 def queue_arn(url: str, region: str) -> str:
     """The ARN of the queue at `url` (`https://sqs.<region>.amazonaws.com/<account>/<name>`)."""
     account, name = url.rstrip("/").split("/")[-2:]
-    partition = boto3.session.Session().get_partition_for_region(region)
-    return f"arn:{partition}:sqs:{region}:{account}:{name}"
+    return f"arn:{_partition(region)}:sqs:{region}:{account}:{name}"
+
+
+@functools.cache
+def _partition(region: str) -> str:
+    """'aws', 'aws-cn', ... (a boto3 session loads botocore's endpoint data: ~35 ms, once)."""
+    return str(boto3.session.Session().get_partition_for_region(region))
 
 
 def tags_by_arn(clients: ClientFactory, arns: Sequence[str]) -> dict[str, dict[str, str]]:

@@ -3,8 +3,8 @@
 One function serves two schedules: source queues (`{"scope": "source"}`, every 15 minutes) and
 dead-letter queues (`{"scope": "dlq"}`, every 12 hours). Cost per run for N channels (N queues
 and N DLQs), M of the scope's queues holding messages: ceil(2N/1000) ListQueues + ceil(N/250)
-GetMetricData + ceil(M/100) GetResources calls, whatever the tags per queue (9 calls for 1,000
-channels with 100 queues holding messages; at most 17 when every one of them does).
+GetMetricData + ceil(M/100) GetResources calls, whatever the tags per queue (7 calls for 1,000
+channels with 100 queues holding messages; at most 16 when every one of them does).
 """
 
 from __future__ import annotations
