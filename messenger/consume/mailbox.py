@@ -101,10 +101,6 @@ class Delivery:
         """The priority level it came from (None on a channel without priorities)."""
         return self.mailbox.level if self.mailbox is not None else None
 
-    @property
-    def system(self) -> dict[str, str]:
-        return dict(self.raw.get("Attributes", {}))
-
     def running_for(self) -> float | None:
         """Seconds since the handler started, None before."""
         return None if self.started_at is None else time.monotonic() - self.started_at

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-#: The moto release this was written against (what requirements.txt pins).
-MOTO_VERSION = "5.2.5"
+from messenger.tools.moto_sqs import MOTO_VERSION  # the release both are written against
+
 #: AWS's limit on ResourceARNList.
 MAX_ARNS = 100
 
