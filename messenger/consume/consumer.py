@@ -375,7 +375,9 @@ class Consumer:
     def _mailboxes(self, resources: ChannelResources) -> tuple[Mailbox, LevelPoller | None]:
         """The default level's mailbox, and a poller over every level's (prioritized channel)."""
         def mailbox(found: ChannelResources) -> Mailbox:
-            sqs = self.clients.client("sqs", long_poll=True)
+            # The mailbox builds its requests from values checked already (settings, receipt
+            # handles SQS gave): botocore's check of each parameter is skipped.
+            sqs = self.clients.client("sqs", long_poll=True, validate_params=False)
             return Mailbox(sqs, found.queue.url, found.dlq.url, self.ordered,
                            self.settings.retry_budget_seconds, level=found.spec.priority_level)
 

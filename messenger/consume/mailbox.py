@@ -20,6 +20,8 @@ from messenger.offload import OffloadPointer, PayloadStore
 
 #: Longest dead-letter reason kept in the attribute.
 MAX_REASON_LENGTH = 1024
+#: The system attributes a delivery reads (`Delivery`, `Delivery.decode`); SQS sends only these.
+SYSTEM_ATTRIBUTES = ("ApproximateReceiveCount", "SentTimestamp", "MessageGroupId")
 
 
 class Stage(enum.Enum):
@@ -186,8 +188,8 @@ class Mailbox:
             MaxNumberOfMessages=count,
             WaitTimeSeconds=wait_seconds,
             VisibilityTimeout=visibility,
-            MessageAttributeNames=["All"],
-            MessageSystemAttributeNames=["All"],
+            MessageAttributeNames=["All"],  # all: the DLQ gets them unchanged
+            MessageSystemAttributeNames=list(SYSTEM_ATTRIBUTES),
         )
         return list(response.get("Messages", []))
 

@@ -148,6 +148,7 @@ def test_ordered_channel_keeps_each_group_in_order_with_concurrent_workers(setti
 
     producer = producer_for(settings, "ordered_test", ordered=True)
     items = [PushItem({"group": g, "n": n}, group_id=g) for n in range(8) for g in ("a", "b", "c")]
+    pushed_at = time.time()
     producer.push_many(items).raise_for_failures()
     # moto decides which groups are locked when a long poll starts and never revisits it: short
     # polls keep the test from waiting 20 s for a group that unlocked meanwhile (SQS does not).
@@ -158,6 +159,10 @@ def test_ordered_channel_keeps_each_group_in_order_with_concurrent_workers(setti
         seen = [m.body["n"] for m in run.consumer.handled if m.body["group"] == group]
         assert seen == list(range(8)), (group, seen)
         assert {m.group_id for m in run.consumer.handled if m.body["group"] == group} == {group}
+    # (the system attributes the consumer asks SQS for: group, receive count, time sent)
+    for message in run.consumer.handled:
+        assert message.receive_count == 1
+        assert pushed_at - 2 <= message.sent_at <= time.time() + 2, message
 
 
 @pytest.mark.timeout(60)

@@ -360,3 +360,48 @@ def test_a_publish_batch_goes_out_as_botocore_alone_would_encode_it(settings, cl
         assert len(response["Successful"]) == 3
     # Then the bytes on the wire are the same
     assert bodies[0] == bodies[1]
+
+
+def _user_agent_parts(header: str) -> tuple[list[str], set[str]]:
+    """A User-Agent header's components, with its feature ids (`m/a,b,...`) as a set."""
+    parts, features = [], set()
+    for part in header.split(" "):
+        if part.startswith("m/"):
+            features = set(part[2:].split(","))
+        else:
+            parts.append(part)
+    return parts, features
+
+
+def test_a_factory_client_sends_the_user_agent_botocore_builds_also_when_features_change(
+    endpoint,
+):
+    # Given a new factory's client (its User-Agent built once per feature set) and a new boto3
+    # session's client with the same configuration, each recording the header it sends
+    import boto3
+
+    from messenger.aws import client_config
+
+    sent: dict[str, list[str]] = {"factory": [], "plain": []}
+    factory = ClientFactory("us-east-1").client("sqs")
+    plain = boto3.session.Session(region_name="us-east-1").client("sqs", config=client_config())
+    for name, client in (("factory", factory), ("plain", plain)):
+        client.meta.events.register(
+            "before-send.sqs", lambda request, who=name, **_: sent[who].append(
+                request.headers["User-Agent"].decode()
+                if isinstance(request.headers["User-Agent"], bytes)
+                else request.headers["User-Agent"]))
+        # When each makes plain calls, a paginated call (which adds a feature id) and a plain
+        # call again
+        client.list_queues(MaxResults=1)
+        client.list_queues(MaxResults=1)
+        for _ in client.get_paginator("list_queues").paginate(PaginationConfig={"MaxItems": 1}):
+            pass
+        client.list_queues(MaxResults=1)
+    # Then every header is the one boto3 sends for that call (feature ids compared as a set)
+    assert len(sent["factory"]) == len(sent["plain"]) == 4
+    for mine, theirs in zip(sent["factory"], sent["plain"], strict=True):
+        assert _user_agent_parts(mine) == _user_agent_parts(theirs), (mine, theirs)
+    # and the paginated call's differs from the plain calls' (the cache keeps feature sets apart)
+    assert _user_agent_parts(sent["factory"][2])[1] != _user_agent_parts(sent["factory"][0])[1]
+    assert sent["factory"][3] == sent["factory"][0]
