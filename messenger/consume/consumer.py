@@ -49,6 +49,7 @@ from messenger.consume.lifecycle import (
     LifecycleHooks,
     collect_hooks,
     configure_json_logging,
+    hold_lines,
     hook_arity,
     log_event,
 )
@@ -339,6 +340,7 @@ class Consumer:
         (e.g. ProcessingTimeout when a timed-out message cannot be dead-lettered) after a
         graceful shutdown."""
         previous = self._install_signal_handlers()
+        hold_lines(self.runtime.log_hold)
         try:
             self.transition(ConsumerState.INITIALIZING)
             provisioner = Provisioner(self.clients, self.settings)
@@ -369,6 +371,7 @@ class Consumer:
             if self.status is not None:
                 self.status.close()
             self.transition(ConsumerState.EXITED)
+            hold_lines(0.0)  # writes what is held; lines after the run are written at once
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 

@@ -28,6 +28,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -267,13 +268,31 @@ class JsonFormatter(logging.Formatter):
         return _encode(payload)
 
 
+#: Lines a handler holds at most before it writes them, whatever their age.
+MAX_HELD_LINES = 256
+
+_handlers: weakref.WeakSet[JsonLinesHandler] = weakref.WeakSet()
+
+
 class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """`configure_json_logging`'s handler: JSON lines on a stream; lifecycle events can be
-    written without a `LogRecord` (`log_event`), in the JsonFormatter's format."""
+    written without a `LogRecord` (`log_event`), in the JsonFormatter's format.
 
-    def __init__(self, stream: Any = None) -> None:
+    hold_seconds: INFO lifecycle lines are held in memory up to this long and written together
+    (one write instead of one per line: a write lets the other threads take the GIL, which
+    costs a busy consumer more CPU than the line itself). They are written when the oldest is
+    that old (at the next line, or by `write_held_lines`, which a running consumer's watchdog
+    calls every tick), before any WARNING or ERROR line or ordinary log record, when
+    MAX_HELD_LINES are held, on `flush()` and at exit. 0 (the default until a consumer runs, see
+    `hold_lines`): every line is written at once."""
+
+    def __init__(self, stream: Any = None, hold_seconds: float = 0.0) -> None:
         super().__init__(stream)
         self.setFormatter(JsonFormatter())
+        self.hold_seconds = hold_seconds
+        self._held: list[str] = []
+        self._held_since = 0.0
+        _handlers.add(self)
 
     def write_event(self, event: LifecycleEvent, level: int, logger_name: str) -> None:
         payload = {"time": round(event.at, 3), "level": logging.getLevelName(level),
@@ -281,12 +300,72 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
         line = _encode(payload) + self.terminator
         self.acquire()
         try:
-            self.stream.write(line)
-            self.stream.flush()  # under the lock held already (StreamHandler.flush takes it again)
+            held = self._held
+            if not held:
+                self._held_since = time.monotonic()
+            held.append(line)
+            if level >= logging.WARNING or len(held) >= MAX_HELD_LINES or \
+                    time.monotonic() - self._held_since >= self.hold_seconds:
+                self._write_held()
         except Exception:
             self.handleError(logging.makeLogRecord({"msg": event.name}))
         finally:
             self.release()
+
+    def _write_held(self) -> None:
+        """Write the held lines in one write (the handler's lock held)."""
+        if self._held:
+            text = "".join(self._held)
+            self._held.clear()
+            self.stream.write(text)
+            self.stream.flush()
+
+    def write_held(self, older_than: float = 0.0) -> None:
+        """Write the held lines now if the oldest is at least `older_than` seconds old."""
+        self.acquire()
+        try:
+            if self._held and time.monotonic() - self._held_since >= older_than:
+                self._write_held()
+        except Exception:
+            self.handleError(logging.makeLogRecord({"msg": "held lines"}))
+        finally:
+            self.release()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # An ordinary record: the held lines go first, so that the log stays in order.
+        try:
+            self._write_held()
+        except Exception:
+            self.handleError(record)
+        super().emit(record)
+
+    def flush(self) -> None:
+        self.acquire()
+        try:
+            if self._held and self.stream is not None:
+                self._write_held()
+        finally:
+            self.release()
+        super().flush()
+
+
+def hold_lines(seconds: float) -> None:
+    """Set how long every JsonLinesHandler of the process holds INFO lifecycle lines (a
+    running consumer sets its `log_hold`; 0: each line is written at once)."""
+    for handler in list(_handlers):
+        handler.acquire()
+        try:
+            handler.hold_seconds = seconds
+            handler._write_held()
+        finally:
+            handler.release()
+
+
+def write_held_lines(within: float = 0.0) -> None:
+    """Write the held lines of every JsonLinesHandler that would be due within `within`
+    seconds (a consumer's watchdog calls this every tick, with the tick)."""
+    for handler in list(_handlers):
+        handler.write_held(max(0.0, handler.hold_seconds - within))
 
 
 def configure_json_logging(level: int = logging.INFO) -> None:

@@ -6,6 +6,11 @@
   the previous one is deleted or visible again). On a prioritized channel a `LevelPoller`
   (`messenger.jobs.priority`) chooses the level of each poll; every delivery remembers its mailbox,
   so it is deleted, extended, retried and dead-lettered in its own level's queue and DLQ.
+- Received messages wait in a work queue for a worker. The receiver wakes one idle worker per
+  poll, and more only for messages that nobody took within HANDOFF_SECONDS: with fast handlers
+  the worker already awake runs a poll's messages back to back (a thread woken per message
+  costs more CPU than the message), with slow ones each message gets a worker after that short
+  wait. The receiver does not poll again before every received message has a worker.
 - A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
   for deletion (success), makes it visible again after `retry_delay` (error) or forwards it to the
   DLQ (undecodable, payload missing).
@@ -16,9 +21,9 @@
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +49,8 @@ from messenger.offload import PayloadStore
 COALESCE_SECONDS = 0.02
 MAX_COALESCE_SECONDS = 0.25
 RECEIVE_BACKOFF_SECONDS = 2.0
+#: A received message that no awake worker took within this long wakes another worker.
+HANDOFF_SECONDS = 0.005
 
 
 class Runtime:
@@ -69,7 +76,7 @@ class Runtime:
         self._stuck: dict[int, float] = {}  # handler threads past their timeout → since
         self._last_poll_empty = False
         self._progress = 0
-        self._work: queue.SimpleQueue[list[Delivery] | None] = queue.SimpleQueue()
+        self._work = WorkQueue()
         self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed)
         self._threads: list[threading.Thread] = []
         self.leases = LeaseKeeper(self, lease_sqs)
@@ -158,8 +165,7 @@ class Runtime:
                      if d.claim(Stage.QUEUED, Stage.DONE) or d.claim(Stage.RUNNING, Stage.DONE)]
         if abandoned:
             self._release(abandoned, reason="shutdown_timeout")
-        for _ in range(self.config.concurrency):
-            self._work.put(None)
+        self._work.close()
         self.deleter.close()
         self.watchdog.stop()
         self.leases.stop()
@@ -249,8 +255,8 @@ class Runtime:
                     fields["priority"] = delivery.level
                 self.consumer.emit("received", delivery.log_id, fields=fields)
         self.refresh_state()
-        for chain in self._chains(deliveries):
-            self._work.put(chain)
+        self._work.put(self._chains(deliveries))
+        self._work.hand_off(HANDOFF_SECONDS)
 
     def _chains(self, deliveries: list[Delivery]) -> list[list[Delivery]]:
         if not self.consumer.ordered:
@@ -263,7 +269,7 @@ class Runtime:
     # -- processing -------------------------------------------------------------------------
     def _worker_loop(self) -> None:
         while True:
-            chain = self._work.get()
+            chain = self._work.take()
             if chain is None:
                 return
             try:
@@ -446,3 +452,60 @@ class Runtime:
             "delete_failed", failed.delivery.log_id,
             fields={"code": failed.code, "error": failed.message},
         )
+
+
+class WorkQueue:
+    """Chains of received messages waiting for a worker.
+
+    `put` wakes one idle worker; a worker that finishes a chain takes the next one without
+    waiting. `hand_off` (the receiver, after `put`) waits until the queue is empty, and wakes
+    one idle worker per chain still waiting after `seconds`: no message waits longer for a
+    worker while one is idle, and fast handlers run on the one thread already awake."""
+
+    def __init__(self) -> None:
+        lock = threading.Lock()
+        self._ready = threading.Condition(lock)  # idle workers wait here
+        self._empty = threading.Condition(lock)  # the receiver waits here in `hand_off`
+        self._chains: deque[list[Delivery]] = deque()
+        self._closed = False
+        self._handing_off = False
+
+    def put(self, chains: list[list[Delivery]]) -> None:
+        if not chains:
+            return
+        with self._ready:
+            self._chains.extend(chains)
+            self._ready.notify()
+
+    def hand_off(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        with self._ready:
+            self._handing_off = True
+            try:
+                while self._chains and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._ready.notify(len(self._chains))
+                        return
+                    self._empty.wait(left)
+            finally:
+                self._handing_off = False
+
+    def take(self) -> list[Delivery] | None:
+        """The next chain; None once closed and empty (the worker exits)."""
+        with self._ready:
+            while not self._chains:
+                if self._closed:
+                    return None
+                self._ready.wait()
+            chain = self._chains.popleft()
+            if not self._chains and self._handing_off:
+                self._empty.notify()
+            return chain
+
+    def close(self) -> None:
+        """Wake every worker: each exits once the queue is empty."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+            self._empty.notify_all()

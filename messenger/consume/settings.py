@@ -14,6 +14,8 @@ from messenger.errors import InvalidSettings
 
 LONG_POLL_SECONDS = 20
 RETRY_DELAY_SECONDS = 5
+#: Longest a consumer may hold log lines before writing them (what a kill -9 can lose).
+MAX_LOG_HOLD_SECONDS = 5.0
 
 
 def _check_seconds(name: str, variable: str | None, value: object, low: float | None) -> None:
@@ -40,6 +42,8 @@ class ConsumerSettings:
     health_grace: seconds added to processing/shutdown timeouts in the health file
     (MESSENGER_HEALTH_GRACE; 30). stuck_grace: seconds a timed-out handler thread may keep
     running before the consumer exits non-zero (default: shutdown_timeout).
+    log_hold: seconds INFO lifecycle lines may be held in memory and written together, 0 to
+    MAX_LOG_HOLD_SECONDS; 0 writes each line at once (MESSENGER_LOG_HOLD_SECONDS; 0.25).
     """
 
     concurrency: int = 1
@@ -51,6 +55,7 @@ class ConsumerSettings:
     wait_time_seconds: int = LONG_POLL_SECONDS
     retry_delay: int = RETRY_DELAY_SECONDS
     delete_linger: float = 0.2
+    log_hold: float = 0.25
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) \
@@ -66,6 +71,12 @@ class ConsumerSettings:
             ("delete_linger", None, 0.0),
         ):
             _check_seconds(name, variable, getattr(self, name), low)
+        _check_seconds("log_hold", "MESSENGER_LOG_HOLD_SECONDS", self.log_hold, 0.0)
+        if self.log_hold > MAX_LOG_HOLD_SECONDS:
+            raise InvalidSettings(
+                f"log_hold (MESSENGER_LOG_HOLD_SECONDS) must be from 0 to "
+                f"{MAX_LOG_HOLD_SECONDS:g} seconds, got {self.log_hold!r}"
+            )
         if self.stuck_grace is not None:
             _check_seconds("stuck_grace", None, self.stuck_grace, 0.0)
         if not 0 <= self.wait_time_seconds <= LONG_POLL_SECONDS:
@@ -89,6 +100,7 @@ class ConsumerSettings:
             ("health_file", "MESSENGER_HEALTH_FILE", str),
             ("startup_timeout", "MESSENGER_STARTUP_TIMEOUT", float),
             ("health_grace", "MESSENGER_HEALTH_GRACE", float),
+            ("log_hold", "MESSENGER_LOG_HOLD_SECONDS", float),
         ):
             raw = env.get(variable)
             if raw:

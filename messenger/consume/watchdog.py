@@ -7,6 +7,7 @@ Every 0.25 s it
   (blocked in C code) makes the consumer exit non-zero, so that ECS replaces the task;
 - restarts the PROCESSING clock of the health file when messages finished since the last tick
   (delete batches go out on the delete batcher's own thread);
+- writes the log lines held (`JsonLinesHandler.hold_seconds`) that are due before its next tick;
 - reports the lease keeper's events (`messenger.consume.lease`, its own thread, which renews
   leases and does nothing else: none of the work here can delay a renewal).
 """
@@ -20,7 +21,7 @@ from typing import Protocol
 
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper
-from messenger.consume.lifecycle import LifecycleHooks
+from messenger.consume.lifecycle import LifecycleHooks, write_held_lines
 from messenger.consume.mailbox import Delivery, Mailbox, Stage
 from messenger.consume.settings import ConsumerSettings
 from messenger.errors import MessengerError
@@ -89,6 +90,7 @@ class Watchdog:
                     written_progress = progress
                     self.consumer.touch_health()
                 self.consumer.flush_health()
+                write_held_lines(TICK_SECONDS)
             except Exception as error:  # keep watching; the error is logged
                 self.consumer.emit("watchdog_error", fields={"error": repr(error)})
 

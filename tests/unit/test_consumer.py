@@ -321,6 +321,111 @@ def test_the_fast_event_line_is_the_formatter_line_and_other_setups_still_get_re
         root.handlers[:], root.level = saved
 
 
+def test_held_info_lines_are_written_together_in_order_and_warnings_at_once():
+    import io
+
+    from messenger.consume.lifecycle import JsonLinesHandler, write_held_lines
+
+    logger = logging.getLogger("test.held")
+    logger.propagate, logger.level = False, logging.INFO
+    stream = io.StringIO()
+    handler = JsonLinesHandler(stream, hold_seconds=0.3)
+    logger.handlers = [handler]
+    try:
+        # Given a handler holding INFO lines up to 0.3 s
+        for n in range(3):
+            log_event(LifecycleEvent("completed", "orders", f"m-{n}"), logger)
+        # Then nothing is written yet, not even by a watchdog tick that is not due
+        write_held_lines(within=0.05)
+        assert stream.getvalue() == ""
+        # When an ERROR event comes: the held lines go first, then it, in one go
+        log_event(LifecycleEvent("failed", "orders", "m-3"), logger)
+        lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+        assert [(line["event"], line["message_id"]) for line in lines] == [
+            ("completed", "m-0"), ("completed", "m-1"), ("completed", "m-2"), ("failed", "m-3")]
+        # An INFO line is written by the tick that would be late otherwise
+        log_event(LifecycleEvent("completed", "orders", "m-4"), logger)
+        time.sleep(0.1)
+        write_held_lines(within=0.25)
+        assert stream.getvalue().count("\n") == 5
+        # An ordinary record keeps the order: held lines first
+        log_event(LifecycleEvent("completed", "orders", "m-5"), logger)
+        logger.info("plain record")
+        last = [json.loads(line) for line in stream.getvalue().splitlines()][-2:]
+        assert last[0]["message_id"] == "m-5" and last[1]["message"] == "plain record"
+        # flush() (logging.shutdown at exit) writes what is held
+        log_event(LifecycleEvent("completed", "orders", "m-6"), logger)
+        handler.flush()
+        assert json.loads(stream.getvalue().splitlines()[-1])["message_id"] == "m-6"
+        # and hold 0 writes each line at once
+        handler.hold_seconds = 0.0
+        log_event(LifecycleEvent("completed", "orders", "m-7"), logger)
+        assert json.loads(stream.getvalue().splitlines()[-1])["message_id"] == "m-7"
+    finally:
+        logger.handlers = []
+
+
+def test_log_hold_is_checked_with_its_variable_and_range():
+    from messenger.consume.settings import ConsumerSettings
+
+    assert ConsumerSettings.from_env({"MESSENGER_LOG_HOLD_SECONDS": "0"}).log_hold == 0.0
+    assert ConsumerSettings.from_env({}).log_hold == 0.25
+    for bad in ("nan", "-1", "inf", "6"):
+        with pytest.raises(InvalidSettings, match=r"MESSENGER_LOG_HOLD_SECONDS"):
+            ConsumerSettings.from_env({"MESSENGER_LOG_HOLD_SECONDS": bad})
+    with pytest.raises(InvalidSettings, match=r"from 0 to 5 seconds, got 6"):
+        ConsumerSettings.from_env({"MESSENGER_LOG_HOLD_SECONDS": "6"})
+
+
+def test_a_poll_runs_on_the_awake_worker_and_waiting_work_wakes_idle_ones():
+    import threading
+
+    from messenger.consume.runtime import WorkQueue
+
+    work = WorkQueue()
+    taken: list[tuple[str, int]] = []
+    slow = threading.Event()
+
+    def worker() -> None:
+        while True:
+            chain = work.take()
+            if chain is None:
+                return
+            taken.append((threading.current_thread().name, chain[0]))
+            if chain[0] >= 100:  # a slow handler
+                slow.wait(5)
+
+    threads = [threading.Thread(target=worker, name=f"w{n}") for n in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.05)  # all four idle
+    # Given fast work: one put of four chains
+    began = time.monotonic()
+    work.put([[n] for n in range(4)])
+    work.hand_off(1.0)
+    # Then one worker ran them all, and the hand-off returned once the queue was empty
+    assert len(taken) == 4 and len({name for name, _ in taken}) == 1, taken
+    assert time.monotonic() - began < 0.5
+    # Given slow work: each chain blocks its worker
+    taken.clear()
+    began = time.monotonic()
+    work.put([[100 + n] for n in range(4)])
+    work.hand_off(0.05)
+    # Then after the hand-off time every chain has its own worker
+    deadline = time.monotonic() + 2
+    while len(taken) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(n for _, n in taken) == [100, 101, 102, 103]
+    assert len({name for name, _ in taken}) == 4, taken
+    assert 0.04 <= time.monotonic() - began < 1.0
+    # and close() lets every worker exit once the queue is empty
+    slow.set()
+    work.close()
+    for thread in threads:
+        thread.join(2)
+        assert not thread.is_alive()
+
+
 def test_health_file_follows_running_states_lazily_and_other_states_at_once(tmp_path):
     from messenger.consume.consumer import HEALTH_LAG_SECONDS
     from messenger.consume.health import HealthFile
