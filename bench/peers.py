@@ -11,7 +11,12 @@ its AWS requests with botocore's `before-send` event.
 - messenger: `Consumer` as deployed: concurrency 10, JSON event log on (to a file, as a
   container's stderr would be), health file on.
 - peer: `aws_sqs_consumer.Consumer` with `batch_size=10` (its cheapest setting: one receive and
-  one delete batch per 10 messages), one thread.
+  one delete batch per 10 messages), one thread, its default of asking SQS for no attributes.
+  The goal is judged against it.
+- peer_attributes: the same, asking for what messenger reads of each message (all message
+  attributes: id, routing key, meta headers; receive count, time sent, group): a peer that
+  could tell these messages' routing keys and headers. Printed for context
+  (`cpu_ratio_same_attributes`).
 
 Messenger's first round also reports its CPU seconds and context switches per thread role
 (receiver, deleter, workers, lease keeper, watchdog; `other` holds the startup): where the CPU goes.
@@ -41,7 +46,7 @@ sys.path.insert(0, ROOT)
 
 CPU_RATIO_GOAL = 1.0
 REQUESTS_GOAL = 0.22
-CONSUMERS = ("messenger", "peer")
+CONSUMERS = ("messenger", "peer", "peer_attributes")
 
 
 # -- the children ---------------------------------------------------------------------------
@@ -123,7 +128,7 @@ def thread_costs() -> dict[str, dict[str, float]]:
     return costs
 
 
-def drain_peer(queue_url: str, messages: int) -> dict[str, Any]:
+def drain_peer(queue_url: str, messages: int, attributes: bool = False) -> dict[str, Any]:
     import boto3
     from aws_sqs_consumer import Consumer
 
@@ -140,8 +145,13 @@ def drain_peer(queue_url: str, messages: int) -> dict[str, Any]:
             if handled[0] >= messages:
                 self.stop()
 
+    read: dict[str, Any] = {}
+    if attributes:  # what messenger reads (mailbox.SYSTEM_ATTRIBUTES, every message attribute)
+        from messenger.consume.mailbox import SYSTEM_ATTRIBUTES
+
+        read = {"attribute_names": list(SYSTEM_ATTRIBUTES), "message_attribute_names": ["All"]}
     consumer = Drain(queue_url=queue_url, sqs_client=sqs, batch_size=10, wait_time_seconds=20,
-                     region="us-east-1")
+                     region="us-east-1", **read)
     cpu, wall = time.process_time(), time.perf_counter()
     consumer.start()  # returns after the batch that reached `messages` (deleted)
     return {"cpu_seconds": time.process_time() - cpu, "startup_cpu_seconds": 0.0,
@@ -184,7 +194,7 @@ def measure(rounds: int, messages: int) -> dict[str, Any]:
             if name == "messenger":
                 args = ["--drain", "messenger", channel, namespace]
             else:
-                args = ["--drain", "peer", url, namespace]
+                args = ["--drain", name, url, namespace]
             runs[name].append(run_child([*args, str(messages)]))
     summary: dict[str, Any] = {}
     for name, found in runs.items():
@@ -204,10 +214,13 @@ def measure(rounds: int, messages: int) -> dict[str, Any]:
             "by_operation": found[0]["by_operation"],
         }
     ratio = summary["messenger"]["cpu_seconds_per_1000"] / summary["peer"]["cpu_seconds_per_1000"]
+    same = (summary["messenger"]["cpu_seconds_per_1000"]
+            / summary["peer_attributes"]["cpu_seconds_per_1000"])
     requests = summary["messenger"]["requests_per_message"]
     return {
         "messages": messages, "rounds": rounds, **summary,
         "cpu_ratio": round(ratio, 3), "cpu_ratio_goal": CPU_RATIO_GOAL,
+        "cpu_ratio_same_attributes": round(same, 3),
         "requests_goal": REQUESTS_GOAL,
         "meets_goal": ratio <= CPU_RATIO_GOAL and requests <= REQUESTS_GOAL,
     }
@@ -223,7 +236,7 @@ def main() -> None:
         who, target, namespace, count = args.drain
         os.environ["MESSENGER_NAMESPACE"] = namespace
         result = (drain_messenger(target, namespace, int(count)) if who == "messenger"
-                  else drain_peer(target, int(count)))
+                  else drain_peer(target, int(count), attributes=who == "peer_attributes"))
         print(json.dumps(result))
         return
     from messenger.tools.local import endpoint_from_env

@@ -58,6 +58,8 @@ BENCHES = (
         Figure("CPU ratio messenger/peer", ("cpu_ratio",), 1.0),
         Figure("messenger CPU s per 1,000", ("messenger", "cpu_seconds_per_1000")),
         Figure("peer CPU s per 1,000", ("peer", "cpu_seconds_per_1000")),
+        Figure("CPU ratio to the peer reading the same attributes",
+               ("cpu_ratio_same_attributes",)),
         Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),
     )),
     Bench("spark_publish.py", "Spark publish from executors", (
