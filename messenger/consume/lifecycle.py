@@ -230,18 +230,22 @@ def log_event(event: LifecycleEvent, logger: logging.Logger = EVENT_LOGGER) -> N
 
 def _sole_json_handler(logger: logging.Logger, level: int) -> JsonLinesHandler | None:
     """The handler a record of `logger` would reach, when it is one JsonLinesHandler and no
-    logger or handler on the way filters."""
-    found: list[logging.Handler] = []
+    logger or handler on the way filters (once per event: no lists, no generators)."""
+    found: logging.Handler | None = None
     current: logging.Logger | None = logger
     while current is not None:
         if current.filters:
             return None
-        found.extend(h for h in current.handlers if level >= h.level)
+        for handler in current.handlers:
+            if level >= handler.level:
+                if found is not None:
+                    return None
+                found = handler
         if not current.propagate:
             break
         current = current.parent  # type: ignore[assignment]
-    if len(found) == 1 and isinstance(found[0], JsonLinesHandler) and not found[0].filters:
-        return found[0]
+    if isinstance(found, JsonLinesHandler) and not found.filters:
+        return found
     return None
 
 
@@ -270,6 +274,9 @@ class JsonFormatter(logging.Formatter):
 
 #: Lines a handler holds at most before it writes them, whatever their age.
 MAX_HELD_LINES = 256
+#: Events that end a handler's run: a held `started` line of the same message is dropped, since
+#: this line tells when the run started (its `time` less its `duration`).
+RUN_ENDS = frozenset({"completed", "failed", "timed_out", "dead_lettered"})
 
 _handlers: weakref.WeakSet[JsonLinesHandler] = weakref.WeakSet()
 
@@ -283,27 +290,36 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
     costs a busy consumer more CPU than the line itself). They are written when the oldest is
     that old (at the next line, or by `write_held_lines`, which a running consumer's watchdog
     calls every tick), before any WARNING or ERROR line or ordinary log record, when
-    MAX_HELD_LINES are held, on `flush()` and at exit. 0 (the default until a consumer runs, see
-    `hold_lines`): every line is written at once."""
+    MAX_HELD_LINES are held, on `flush()` and at exit. A `started` line still held when its
+    message's run ends (RUN_ENDS) is not written: a fast handler's message costs one line, a
+    handler still running when the lines go out has its `started` line. Lines are encoded when
+    written. 0 (the default until a consumer runs, see `hold_lines`): every line is written at
+    once."""
 
     def __init__(self, stream: Any = None, hold_seconds: float = 0.0) -> None:
         super().__init__(stream)
         self.setFormatter(JsonFormatter())
         self.hold_seconds = hold_seconds
-        self._held: list[str] = []
+        self._held: list[tuple[LifecycleEvent, int, str] | None] = []
         self._held_since = 0.0
+        #: (channel, message id) of each held `started` line → its index in `_held`
+        self._started: dict[tuple[str, str], int] = {}
         _handlers.add(self)
 
     def write_event(self, event: LifecycleEvent, level: int, logger_name: str) -> None:
-        payload = {"time": round(event.at, 3), "level": logging.getLevelName(level),
-                   "logger": logger_name, **event.as_dict()}
-        line = _encode(payload) + self.terminator
         self.acquire()
         try:
             held = self._held
             if not held:
                 self._held_since = time.monotonic()
-            held.append(line)
+            if event.message_id is not None:
+                if event.name == "started":
+                    self._started[(event.channel, event.message_id)] = len(held)
+                elif event.name in RUN_ENDS:
+                    index = self._started.pop((event.channel, event.message_id), None)
+                    if index is not None:
+                        held[index] = None
+            held.append((event, level, logger_name))
             if level >= logging.WARNING or len(held) >= MAX_HELD_LINES or \
                     time.monotonic() - self._held_since >= self.hold_seconds:
                 self._write_held()
@@ -312,13 +328,28 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
         finally:
             self.release()
 
+    def _line(self, event: LifecycleEvent, level: int, logger_name: str) -> str:
+        """The JsonFormatter's line for an event (its fields as `LifecycleEvent.as_dict`)."""
+        payload: dict[str, Any] = {
+            "time": round(event.at, 3), "level": logging.getLevelName(level),
+            "logger": logger_name, "event": event.name, "channel": event.channel,
+        }
+        if event.message_id is not None:
+            payload["message_id"] = event.message_id
+        if event.duration is not None:
+            payload["duration"] = round(event.duration, 6)
+        payload.update(event.fields)
+        return _encode(payload) + self.terminator
+
     def _write_held(self) -> None:
         """Write the held lines in one write (the handler's lock held)."""
         if self._held:
-            text = "".join(self._held)
+            text = "".join([self._line(*entry) for entry in self._held if entry is not None])
             self._held.clear()
-            self.stream.write(text)
-            self.stream.flush()
+            self._started.clear()
+            if text:
+                self.stream.write(text)
+                self.stream.flush()
 
     def write_held(self, older_than: float = 0.0) -> None:
         """Write the held lines now if the oldest is at least `older_than` seconds old."""

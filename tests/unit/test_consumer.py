@@ -357,8 +357,21 @@ def test_held_info_lines_are_written_together_in_order_and_warnings_at_once():
         log_event(LifecycleEvent("completed", "orders", "m-6"), logger)
         handler.flush()
         assert json.loads(stream.getvalue().splitlines()[-1])["message_id"] == "m-6"
-        # and hold 0 writes each line at once
+        # A run that ends while its started line is held: only its end line (with the duration)
+        # is written; a run still going when the lines go out keeps its started line
+        stream.seek(0), stream.truncate()
+        for name, message in (("started", "fast"), ("started", "slow"), ("completed", "fast")):
+            log_event(LifecycleEvent(name, "orders", message, 0.01), logger)
+        handler.flush()
+        log_event(LifecycleEvent("completed", "orders", "slow", 2.0), logger)
+        handler.flush()
+        written = [(line["event"], line["message_id"])
+                   for line in map(json.loads, stream.getvalue().splitlines())]
+        assert written == [("started", "slow"), ("completed", "fast"), ("completed", "slow")]
+        # and hold 0 writes each line at once, every started line included
         handler.hold_seconds = 0.0
+        log_event(LifecycleEvent("started", "orders", "m-7"), logger)
+        assert json.loads(stream.getvalue().splitlines()[-1])["event"] == "started"
         log_event(LifecycleEvent("completed", "orders", "m-7"), logger)
         assert json.loads(stream.getvalue().splitlines()[-1])["message_id"] == "m-7"
     finally:
