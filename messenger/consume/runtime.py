@@ -6,11 +6,11 @@
   the previous one is deleted or visible again). On a prioritized channel a `LevelPoller`
   (`messenger.jobs.priority`) chooses the level of each poll; every delivery remembers its mailbox,
   so it is deleted, extended, retried and dead-lettered in its own level's queue and DLQ.
-- Received messages wait in a work queue for a worker. The receiver wakes one idle worker per
-  poll, and more only for messages that nobody took within HANDOFF_SECONDS: with fast handlers
-  the worker already awake runs a poll's messages back to back (a thread woken per message
-  costs more CPU than the message), with slow ones each message gets a worker after that short
-  wait. The receiver does not poll again before every received message has a worker.
+- Received messages wait in a work queue for a worker. When a poll's messages would take one
+  worker at most HANDOFF_SECONDS (at the recent average time per message), the receiver wakes
+  one idle worker and it runs them back to back (a thread woken per message costs more CPU than
+  a fast message); else, or for messages nobody took within HANDOFF_SECONDS, it wakes a worker
+  for each. The receiver does not poll again before every received message has a worker.
 - A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
   for deletion (success), makes it visible again after `retry_delay` (error) or forwards it to the
   DLQ (undecodable, payload missing).
@@ -49,8 +49,12 @@ from messenger.offload import PayloadStore
 COALESCE_SECONDS = 0.02
 MAX_COALESCE_SECONDS = 0.25
 RECEIVE_BACKOFF_SECONDS = 2.0
-#: A received message that no awake worker took within this long wakes another worker.
-HANDOFF_SECONDS = 0.005
+#: A poll's messages run on the one worker already awake when, at the recent average time a
+#: worker spends on a message, they take it at most this long; else a worker is woken for
+#: each. Also the longest a received message waits for a worker while one is idle.
+HANDOFF_SECONDS = 0.001
+#: Weight of the newest chain in that running average.
+CHAIN_TIME_WEIGHT = 0.2
 
 
 class Runtime:
@@ -77,6 +81,8 @@ class Runtime:
         self._last_poll_empty = False
         self._progress = 0
         self._work = WorkQueue()
+        #: Recent average wall time a worker spends on a chain (None before the first).
+        self._chain_seconds: float | None = None
         self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed)
         self._threads: list[threading.Thread] = []
         self.leases = LeaseKeeper(self, lease_sqs)
@@ -255,8 +261,11 @@ class Runtime:
                     fields["priority"] = delivery.level
                 self.consumer.emit("received", delivery.log_id, fields=fields)
         self.refresh_state()
-        self._work.put(self._chains(deliveries))
-        self._work.hand_off(HANDOFF_SECONDS)
+        chains = self._chains(deliveries)
+        wake = workers_to_wake(self._chain_seconds, len(chains))
+        self._work.put(chains, wake=wake)
+        if wake < len(chains):
+            self._work.hand_off(HANDOFF_SECONDS)
 
     def _chains(self, deliveries: list[Delivery]) -> list[list[Delivery]]:
         if not self.consumer.ordered:
@@ -272,8 +281,13 @@ class Runtime:
             chain = self._work.take()
             if chain is None:
                 return
+            began = time.monotonic()
             try:
                 self._run_chain(chain)
+                took = time.monotonic() - began
+                average = self._chain_seconds  # one writer at a time is not needed: a float
+                self._chain_seconds = took if average is None else \
+                    average + CHAIN_TIME_WEIGHT * (took - average)
             except ProcessingTimeout:
                 pass  # a late interruption of a handler already timed out and dead-lettered
             finally:
@@ -454,13 +468,22 @@ class Runtime:
         )
 
 
+def workers_to_wake(chain_seconds: float | None, chains: int) -> int:
+    """How many idle workers a poll of `chains` chains wakes: one when they would take it at
+    most HANDOFF_SECONDS at `chain_seconds` each (the recent average; None: not known yet),
+    else one per chain."""
+    if chains <= 1 or (chain_seconds is not None and chain_seconds * chains <= HANDOFF_SECONDS):
+        return min(1, chains)
+    return chains
+
+
 class WorkQueue:
     """Chains of received messages waiting for a worker.
 
-    `put` wakes one idle worker; a worker that finishes a chain takes the next one without
-    waiting. `hand_off` (the receiver, after `put`) waits until the queue is empty, and wakes
-    one idle worker per chain still waiting after `seconds`: no message waits longer for a
-    worker while one is idle, and fast handlers run on the one thread already awake."""
+    `put` wakes idle workers (one by default); a worker that finishes a chain takes the next
+    one without waiting. `hand_off` (the receiver, after `put`) waits until the queue is empty,
+    and wakes one idle worker per chain still waiting after `seconds`: no message waits longer
+    for a worker while one is idle, and fast handlers run on the one thread already awake."""
 
     def __init__(self) -> None:
         lock = threading.Lock()
@@ -470,12 +493,13 @@ class WorkQueue:
         self._closed = False
         self._handing_off = False
 
-    def put(self, chains: list[list[Delivery]]) -> None:
+    def put(self, chains: list[list[Delivery]], wake: int = 1) -> None:
+        """Queue the chains and wake up to `wake` idle workers."""
         if not chains:
             return
         with self._ready:
             self._chains.extend(chains)
-            self._ready.notify()
+            self._ready.notify(wake)
 
     def hand_off(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -290,6 +290,55 @@ def test_shutdown_releases_messages_not_started(settings, clients, running):
 
 
 @pytest.mark.timeout(60)
+def test_waiting_handlers_run_side_by_side_and_a_polls_fast_ones_on_one_worker(
+    settings, running, monkeypatch
+):
+    from messenger.consume.runtime import WorkQueue
+
+    # Given a consumer of 10 workers whose handler waits 100 ms on the first 30 messages (as on
+    # a network call) and returns at once on the next 100, and a record of each poll's wake-ups
+    lock = threading.Lock()
+    running_now, most = [0], [0]
+    polls: list[tuple[list[int], int]] = []
+    put = WorkQueue.put
+
+    def recording_put(self, chains, wake=1):
+        polls.append(([json.loads(c[0].raw["Body"])["n"] for c in chains], wake))
+        put(self, chains, wake)
+
+    monkeypatch.setattr(WorkQueue, "put", recording_put)
+
+    class Mixed(Recording):
+        channel = "mixed_speed_test"
+
+        def handler(self, message: ReceivedMessage) -> None:
+            with lock:
+                running_now[0] += 1
+                most[0] = max(most[0], running_now[0])
+            if message.body["n"] < 30:
+                time.sleep(0.1)
+            with lock:
+                running_now[0] -= 1
+            super().handler(message)
+
+    producer = producer_for(settings, Mixed.channel)
+    producer.push_many({"n": n} for n in range(30)).raise_for_failures()
+    run = running(Mixed, concurrency=10)
+    wait_until(lambda: len(run.consumer.handled) >= 30)
+    producer.push_many({"n": n} for n in range(30, 130)).raise_for_failures()
+    wait_until(lambda: len(run.consumer.handled) >= 130)
+    run.stop()
+    # Then the waiting handlers ran 10 at a time: each message of their polls woke a worker
+    assert most[0] == 10, most
+    slow = [(ns, wake) for ns, wake in polls if max(ns) < 30]
+    assert all(wake == len(ns) for ns, wake in slow), slow
+    # and once the fast times show in the running average (a few polls), a poll of fast
+    # messages wakes one worker for all of them
+    fast = [(ns, wake) for ns, wake in polls if min(ns) >= 30 and len(ns) > 1]
+    assert len(fast) >= 8 and all(wake == 1 for _, wake in fast[-4:]), fast
+
+
+@pytest.mark.timeout(60)
 def test_offloaded_body_is_read_from_s3_and_deletes_are_batched(settings, clients, running):
     counter = RequestCounter().attach(clients)
     big = {"blob": "x" * 2000}

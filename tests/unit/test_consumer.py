@@ -390,6 +390,20 @@ def test_log_hold_is_checked_with_its_variable_and_range():
         ConsumerSettings.from_env({"MESSENGER_LOG_HOLD_SECONDS": "6"})
 
 
+def test_a_poll_wakes_one_worker_only_while_its_messages_are_fast():
+    from messenger.consume.runtime import HANDOFF_SECONDS, workers_to_wake
+
+    # Not known yet (the first polls): a worker per chain, as for slow handlers
+    assert workers_to_wake(None, 10) == 10
+    # 10 chains at 50 µs each take one worker 0.5 ms: that worker runs them
+    assert workers_to_wake(0.00005, 10) == 1
+    # at 1 ms each (a handler waiting on a network call) each chain gets a worker at once
+    assert workers_to_wake(0.001, 10) == 10
+    assert workers_to_wake(HANDOFF_SECONDS / 4, 4) == 1
+    assert workers_to_wake(HANDOFF_SECONDS / 4, 5) == 5
+    assert workers_to_wake(5.0, 1) == 1 and workers_to_wake(None, 0) == 0
+
+
 def test_a_poll_runs_on_the_awake_worker_and_waiting_work_wakes_idle_ones():
     import threading
 
