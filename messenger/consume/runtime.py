@@ -50,8 +50,9 @@ COALESCE_SECONDS = 0.02
 MAX_COALESCE_SECONDS = 0.25
 RECEIVE_BACKOFF_SECONDS = 2.0
 #: A poll's messages run on the one worker already awake when, at the recent average time a
-#: worker spends on a message, they take it at most this long; else a worker is woken for
-#: each. Also the longest a received message waits for a worker while one is idle.
+#: worker spends on a chain (a message; a group's messages on an ordered channel), they take it
+#: at most this long; else a worker is woken for each chain. Also the longest a received
+#: message waits for a worker while one is idle.
 HANDOFF_SECONDS = 0.001
 #: Weight of the newest chain in that running average.
 CHAIN_TIME_WEIGHT = 0.2
@@ -285,7 +286,7 @@ class Runtime:
             try:
                 self._run_chain(chain)
                 took = time.monotonic() - began
-                average = self._chain_seconds  # one writer at a time is not needed: a float
+                average = self._chain_seconds  # workers race here: a lost update only skews it
                 self._chain_seconds = took if average is None else \
                     average + CHAIN_TIME_WEIGHT * (took - average)
             except ProcessingTimeout:
