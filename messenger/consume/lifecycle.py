@@ -279,6 +279,12 @@ MAX_HELD_LINES = 256
 RUN_ENDS = frozenset({"completed", "failed", "timed_out", "dead_lettered"})
 
 _handlers: weakref.WeakSet[JsonLinesHandler] = weakref.WeakSet()
+_handlers_lock = threading.Lock()
+
+
+def _json_handlers() -> list[JsonLinesHandler]:
+    with _handlers_lock:
+        return list(_handlers)
 
 
 class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -304,7 +310,8 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._held_since = 0.0
         #: (channel, message id) of each held `started` line → its index in `_held`
         self._started: dict[tuple[str, str], int] = {}
-        _handlers.add(self)
+        with _handlers_lock:
+            _handlers.add(self)
 
     def write_event(self, event: LifecycleEvent, level: int, logger_name: str) -> None:
         self.acquire()
@@ -342,14 +349,23 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
         return _encode(payload) + self.terminator
 
     def _write_held(self) -> None:
-        """Write the held lines in one write (the handler's lock held)."""
-        if self._held:
-            text = "".join([self._line(*entry) for entry in self._held if entry is not None])
-            self._held.clear()
-            self._started.clear()
-            if text:
-                self.stream.write(text)
-                self.stream.flush()
+        """Write the held lines in one write (the handler's lock held). An event that cannot
+        be encoded is reported like any failed record and left out; the others are written."""
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        self._started.clear()
+        lines = []
+        for entry in held:
+            if entry is None:
+                continue
+            try:
+                lines.append(self._line(*entry))
+            except Exception:
+                self.handleError(logging.makeLogRecord({"msg": entry[0].name}))
+        if lines and self.stream is not None:
+            self.stream.write("".join(lines))
+            self.stream.flush()
 
     def write_held(self, older_than: float = 0.0) -> None:
         """Write the held lines now if the oldest is at least `older_than` seconds old."""
@@ -373,8 +389,7 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def flush(self) -> None:
         self.acquire()
         try:
-            if self._held and self.stream is not None:
-                self._write_held()
+            self._write_held()
         finally:
             self.release()
         super().flush()
@@ -383,11 +398,13 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
 def hold_lines(seconds: float) -> None:
     """Set how long every JsonLinesHandler of the process holds INFO lifecycle lines (a
     running consumer sets its `log_hold`; 0: each line is written at once)."""
-    for handler in list(_handlers):
+    for handler in _json_handlers():
         handler.acquire()
         try:
             handler.hold_seconds = seconds
             handler._write_held()
+        except Exception:  # a broken stream: reported, the consumer runs on
+            handler.handleError(logging.makeLogRecord({"msg": "held lines"}))
         finally:
             handler.release()
 
@@ -395,7 +412,7 @@ def hold_lines(seconds: float) -> None:
 def write_held_lines(within: float = 0.0) -> None:
     """Write the held lines of every JsonLinesHandler that would be due within `within`
     seconds (a consumer's watchdog calls this every tick, with the tick)."""
-    for handler in list(_handlers):
+    for handler in _json_handlers():
         handler.write_held(max(0.0, handler.hold_seconds - within))
 
 

@@ -368,6 +368,19 @@ def test_held_info_lines_are_written_together_in_order_and_warnings_at_once():
         written = [(line["event"], line["message_id"])
                    for line in map(json.loads, stream.getvalue().splitlines())]
         assert written == [("started", "slow"), ("completed", "fast"), ("completed", "slow")]
+        # An event that cannot be encoded is reported and left out; the lines around it are
+        # written, and the handler keeps working
+        stream.seek(0), stream.truncate()
+        loop: list[Any] = []
+        loop.append(loop)
+        log_event(LifecycleEvent("completed", "orders", "before"), logger)
+        log_event(LifecycleEvent("completed", "orders", "bad", fields={"loop": loop}), logger)
+        log_event(LifecycleEvent("completed", "orders", "after"), logger)
+        handler.flush()
+        log_event(LifecycleEvent("completed", "orders", "later"), logger)
+        handler.flush()
+        assert [json.loads(line)["message_id"] for line in stream.getvalue().splitlines()] == [
+            "before", "after", "later"]
         # and hold 0 writes each line at once, every started line included
         handler.hold_seconds = 0.0
         log_event(LifecycleEvent("started", "orders", "m-7"), logger)
