@@ -336,16 +336,9 @@ class JsonLinesHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.release()
 
     def _line(self, event: LifecycleEvent, level: int, logger_name: str) -> str:
-        """The JsonFormatter's line for an event (its fields as `LifecycleEvent.as_dict`)."""
-        payload: dict[str, Any] = {
-            "time": round(event.at, 3), "level": logging.getLevelName(level),
-            "logger": logger_name, "event": event.name, "channel": event.channel,
-        }
-        if event.message_id is not None:
-            payload["message_id"] = event.message_id
-        if event.duration is not None:
-            payload["duration"] = round(event.duration, 6)
-        payload.update(event.fields)
+        """The JsonFormatter's line for an event."""
+        payload = {"time": round(event.at, 3), "level": logging.getLevelName(level),
+                   "logger": logger_name, **event.as_dict()}
         return _encode(payload) + self.terminator
 
     def _write_held(self) -> None:
@@ -399,14 +392,8 @@ def hold_lines(seconds: float) -> None:
     """Set how long every JsonLinesHandler of the process holds INFO lifecycle lines (a
     running consumer sets its `log_hold`; 0: each line is written at once)."""
     for handler in _json_handlers():
-        handler.acquire()
-        try:
-            handler.hold_seconds = seconds
-            handler._write_held()
-        except Exception:  # a broken stream: reported, the consumer runs on
-            handler.handleError(logging.makeLogRecord({"msg": "held lines"}))
-        finally:
-            handler.release()
+        handler.hold_seconds = seconds
+        handler.write_held()  # a broken stream is reported there; the consumer runs on
 
 
 def write_held_lines(within: float = 0.0) -> None:

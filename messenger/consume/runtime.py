@@ -492,7 +492,6 @@ class WorkQueue:
         self._empty = threading.Condition(lock)  # the receiver waits here in `hand_off`
         self._chains: deque[list[Delivery]] = deque()
         self._closed = False
-        self._handing_off = False
 
     def put(self, chains: list[list[Delivery]], wake: int = 1) -> None:
         """Queue the chains and wake up to `wake` idle workers."""
@@ -505,16 +504,12 @@ class WorkQueue:
     def hand_off(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         with self._ready:
-            self._handing_off = True
-            try:
-                while self._chains and not self._closed:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        self._ready.notify(len(self._chains))
-                        return
-                    self._empty.wait(left)
-            finally:
-                self._handing_off = False
+            while self._chains and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._ready.notify(len(self._chains))
+                    return
+                self._empty.wait(left)
 
     def take(self) -> list[Delivery] | None:
         """The next chain; None once closed and empty (the worker exits)."""
@@ -524,7 +519,7 @@ class WorkQueue:
                     return None
                 self._ready.wait()
             chain = self._chains.popleft()
-            if not self._chains and self._handing_off:
+            if not self._chains:  # a receiver in `hand_off` may move on
                 self._empty.notify()
             return chain
 
