@@ -6,11 +6,12 @@
   the previous one is deleted or visible again). On a prioritized channel a `LevelPoller`
   (`messenger.jobs.priority`) chooses the level of each poll; every delivery remembers its mailbox,
   so it is deleted, extended, retried and dead-lettered in its own level's queue and DLQ.
-- Received messages wait in a work queue for a worker. When a poll's messages would take one
-  worker at most HANDOFF_SECONDS (at the recent average time per message), the receiver wakes
-  one idle worker and it runs them back to back (a thread woken per message costs more CPU than
-  a fast message); else, or for messages nobody took within HANDOFF_SECONDS, it wakes a worker
-  for each. The receiver does not poll again before every received message has a worker.
+- Received messages wait in a work queue for a worker. When a poll's messages would take at
+  most HANDOFF_SECONDS (at the recent average time per chain), the receiver runs them itself
+  and then polls again (waking a thread costs more CPU than a fast message); else it wakes a
+  worker for each chain. A receiver still running a poll's messages RESCUE_SECONDS later (a
+  surprise slow handler) is replaced at the watchdog's next tick: idle workers take the rest of
+  the poll, a new receiver thread polls, the old one exits when its handler returns.
 - A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
   for deletion (success), makes it visible again after `retry_delay` (error) or forwards it to the
   DLQ (undecodable, payload missing).
@@ -49,11 +50,12 @@ from messenger.offload import PayloadStore
 COALESCE_SECONDS = 0.02
 MAX_COALESCE_SECONDS = 0.25
 RECEIVE_BACKOFF_SECONDS = 2.0
-#: A poll's messages run on the one worker already awake when, at the recent average time a
-#: worker spends on a chain (a message; a group's messages on an ordered channel), they take it
-#: at most this long; else a worker is woken for each chain. Also the longest a received
-#: message waits for a worker while one is idle.
+#: A poll's messages run on the receiver's thread when, at the recent average time spent on a
+#: chain (a message; a group's messages on an ordered channel), they take at most this long;
+#: else a worker is woken for each chain.
 HANDOFF_SECONDS = 0.001
+#: A receiver running a poll's messages this long (checked at each watchdog tick) is replaced.
+RESCUE_SECONDS = 0.05
 #: Weight of the newest chain in that running average.
 CHAIN_TIME_WEIGHT = 0.2
 
@@ -82,6 +84,10 @@ class Runtime:
         self._last_poll_empty = False
         self._progress = 0
         self._work = WorkQueue()
+        #: The thread that polls; another one after a rescue (`rescue_receiver`).
+        self._receiver: threading.Thread | None = None
+        #: When the receiver began running a poll's messages itself (None: it is not).
+        self._inline_since: float | None = None
         #: Recent average wall time a worker spends on a chain (None before the first).
         self._chain_seconds: float | None = None
         self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed)
@@ -147,6 +153,8 @@ class Runtime:
         targets += [(f"worker-{n}", self._worker_loop) for n in range(self.config.concurrency)]
         for name, target in targets:
             thread = threading.Thread(target=target, name=f"messenger-{name}", daemon=True)
+            if name == "receiver":
+                self._receiver = thread
             thread.start()
             self._threads.append(thread)
 
@@ -180,7 +188,8 @@ class Runtime:
 
     # -- receiving --------------------------------------------------------------------------
     def _receive_loop(self) -> None:
-        while not self.stopping.is_set():
+        me = threading.current_thread()
+        while not self.stopping.is_set() and self._receiver is me:
             with self._cond:
                 while self.free_slots() <= 0 and not self.stopping.is_set():
                     self._cond.wait(0.5)
@@ -265,8 +274,40 @@ class Runtime:
         chains = self._chains(deliveries)
         wake = workers_to_wake(self._chain_seconds, len(chains))
         self._work.put(chains, wake=wake)
-        if wake < len(chains):
-            self._work.hand_off(HANDOFF_SECONDS)
+        if chains and not wake:
+            self._run_here()
+
+    def _run_here(self) -> None:
+        """Run the queued chains on the receiver's thread, until none is left or the watchdog
+        has replaced this receiver (`rescue_receiver`: the workers take the rest)."""
+        me = threading.current_thread()
+        with self._cond:
+            self._inline_since = time.monotonic()
+        while self._receiver is me:
+            chain = self._work.take(block=False)
+            if chain is None:
+                break
+            self._run_taken(chain)
+        with self._cond:
+            if self._receiver is me:
+                self._inline_since = None
+
+    def rescue_receiver(self, now: float) -> bool:
+        """Replace a receiver that has been running a poll's messages for RESCUE_SECONDS or
+        more (a handler slower than the recent ones): idle workers take the rest of its poll, a
+        new receiver thread polls. The watchdog calls this every tick; True when replaced."""
+        with self._cond:
+            since = self._inline_since
+            if since is None or now - since < RESCUE_SECONDS or self.stopping.is_set():
+                return False
+            self._inline_since = None
+            thread = threading.Thread(target=self._receive_loop, name="messenger-receiver",
+                                      daemon=True)
+            self._receiver = thread
+            self._threads.append(thread)
+        self._work.wake_waiting()
+        thread.start()
+        return True
 
     def _chains(self, deliveries: list[Delivery]) -> list[list[Delivery]]:
         if not self.consumer.ordered:
@@ -278,26 +319,27 @@ class Runtime:
 
     # -- processing -------------------------------------------------------------------------
     def _worker_loop(self) -> None:
-        while True:
-            chain = self._work.take()
-            if chain is None:
-                return
-            began = time.monotonic()
-            try:
-                self._run_chain(chain)
-                took = time.monotonic() - began
-                average = self._chain_seconds  # workers race here: a lost update only skews it
-                self._chain_seconds = took if average is None else \
-                    average + CHAIN_TIME_WEIGHT * (took - average)
-            except ProcessingTimeout:
-                pass  # a late interruption of a handler already timed out and dead-lettered
-            finally:
-                with self._cond:
-                    returned = self._stuck.pop(threading.get_ident(), None) is not None
-                    if returned:  # a timed-out handler's thread is a worker again
-                        self._cond.notify_all()
-                if returned:
-                    self.refresh_state()
+        while (chain := self._work.take()) is not None:
+            self._run_taken(chain)
+
+    def _run_taken(self, chain: list[Delivery]) -> None:
+        """Run a chain taken from the work queue (on a worker's or the receiver's thread)."""
+        began = time.monotonic()
+        try:
+            self._run_chain(chain)
+            took = time.monotonic() - began
+            average = self._chain_seconds  # workers race here: a lost update only skews it
+            self._chain_seconds = took if average is None else \
+                average + CHAIN_TIME_WEIGHT * (took - average)
+        except ProcessingTimeout:
+            pass  # a late interruption of a handler already timed out and dead-lettered
+        finally:
+            with self._cond:
+                returned = self._stuck.pop(threading.get_ident(), None) is not None
+                if returned:  # a timed-out handler's thread is a worker again
+                    self._cond.notify_all()
+            if returned:
+                self.refresh_state()
 
     def _run_chain(self, chain: list[Delivery]) -> None:
         for position, delivery in enumerate(chain):
@@ -470,26 +512,22 @@ class Runtime:
 
 
 def workers_to_wake(chain_seconds: float | None, chains: int) -> int:
-    """How many idle workers a poll of `chains` chains wakes: one when they would take it at
-    most HANDOFF_SECONDS at `chain_seconds` each (the recent average; None: not known yet),
-    else one per chain."""
-    if chains <= 1 or (chain_seconds is not None and chain_seconds * chains <= HANDOFF_SECONDS):
-        return min(1, chains)
+    """How many idle workers a poll of `chains` chains wakes: none when they would take at most
+    HANDOFF_SECONDS at `chain_seconds` each (the recent average; None: not known yet), since
+    the receiver runs them itself; else one per chain."""
+    if chain_seconds is not None and chain_seconds * chains <= HANDOFF_SECONDS:
+        return 0
     return chains
 
 
 class WorkQueue:
     """Chains of received messages waiting for a worker.
 
-    `put` wakes idle workers (one by default); a worker that finishes a chain takes the next
-    one without waiting. `hand_off` (the receiver, after `put`) waits until the queue is empty,
-    and wakes one idle worker per chain still waiting after `seconds`: no message waits longer
-    for a worker while one is idle, and fast handlers run on the one thread already awake."""
+    `put` wakes idle workers (one per chain, or none when the receiver runs them itself); a
+    worker that finishes a chain takes the next one without waiting."""
 
     def __init__(self) -> None:
-        lock = threading.Lock()
-        self._ready = threading.Condition(lock)  # idle workers wait here
-        self._empty = threading.Condition(lock)  # the receiver waits here in `hand_off`
+        self._ready = threading.Condition()  # idle workers wait here
         self._chains: deque[list[Delivery]] = deque()
         self._closed = False
 
@@ -499,33 +537,26 @@ class WorkQueue:
             return
         with self._ready:
             self._chains.extend(chains)
-            self._ready.notify(wake)
+            if wake:
+                self._ready.notify(wake)
 
-    def hand_off(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
+    def wake_waiting(self) -> None:
+        """Wake an idle worker for each chain waiting."""
         with self._ready:
-            while self._chains and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self._ready.notify(len(self._chains))
-                    return
-                self._empty.wait(left)
+            self._ready.notify(len(self._chains))
 
-    def take(self) -> list[Delivery] | None:
-        """The next chain; None once closed and empty (the worker exits)."""
+    def take(self, block: bool = True) -> list[Delivery] | None:
+        """The next chain; None once closed and empty (the worker exits), or when empty and
+        not `block`."""
         with self._ready:
             while not self._chains:
-                if self._closed:
+                if self._closed or not block:
                     return None
                 self._ready.wait()
-            chain = self._chains.popleft()
-            if not self._chains:  # a receiver in `hand_off` may move on
-                self._empty.notify()
-            return chain
+            return self._chains.popleft()
 
     def close(self) -> None:
         """Wake every worker: each exits once the queue is empty."""
         with self._ready:
             self._closed = True
             self._ready.notify_all()
-            self._empty.notify_all()

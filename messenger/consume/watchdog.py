@@ -5,6 +5,8 @@ Every 0.25 s it
   handler thread gets `ProcessingTimeout` raised at its next Python instruction, and its worker
   counts as lost until the thread returns; a thread still running `stuck_after` seconds later
   (blocked in C code) makes the consumer exit non-zero, so that ECS replaces the task;
+- replaces a receiver still running a fast-looking poll's messages itself after
+  `runtime.RESCUE_SECONDS` (`Runtime.rescue_receiver`: workers take the rest of the poll);
 - restarts the PROCESSING clock of the health file when messages finished since the last tick
   (delete batches go out on the delete batcher's own thread);
 - writes the log lines held (`JsonLinesHandler.hold_seconds`) that are due before its next tick;
@@ -65,6 +67,8 @@ class Watched(Protocol):
 
     def dead_letter(self, delivery: Delivery, reason: str, expected: Stage) -> bool: ...
 
+    def rescue_receiver(self, now: float) -> bool: ...
+
 
 class Watchdog:
     """Watches one runtime's held messages until `stop()`."""
@@ -85,6 +89,7 @@ class Watchdog:
                 self.report_lease_events()
                 self.time_out(now)
                 self.check_stuck(now)
+                self.runtime.rescue_receiver(now)
                 progress = self.runtime.progress
                 if progress != written_progress:
                     written_progress = progress

@@ -290,7 +290,7 @@ def test_shutdown_releases_messages_not_started(settings, clients, running):
 
 
 @pytest.mark.timeout(60)
-def test_waiting_handlers_run_side_by_side_and_a_polls_fast_ones_on_one_worker(
+def test_waiting_handlers_run_side_by_side_and_fast_polls_on_the_receivers_thread(
     settings, running, monkeypatch
 ):
     from messenger.consume.runtime import WorkQueue
@@ -300,6 +300,7 @@ def test_waiting_handlers_run_side_by_side_and_a_polls_fast_ones_on_one_worker(
     lock = threading.Lock()
     running_now, most = [0], [0]
     polls: list[tuple[list[int], int]] = []
+    threads: dict[int, str] = {}
     put = WorkQueue.put
 
     def recording_put(self, chains, wake=1):
@@ -315,6 +316,7 @@ def test_waiting_handlers_run_side_by_side_and_a_polls_fast_ones_on_one_worker(
             with lock:
                 running_now[0] += 1
                 most[0] = max(most[0], running_now[0])
+                threads[message.body["n"]] = threading.current_thread().name
             if message.body["n"] < 30:
                 time.sleep(0.1)
             with lock:
@@ -332,10 +334,64 @@ def test_waiting_handlers_run_side_by_side_and_a_polls_fast_ones_on_one_worker(
     assert most[0] == 10, most
     slow = [(ns, wake) for ns, wake in polls if max(ns) < 30]
     assert all(wake == len(ns) for ns, wake in slow), slow
+    assert all(threads[n].startswith("messenger-worker-") for n in range(30))
     # and once the fast times show in the running average (a few polls), a poll of fast
-    # messages wakes one worker for all of them
+    # messages wakes no worker: the receiver runs them itself, then polls again
     fast = [(ns, wake) for ns, wake in polls if min(ns) >= 30 and len(ns) > 1]
-    assert len(fast) >= 8 and all(wake == 1 for _, wake in fast[-4:]), fast
+    assert len(fast) >= 8 and all(wake == 0 for _, wake in fast[-4:]), fast
+    assert all(threads[n] == "messenger-receiver" for ns, _ in fast[-4:] for n in ns)
+    assert sorted(m.body["n"] for m in run.consumer.handled) == list(range(130))
+
+
+@pytest.mark.timeout(60)
+def test_a_surprise_slow_handler_on_the_receiver_gets_it_replaced_and_the_rest_runs_on(
+    settings, running
+):
+    # Given a consumer whose handler is fast, except one message that blocks for 3 s after
+    # many fast ones (so it runs on the receiver's thread, predicted fast)
+    lock = threading.Lock()
+    ran: dict[int, tuple[str, int, float]] = {}
+    slow_started = threading.Event()
+
+    class Surprise(Recording):
+        channel = "surprise_slow_test"
+
+        def handler(self, message: ReceivedMessage) -> None:
+            n = message.body["n"]
+            with lock:
+                ran[n] = (threading.current_thread().name, threading.get_ident(),
+                          time.monotonic())
+            if n == 100:
+                slow_started.set()
+                time.sleep(3)
+            super().handler(message)
+
+    producer = producer_for(settings, Surprise.channel)
+    producer.push_many({"n": n} for n in range(100)).raise_for_failures()
+    run = running(Surprise, concurrency=10)
+    wait_until(lambda: len(run.consumer.handled) >= 100)
+    producer.push_many({"n": n} for n in range(100, 110)).raise_for_failures()
+    assert slow_started.wait(15)
+    slow_name, slow_thread, began = ran[100]
+    # When messages arrive while it runs
+    producer.push_many({"n": n} for n in range(110, 130)).raise_for_failures()
+    wait_until(lambda: len(run.consumer.handled) >= 129, timeout=2.5)
+    # Then the slow one ran on the receiver, and within a watchdog tick or two the rest of
+    # its poll (on workers) and the later messages (a new receiver polled) ran while it still
+    # ran, none on its thread
+    assert slow_name == "messenger-receiver"
+    assert len(run.consumer.handled) == 129 and 100 not in [m.body["n"] for m in
+                                                             run.consumer.handled]
+    assert all(ran[n][1] != slow_thread or ran[n][2] < began
+               for n in range(101, 130)), {n: ran[n] for n in range(101, 130)}
+    assert max(ran[n][2] for n in range(101, 130)) - began < 2.5
+    # and once it returns every message has run once, and its thread has exited
+    wait_until(lambda: len(run.consumer.handled) >= 130)
+    wait_until(lambda: all(t.ident != slow_thread for t in threading.enumerate()), timeout=5)
+    assert run.consumer._runtime is not None and run.consumer._runtime._receiver.is_alive()
+    run.stop()
+    assert sorted(m.body["n"] for m in run.consumer.handled) == list(range(130))
+    assert not run.consumer.named("dead_lettered") and not run.consumer.named("failed")
 
 
 @pytest.mark.timeout(60)

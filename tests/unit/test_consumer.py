@@ -403,67 +403,72 @@ def test_log_hold_is_checked_with_its_variable_and_range():
         ConsumerSettings.from_env({"MESSENGER_LOG_HOLD_SECONDS": "6"})
 
 
-def test_a_poll_wakes_one_worker_only_while_its_messages_are_fast():
+def test_a_poll_wakes_no_worker_only_while_its_messages_are_fast():
     from messenger.consume.runtime import HANDOFF_SECONDS, workers_to_wake
 
     # Not known yet (the first polls): a worker per chain, as for slow handlers
-    assert workers_to_wake(None, 10) == 10
-    # 10 chains at 50 µs each take one worker 0.5 ms: that worker runs them
-    assert workers_to_wake(0.00005, 10) == 1
+    assert workers_to_wake(None, 10) == 10 and workers_to_wake(None, 1) == 1
+    # 10 chains at 50 µs each take 0.5 ms: the receiver runs them, no worker is woken
+    assert workers_to_wake(0.00005, 10) == 0
     # at 1 ms each (a handler waiting on a network call) each chain gets a worker at once
     assert workers_to_wake(0.001, 10) == 10
-    assert workers_to_wake(HANDOFF_SECONDS / 4, 4) == 1
+    assert workers_to_wake(HANDOFF_SECONDS / 4, 4) == 0
     assert workers_to_wake(HANDOFF_SECONDS / 4, 5) == 5
     assert workers_to_wake(5.0, 1) == 1 and workers_to_wake(None, 0) == 0
 
 
-def test_a_poll_runs_on_the_awake_worker_and_waiting_work_wakes_idle_ones():
+def test_the_work_queue_wakes_as_many_workers_as_asked_and_the_rest_on_demand():
     import threading
 
     from messenger.consume.runtime import WorkQueue
 
     work = WorkQueue()
     taken: list[tuple[str, int]] = []
-    slow = threading.Event()
+    lock = threading.Lock()
+    release = threading.Event()
 
     def worker() -> None:
-        while True:
-            chain = work.take()
-            if chain is None:
-                return
-            taken.append((threading.current_thread().name, chain[0]))
-            if chain[0] >= 100:  # a slow handler
-                slow.wait(5)
+        while (chain := work.take()) is not None:
+            with lock:
+                taken.append((threading.current_thread().name, chain[0]))
+            release.wait(5)  # every chain holds its worker until released
+
+    def wait_for(count: int) -> None:
+        deadline = time.monotonic() + 2
+        while len(taken) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     threads = [threading.Thread(target=worker, name=f"w{n}") for n in range(4)]
     for thread in threads:
         thread.start()
     time.sleep(0.05)  # all four idle
-    # Given fast work: one put of four chains
-    began = time.monotonic()
-    work.put([[n] for n in range(4)])
-    work.hand_off(1.0)
-    # Then one worker ran them all, and the hand-off returned once the queue was empty
-    assert len(taken) == 4 and len({name for name, _ in taken}) == 1, taken
-    assert time.monotonic() - began < 0.5
-    # Given slow work: each chain blocks its worker
+    # Given four chains put without waking anyone (the receiver runs them itself)
+    work.put([[n] for n in range(4)], wake=0)
+    time.sleep(0.1)
+    # Then no worker took one, and the receiver's non-blocking take gets them in order
+    assert taken == []
+    assert work.take(block=False) == [0]
+    # and wake_waiting (a rescue) gives each chain still waiting its own idle worker
+    work.wake_waiting()
+    wait_for(3)
+    assert sorted(n for _, n in taken) == [1, 2, 3]
+    assert len({name for name, _ in taken}) == 3, taken
+    assert work.take(block=False) is None
+    # Given two chains put waking two workers (slow work): the fourth idle worker takes one
+    release.set()
+    time.sleep(0.05)
     taken.clear()
-    began = time.monotonic()
-    work.put([[100 + n] for n in range(4)])
-    work.hand_off(0.05)
-    # Then after the hand-off time every chain has its own worker
-    deadline = time.monotonic() + 2
-    while len(taken) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert sorted(n for _, n in taken) == [100, 101, 102, 103]
-    assert len({name for name, _ in taken}) == 4, taken
-    assert 0.04 <= time.monotonic() - began < 1.0
+    release.clear()
+    work.put([[10], [11]], wake=2)
+    wait_for(2)
+    assert sorted(n for _, n in taken) == [10, 11] and len({name for name, _ in taken}) == 2
     # and close() lets every worker exit once the queue is empty
-    slow.set()
+    release.set()
     work.close()
     for thread in threads:
         thread.join(2)
         assert not thread.is_alive()
+    assert work.take() is None
 
 
 def test_health_file_follows_running_states_lazily_and_other_states_at_once(tmp_path):
