@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import boto3
+import botocore.session
 from botocore.config import Config
 from botocore.context import get_context
 from botocore.exceptions import (
@@ -27,6 +28,7 @@ from botocore.exceptions import (
 )
 
 from messenger.errors import PublishFailed
+from messenger.responses import FastParserFactory
 
 T = TypeVar("T")
 
@@ -151,7 +153,8 @@ def _genuine_session_class() -> type[boto3.session.Session]:
 
 
 class ClientFactory:
-    """Makes one boto3 client per service on first use; thread-safe.
+    """Makes one boto3 client per service on first use; thread-safe. Its clients parse
+    ReceiveMessage responses faster (`messenger.responses`) and build their User-Agent once.
 
     Hooks registered with `register` (botocore event name, handler) apply to every client
     made before or after, which is how benchmarks count requests and tests inject faults.
@@ -187,7 +190,9 @@ class ClientFactory:
             existing = self._clients.get(key)
             if existing is not None:
                 return existing
-            session = _genuine_session_class()(region_name=self.region)
+            core = botocore.session.get_session()
+            core.register_component("response_parser_factory", FastParserFactory())
+            session = _genuine_session_class()(botocore_session=core, region_name=self.region)
             timeout = self.call_timeout if read_timeout is None else read_timeout
             timeout += LONG_POLL_SECONDS if long_poll else 0
             made = session.client(
