@@ -249,8 +249,19 @@ def _sole_json_handler(logger: logging.Logger, level: int) -> JsonLinesHandler |
     return None
 
 
-#: `json.dumps(value, default=str)`, without building an encoder per line.
-_encode = json.JSONEncoder(default=str).encode
+def _line_encoder() -> Callable[[Any], str]:
+    """`json.dumps(value, default=str)` without building an encoder per line: the C encoder
+    `json.JSONEncoder.encode` builds on every call, built once (a circular value raises
+    RecursionError instead of ValueError); Python's encoder where there is no C one."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return json.JSONEncoder(default=str).encode
+    encoder = make(None, str, json.encoder.encode_basestring_ascii, None, ": ", ", ",
+                   False, False, True)
+    return lambda value: "".join(encoder(value, 0))
+
+
+_encode = _line_encoder()
 
 
 class JsonFormatter(logging.Formatter):

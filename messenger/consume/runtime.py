@@ -22,10 +22,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from messenger.aws import is_transient
@@ -44,6 +45,8 @@ from messenger.consume.mailbox import (
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog, interrupt
 from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.offload import PayloadStore
+
+logger = logging.getLogger(__name__)
 
 #: How long the receiver waits for one more worker to free up before polling for fewer messages,
 #: and at most in all.
@@ -152,11 +155,26 @@ class Runtime:
         self.deleter.start()
         targets += [(f"worker-{n}", self._worker_loop) for n in range(self.config.concurrency)]
         for name, target in targets:
-            thread = threading.Thread(target=target, name=f"messenger-{name}", daemon=True)
+            thread = threading.Thread(target=self._guarded(target), name=f"messenger-{name}",
+                                      daemon=True)
             if name == "receiver":
                 self._receiver = thread
             thread.start()
             self._threads.append(thread)
+
+    def _guarded(self, target: Callable[[], None]) -> Callable[[], None]:
+        """A runtime thread that dies of an unexpected error (a bug here) stops the consumer
+        with that error (its traceback logged, a `fatal` event, then `run` raises it: the
+        process exits 1 and ECS replaces the task) instead of leaving it alive without that
+        thread. Messages it held are released at shutdown."""
+        def run() -> None:
+            try:
+                target()
+            except BaseException as error:
+                logger.exception("runtime thread %s died", threading.current_thread().name)
+                self.fail(error)
+
+        return run
 
     def wait(self) -> None:
         """Block until stopping (signal, fatal error); then shut down gracefully."""
@@ -301,8 +319,8 @@ class Runtime:
             if since is None or now - since < RESCUE_SECONDS or self.stopping.is_set():
                 return False
             self._inline_since = None
-            thread = threading.Thread(target=self._receive_loop, name="messenger-receiver",
-                                      daemon=True)
+            thread = threading.Thread(target=self._guarded(self._receive_loop),
+                                      name="messenger-receiver", daemon=True)
             self._receiver = thread
             self._threads.append(thread)
         self._work.wake_waiting()

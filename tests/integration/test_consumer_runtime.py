@@ -518,6 +518,38 @@ def test_a_handler_calling_sys_exit_is_a_failure_and_the_worker_lives_on(setting
 
 
 @pytest.mark.timeout(60)
+def test_a_runtime_thread_dying_of_a_bug_stops_the_consumer_loudly_and_keeps_the_message(
+    settings, clients, running, monkeypatch
+):
+    from messenger.consume.runtime import Runtime
+
+    # Given a runtime whose receiver hits a bug (an error outside any handler) on a message
+    def broken(self, deliveries):
+        raise RuntimeError("bug in the runtime")
+
+    monkeypatch.setattr(Runtime, "_chains", broken)
+    producer = producer_for(settings, "runtime_test")
+    sent = producer.push({"n": 1})
+    run = running(Recording, shutdown_timeout=2)
+    # Then the consumer does not live on without its receiver: run() raises the error after
+    # the graceful shutdown (the process would exit 1), with a fatal event
+    run.thread.join(20)
+    assert not run.thread.is_alive()
+    assert isinstance(run.error, RuntimeError) and "bug in the runtime" in str(run.error)
+    [fatal] = run.consumer.named("fatal")
+    assert "RuntimeError: bug in the runtime" in fatal.fields["error"]
+    # and the message it held was released at once: still in the queue, never handled
+    [released] = run.consumer.named("released")
+    assert released.message_id == sent and released.fields["ok"] is True
+    assert not run.consumer.handled
+    assert run.consumer.resources is not None
+    again = clients.client("sqs").receive_message(
+        QueueUrl=run.consumer.resources.queue.url, WaitTimeSeconds=2,
+        MessageAttributeNames=["All"])["Messages"]
+    assert again[0]["MessageAttributes"]["message_id"]["StringValue"] == sent
+
+
+@pytest.mark.timeout(60)
 def test_hooks_written_with_fewer_parameters_run(settings, running):
     # Seed 000 writes its END hook `def hook(self)`; the runtime offers (message,)
     calls: list[str] = []
