@@ -317,10 +317,13 @@ class DeleteBatcher:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def start(self) -> None:
+    def start(
+        self, guard: Callable[[Callable[[], None]], Callable[[], None]] | None = None
+    ) -> None:
         """Send batches from a thread of the batcher's own (without it, `add` sends a full
-        batch itself and the rest waits for `flush`)."""
-        self._thread = threading.Thread(target=self._run, name="messenger-deleter", daemon=True)
+        batch itself and the rest waits for `flush`); `guard` wraps the thread's loop."""
+        target = self._run if guard is None else guard(self._run)
+        self._thread = threading.Thread(target=target, name="messenger-deleter", daemon=True)
         self._thread.start()
 
     def close(self) -> None:

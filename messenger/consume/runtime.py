@@ -152,7 +152,7 @@ class Runtime:
         # The lease keeper first: nothing started after it can hold a message it does not renew.
         targets = [("leases", self.leases.run), ("receiver", self._receive_loop),
                    ("watchdog", self.watchdog.run)]
-        self.deleter.start()
+        self.deleter.start(self._guarded)
         targets += [(f"worker-{n}", self._worker_loop) for n in range(self.config.concurrency)]
         for name, target in targets:
             thread = threading.Thread(target=self._guarded(target), name=f"messenger-{name}",
