@@ -352,12 +352,15 @@ class Runtime:
         except ProcessingTimeout:
             pass  # a late interruption of a handler already timed out and dead-lettered
         finally:
-            with self._cond:
-                returned = self._stuck.pop(threading.get_ident(), None) is not None
-                if returned:  # a timed-out handler's thread is a worker again
-                    self._cond.notify_all()
-            if returned:
-                self.refresh_state()
+            # The watchdog marks a thread stuck while it runs a handler (under the message's
+            # lock, which the handler's thread takes on its way out): no lock needed to see it.
+            if self._stuck:
+                with self._cond:
+                    returned = self._stuck.pop(threading.get_ident(), None) is not None
+                    if returned:  # a timed-out handler's thread is a worker again
+                        self._cond.notify_all()
+                if returned:
+                    self.refresh_state()
 
     def _run_chain(self, chain: list[Delivery]) -> None:
         for position, delivery in enumerate(chain):
