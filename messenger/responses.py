@@ -15,6 +15,7 @@ to botocore as well. tests/unit/test_responses.py holds both parsers' results si
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +28,9 @@ FAST_SHAPES = frozenset({"ReceiveMessageResult"})
 #: Turns a JSON value into botocore's value; gets the parser (its blob and timestamp parsers).
 Convert = Callable[[Any, JSONParser], Any]
 
-_plans: dict[int, tuple[Shape, Convert | None]] = {}
+#: The plan of each shape object planned (None: botocore's parser), for as long as the shape
+#: lives: each client has its own model, hence its own shapes.
+_plans: weakref.WeakKeyDictionary[Shape, Convert | None] = weakref.WeakKeyDictionary()
 _plans_lock = threading.Lock()
 
 
@@ -51,15 +54,14 @@ class FastParserFactory(ResponseParserFactory):
 
 
 def plan_for(shape: Shape) -> Convert | None:
-    """The plan for a structure shape; None when botocore's parser must do it. Plans are kept
-    per shape object (a client's model keeps its shapes), with the shape, so that its id is not
-    reused while the plan is kept."""
-    found = _plans.get(id(shape))
-    if found is None or found[0] is not shape:
-        plan = _convert(shape) if shape.type_name == "structure" and _plannable(shape) else None
-        with _plans_lock:
-            found = _plans[id(shape)] = (shape, plan)
-    return found[1]
+    """The plan for a structure shape; None when botocore's parser must do it. Made once per
+    shape object (a client's model keeps its shapes) and dropped with it."""
+    if shape in _plans:
+        return _plans[shape]
+    plan = _convert(shape) if shape.type_name == "structure" and _plannable(shape) else None
+    with _plans_lock:
+        _plans[shape] = plan
+    return plan
 
 
 def _plannable(shape: Shape, seen: frozenset[int] = frozenset()) -> bool:

@@ -126,3 +126,19 @@ def test_clients_of_the_factory_use_the_planned_parser(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     sqs = ClientFactory("us-east-1", endpoint_url="http://127.0.0.1:9").client("sqs")
     assert isinstance(sqs._endpoint._response_parser_factory, FastParserFactory)
+
+
+def test_a_plan_goes_with_its_clients_model():
+    import gc
+
+    from messenger import responses
+
+    # Each client has a model of its own: a plan is kept only while its shape lives
+    session = botocore.session.get_session()
+    shape = session.get_service_model("sqs").operation_model("ReceiveMessage").output_shape
+    before = len(responses._plans)
+    assert plan_for(shape) is not None and plan_for(shape) is plan_for(shape)
+    assert len(responses._plans) == before + 1
+    del shape, session
+    gc.collect()
+    assert len(responses._plans) == before
