@@ -43,6 +43,20 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
+def _check_envelope(routing_key: Any, meta_headers: Any) -> None:
+    """InvalidMessage unless the routing key and meta headers are valid (see `Message`)."""
+    if routing_key is not None and (
+        not isinstance(routing_key, str) or not 1 <= len(routing_key) <= MAX_ROUTING_KEY_LENGTH
+    ):
+        raise InvalidMessage(
+            f"routing_key must be a string of 1 to {MAX_ROUTING_KEY_LENGTH} characters "
+            f"or None, got {routing_key!r}"
+        )
+    if not (type(meta_headers) is dict or isinstance(meta_headers, Mapping)) or meta_headers and \
+            not all(isinstance(k, str) and isinstance(v, str) for k, v in meta_headers.items()):
+        raise InvalidMessage(f"meta_headers must map strings to strings, got {meta_headers!r}")
+
+
 def sendable_attributes(received: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Received MessageAttributes in SendMessage's shape (drops the empty list fields), to
     forward a message unchanged (to a DLQ, or back from one)."""
@@ -89,20 +103,7 @@ class Message:
     produced_at: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
-        if self.routing_key is not None and (
-            not isinstance(self.routing_key, str)
-            or not 1 <= len(self.routing_key) <= MAX_ROUTING_KEY_LENGTH
-        ):
-            raise InvalidMessage(
-                f"routing_key must be a string of 1 to {MAX_ROUTING_KEY_LENGTH} characters "
-                f"or None, got {self.routing_key!r}"
-            )
-        if not isinstance(self.meta_headers, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in self.meta_headers.items()
-        ):
-            raise InvalidMessage(
-                f"meta_headers must map strings to strings, got {self.meta_headers!r}"
-            )
+        _check_envelope(self.routing_key, self.meta_headers)
 
     def encode(self) -> EncodedMessage:
         """Body JSON plus attributes; InvalidMessage when the body is not JSON-serializable."""
@@ -141,34 +142,43 @@ class Message:
         (the SQS MessageId) and no headers. Raises MessageDecodeError on a non-JSON body or
         malformed attributes.
         """
-        try:
-            value = json.loads(body)
-        except (TypeError, ValueError) as error:
-            raise MessageDecodeError(f"message body is not JSON: {error}") from None
-        except RecursionError:  # nesting deeper than the interpreter's limit: never decodable
-            raise MessageDecodeError(
-                "message body is nested deeper than this consumer can decode "
-                f"(Python's recursion limit, {sys.getrecursionlimit()})"
-            ) from None
-        attrs = attributes or {}
+        value, routing_key, meta, message_id, produced_at = decode_envelope(
+            body, attributes, fallback_id)
+        return cls(body=value, routing_key=routing_key, meta_headers=meta,
+                   message_id=message_id, produced_at=produced_at)
 
-        def text(name: str) -> str | None:
-            entry = attrs.get(name)
-            return None if entry is None else str(entry.get("StringValue", ""))
 
-        try:
-            meta_raw = text(META_HEADERS_ATTRIBUTE)
-            meta = json.loads(meta_raw) if meta_raw else {}
-            produced_raw = text(PRODUCED_AT_ATTRIBUTE)
-            produced_at = float(produced_raw) if produced_raw else 0.0
-            return cls(
-                body=value,
-                routing_key=text(ROUTING_KEY_ATTRIBUTE),
-                meta_headers=meta,
-                message_id=text(MESSAGE_ID_ATTRIBUTE) or fallback_id or _new_id(),
-                produced_at=produced_at,
-            )
-        except (ValueError, TypeError, InvalidMessage, RecursionError) as error:
-            raise MessageDecodeError(
-                f"message attributes are malformed: {type(error).__name__}: {error}"
-            ) from None
+def decode_envelope(
+    body: str, attributes: Mapping[str, Mapping[str, Any]] | None, fallback_id: str = ""
+) -> tuple[Any, str | None, dict[str, str], str, float]:
+    """`Message.decode`'s checked parts: (body value, routing key, meta headers (a dict of its own),
+    message id, produced_at), without building a Message (a consumer builds its handler's
+    message from them). Raises MessageDecodeError like `Message.decode`."""
+    try:
+        value = json.loads(body)
+    except (TypeError, ValueError) as error:
+        raise MessageDecodeError(f"message body is not JSON: {error}") from None
+    except RecursionError:  # nesting deeper than the interpreter's limit: never decodable
+        raise MessageDecodeError(
+            "message body is nested deeper than this consumer can decode "
+            f"(Python's recursion limit, {sys.getrecursionlimit()})"
+        ) from None
+    attrs = attributes or {}
+
+    def text(name: str) -> str | None:
+        entry = attrs.get(name)
+        return None if entry is None else str(entry.get("StringValue", ""))
+
+    try:
+        meta_raw = text(META_HEADERS_ATTRIBUTE)
+        meta = json.loads(meta_raw) if meta_raw else {}
+        produced_raw = text(PRODUCED_AT_ATTRIBUTE)
+        produced_at = float(produced_raw) if produced_raw else 0.0
+        routing_key = text(ROUTING_KEY_ATTRIBUTE)
+        _check_envelope(routing_key, meta)
+        message_id = text(MESSAGE_ID_ATTRIBUTE) or fallback_id or _new_id()
+        return value, routing_key, meta, message_id, produced_at
+    except (ValueError, TypeError, InvalidMessage, RecursionError) as error:
+        raise MessageDecodeError(
+            f"message attributes are malformed: {type(error).__name__}: {error}"
+        ) from None

@@ -308,6 +308,8 @@ class Consumer:
         """Call the hooks registered for `hook`; one that raises (anything but Ctrl-C) is logged
         and skipped. A hook gets as many of `args` as its signature takes, so seed-style hooks
         such as `def hook(self)` on MSG_PROCESSING_END run too."""
+        if not self.hooks:  # (twice per message: no lookup when the class has none)
+            return
         for name in self.hooks.get(hook, ()):
             method = getattr(self, name)
             try:

@@ -15,7 +15,11 @@ from typing import Any
 
 from messenger.aws import call_with_budget
 from messenger.channel import MAX_BATCH_ENTRIES
-from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE, Message, sendable_attributes
+from messenger.message import (
+    DEAD_LETTER_REASON_ATTRIBUTE,
+    decode_envelope,
+    sendable_attributes,
+)
 from messenger.offload import OffloadPointer, PayloadStore
 
 #: Longest dead-letter reason kept in the attribute.
@@ -122,15 +126,16 @@ class Delivery:
         pointer = OffloadPointer.parse(body, attributes)
         if pointer is not None:
             body = call_with_budget(lambda: store.get(pointer), budget, "reading offloaded payload")
-        message = Message.decode(body, attributes, fallback_id=self.sqs_message_id)
+        value, routing_key, meta, message_id, produced_at = decode_envelope(
+            body, attributes, fallback_id=self.sqs_message_id)
         sent = float(self.raw.get("Attributes", {}).get("SentTimestamp", "0")) / 1000.0
         return ReceivedMessage(
-            body=message.body,
-            meta_headers=dict(message.meta_headers),
-            routing_key=message.routing_key,
-            message_id=message.message_id,
+            body=value,
+            meta_headers=meta,
+            routing_key=routing_key,
+            message_id=message_id,
             receive_count=self.receive_count,
-            produced_at=message.produced_at,
+            produced_at=produced_at,
             sent_at=sent,
             group_id=self.group_id,
             sqs_message_id=self.sqs_message_id,
@@ -310,7 +315,8 @@ class DeleteBatcher:
         self.mailbox = mailbox
         self.linger = linger
         self.on_failure = on_failure
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()  # `_cond`'s: `add` takes it directly (cheaper)
+        self._cond = threading.Condition(self._lock)
         self._send_lock = threading.Lock()
         self._pending: list[Delivery] = []
         self._oldest = 0.0
@@ -336,7 +342,7 @@ class DeleteBatcher:
         self.flush()
 
     def add(self, delivery: Delivery) -> None:
-        with self._cond:
+        with self._lock:
             if not self._pending:
                 self._oldest = time.monotonic()
             self._pending.append(delivery)

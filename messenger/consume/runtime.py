@@ -81,7 +81,9 @@ class Runtime:
         self.visibility = consumer.visibility_timeout
         self.stopping = threading.Event()
         self.fatal: BaseException | None = None
-        self._cond = threading.Condition()
+        #: `_cond`'s lock: the hot paths take it directly (a Condition's `with` is Python code).
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._held: dict[str, Delivery] = {}  # receipt handle → delivery, until finished
         self._stuck: dict[int, float] = {}  # handler threads past their timeout → since
         self._last_poll_empty = False
@@ -276,7 +278,7 @@ class Runtime:
         return [Delivery(m, now, leased_at + self.visibility, mailbox=mailbox) for m in raw]
 
     def _dispatch(self, deliveries: list[Delivery]) -> None:
-        with self._cond:
+        with self._lock:
             for delivery in deliveries:
                 self._held[delivery.receipt_handle] = delivery
             self._last_poll_empty = not deliveries
@@ -299,14 +301,14 @@ class Runtime:
         """Run the queued chains on the receiver's thread, until none is left or the watchdog
         has replaced this receiver (`rescue_receiver`: the workers take the rest)."""
         me = threading.current_thread()
-        with self._cond:
+        with self._lock:
             self._inline_since = time.monotonic()
         while self._receiver is me:
             chain = self._work.take(block=False)
             if chain is None:
                 break
             self._run_taken(chain)
-        with self._cond:
+        with self._lock:
             if self._receiver is me:
                 self._inline_since = None
 
@@ -491,7 +493,7 @@ class Runtime:
         return True
 
     def _finish(self, delivery: Delivery, progress: bool = False) -> None:
-        with self._cond:
+        with self._lock:
             self._held.pop(delivery.receipt_handle, None)
             if progress:
                 self._progress += 1
@@ -548,7 +550,8 @@ class WorkQueue:
     worker that finishes a chain takes the next one without waiting."""
 
     def __init__(self) -> None:
-        self._ready = threading.Condition()  # idle workers wait here
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)  # idle workers wait here
         self._chains: deque[list[Delivery]] = deque()
         self._closed = False
 
@@ -556,7 +559,7 @@ class WorkQueue:
         """Queue the chains and wake up to `wake` idle workers."""
         if not chains:
             return
-        with self._ready:
+        with self._lock:
             self._chains.extend(chains)
             if wake:
                 self._ready.notify(wake)
@@ -569,7 +572,7 @@ class WorkQueue:
     def take(self, block: bool = True) -> list[Delivery] | None:
         """The next chain; None once closed and empty (the worker exits), or when empty and
         not `block`."""
-        with self._ready:
+        with self._lock:
             while not self._chains:
                 if self._closed or not block:
                     return None

@@ -321,6 +321,38 @@ def test_the_fast_event_line_is_the_formatter_line_and_other_setups_still_get_re
         root.handlers[:], root.level = saved
 
 
+@pytest.mark.parametrize("event", [
+    LifecycleEvent("completed", "orders", "m-1", 0.0012345678, {"receive_count": 2}),
+    LifecycleEvent("state", "wishlist_events.audit_log", None, None,
+                   {"state": "LISTENING", "previous": None}),
+    LifecycleEvent("started", "cafés\"\\", "é\n\t", None, {}),
+    LifecycleEvent("timed_out", "orders", "m-2", float("inf"),
+                   {"nested": {"list": [1, 2.5, "ü", None]}, "nan": float("nan")}),
+    LifecycleEvent("failed", "orders", "m-3", float("nan"), {"error": object()}),
+    LifecycleEvent("custom", "orders", None, None, {"event": "renamed", "time": 1}),
+    LifecycleEvent("custom", "orders", 7, 3, {}),  # type: ignore[arg-type]
+    LifecycleEvent("custom", "orders", "m-4", None, {}, at=1_700_000_000),
+])
+def test_an_event_line_is_exactly_the_formatters_line(event):
+    """The handler builds a lifecycle line from a cached head instead of encoding a payload:
+    byte for byte what JsonFormatter writes for the same record, odd values included."""
+    import io
+
+    from messenger.consume.lifecycle import JsonLinesHandler
+
+    stream = io.StringIO()
+    handler = JsonLinesHandler(stream)
+    for level in (logging.INFO, logging.ERROR, logging.INFO):  # the second INFO: cached head
+        handler.write_event(event, level, "messenger.consumer.events")
+        record = logging.LogRecord("messenger.consumer.events", level, "", 0, event.name,
+                                   None, None)
+        record.event_fields = event.as_dict()
+        record.created = event.at
+        assert stream.getvalue() == JsonFormatter().format(record) + "\n"
+        stream.seek(0)
+        stream.truncate()
+
+
 def test_held_info_lines_are_written_together_in_order_and_warnings_at_once():
     import io
 
