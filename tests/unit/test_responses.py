@@ -68,6 +68,30 @@ def test_receive_message_parses_like_botocore(body):
         assert attributes["tags"]["BinaryListValues"] == [b"x"]
 
 
+def batch_failure(n: int) -> dict[str, Any]:
+    return {"Id": str(n), "SenderFault": True, "Code": "ReceiptHandleIsInvalid",
+            "Message": f"handle {n} is invalid"}
+
+
+@pytest.mark.parametrize("operation,body", [
+    ("DeleteMessageBatch", {"Successful": [{"Id": str(n)} for n in range(9)],
+                            "Failed": [batch_failure(9)]}),
+    ("DeleteMessageBatch", {"Successful": [], "Failed": []}),
+    ("DeleteMessageBatch", {"Successful": [{"Id": "0", "Extra": 1}], "Failed": None}),
+    ("ChangeMessageVisibilityBatch", {"Successful": [{"Id": "0"}], "Failed": [batch_failure(1)]}),
+    ("SendMessageBatch", {"Successful": [
+        {"Id": "0", "MessageId": "m-0", "MD5OfMessageBody": "a" * 32,
+         "MD5OfMessageAttributes": "b" * 32, "SequenceNumber": "1" * 20}],
+        "Failed": [batch_failure(1) | {"SenderFault": False}]}),
+    ("SendMessageBatch", {}),
+])
+def test_batch_results_parse_like_botocore(operation, body):
+    model = sqs_operation(operation)
+    assert model.output_shape.name in FAST_SHAPES
+    ours, theirs = both(model, response(body))
+    assert ours == theirs
+
+
 def test_errors_and_other_operations_go_through_botocores_own_parser():
     receive = sqs_operation("ReceiveMessage")
     error = response({"__type": "com.amazonaws.sqs#QueueDoesNotExist", "message": "gone"}, 400)
