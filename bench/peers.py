@@ -5,8 +5,10 @@ process with one consumer, alternating which consumer goes first from round to r
 a shared machine vary between runs, not much within one). The child measures its own CPU time
 (all threads) from the start of the drain (messenger: once it is LISTENING; its startup, which
 provisions or verifies the channel, is reported apart) until every message is handled and
-deleted, and counts
-its AWS requests with botocore's `before-send` event. `messages_per_second` is timed from the
+deleted (messenger: until it has stopped; its shutdown, which sends the last delete batch and
+writes the held log lines, is counted and also reported as `shutdown_cpu_seconds`), and counts
+its AWS requests with botocore's `before-send` event. The benchmark's own readings (the
+threads' CPU, counting the log lines) are not counted. `messages_per_second` is timed from the
 same start (messenger: LISTENING) to the last message handled.
 
 - messenger: `Consumer` as deployed: concurrency 10, JSON event log on (to a file, as a
@@ -97,13 +99,18 @@ def drain_messenger(queue: str, namespace: str, messages: int,
     thread.start()
     done.wait(600)
     drained = time.perf_counter()  # every message handled (the peer's clock stops there too)
+    measuring = time.thread_time()
     threads = thread_costs()  # before shutdown: the runtime's threads are still there
-    consumer.request_shutdown()  # sends the last delete batches
+    measuring = time.thread_time() - measuring  # the benchmark's own reading: not counted
+    stopping = time.process_time()
+    consumer.request_shutdown()  # sends the last delete batches, writes the held log lines
     thread.join(60)
-    lines = sum(1 for _ in open(log.name))
+    stopped = time.process_time()
+    lines = sum(1 for _ in open(log.name))  # (after the clock stopped)
     os.unlink(log.name)
-    return {"cpu_seconds": time.process_time() - listening[0],
-            "startup_cpu_seconds": listening[0] - cpu, "wall_seconds": drained - listening[1],
+    return {"cpu_seconds": stopped - listening[0] - measuring,
+            "startup_cpu_seconds": listening[0] - cpu, "shutdown_cpu_seconds": stopped - stopping,
+            "wall_seconds": drained - listening[1],
             "handled": handled[0], "requests": counter.total, "log_lines": lines,
             "by_operation": dict(counter.counts), "threads": threads}
 
@@ -158,6 +165,7 @@ def drain_peer(queue_url: str, messages: int, attributes: bool = False) -> dict[
     cpu, wall = time.process_time(), time.perf_counter()
     consumer.start()  # returns after the batch that reached `messages` (deleted)
     return {"cpu_seconds": time.process_time() - cpu, "startup_cpu_seconds": 0.0,
+            "shutdown_cpu_seconds": 0.0,
             "wall_seconds": time.perf_counter() - wall,
             "handled": handled[0], "requests": counter.total, "log_lines": 0,
             "by_operation": dict(counter.counts)}
@@ -208,6 +216,8 @@ def measure(rounds: int, messages: int) -> dict[str, Any]:
             "cpu_seconds_per_1000_rounds": [round(c, 4) for c in cpu],
             "startup_cpu_seconds": round(statistics.median(
                 r["startup_cpu_seconds"] for r in found), 4),
+            "shutdown_cpu_seconds": round(statistics.median(
+                r["shutdown_cpu_seconds"] for r in found), 4),
             "requests_per_message": round(
                 statistics.median(r["requests"] / messages for r in found), 4),
             "messages_per_second": round(
