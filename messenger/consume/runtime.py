@@ -303,11 +303,12 @@ class Runtime:
         me = threading.current_thread()
         with self._lock:
             self._inline_since = time.monotonic()
-        while self._receiver is me:
-            chain = self._work.take(block=False)
-            if chain is None:
-                break
-            self._run_taken(chain)
+        with self.deleter.deferred_wakes():  # the deleter is woken once per batch
+            while self._receiver is me:
+                chain = self._work.take(block=False)
+                if chain is None:
+                    break
+                self._run_taken(chain)
         with self._lock:
             if self._receiver is me:
                 self._inline_since = None

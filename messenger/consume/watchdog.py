@@ -24,7 +24,7 @@ from typing import Protocol
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper
 from messenger.consume.lifecycle import LifecycleHooks, write_held_lines
-from messenger.consume.mailbox import Delivery, Mailbox, Stage
+from messenger.consume.mailbox import DeleteBatcher, Delivery, Mailbox, Stage
 from messenger.consume.settings import ConsumerSettings
 from messenger.errors import MessengerError
 
@@ -50,6 +50,7 @@ class Watched(Protocol):
     consumer: RuntimeHost
     config: ConsumerSettings
     mailbox: Mailbox
+    deleter: DeleteBatcher
     leases: LeaseKeeper
     visibility: int
     stopping: threading.Event
@@ -90,6 +91,7 @@ class Watchdog:
                 self.time_out(now)
                 self.check_stuck(now)
                 self.runtime.rescue_receiver(now)
+                self.runtime.deleter.wake_if_due()
                 progress = self.runtime.progress
                 if progress != written_progress:
                     written_progress = progress

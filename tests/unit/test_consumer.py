@@ -503,6 +503,64 @@ def test_the_work_queue_wakes_as_many_workers_as_asked_and_the_rest_on_demand():
     assert work.take() is None
 
 
+def test_the_deleter_is_woken_once_per_batch_while_a_poll_runs_and_owes_no_wake():
+    from messenger.consume.mailbox import DeleteBatcher
+
+    sent: list[list[str]] = []
+
+    class Recorded:
+        def delete_batch(self, batch: list[Delivery]) -> list[Any]:
+            sent.append([d.sqs_message_id for d in batch])
+            return []
+
+    def wait_for(count: int) -> None:
+        deadline = time.monotonic() + 5
+        while len(sent) < count and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(sent) == count, sent
+
+    counter = iter(range(1000))
+
+    def added(count: int = 1) -> list[str]:
+        ids = [f"m{next(counter)}" for _ in range(count)]
+        for message_id in ids:
+            batcher.add(Delivery({"ReceiptHandle": f"r-{message_id}", "MessageId": message_id},
+                                 0.0, 30.0))
+        return ids
+
+    batcher = DeleteBatcher(Recorded(), linger=0.05, on_failure=lambda error: None)
+    batcher.start()
+    try:
+        # A first entry while a poll runs does not wake the thread (it sleeps: nothing goes)...
+        with batcher.deferred_wakes():
+            first = added()
+            time.sleep(0.3)
+            assert sent == []
+        # ...the end of the poll wakes it, and the linger counted from the add: sent at once
+        wait_for(1)
+        assert sent[0] == first
+        # A full batch wakes it at once, within a poll too
+        with batcher.deferred_wakes():
+            full = added(10)
+            wait_for(2)
+            assert sent[1] == full
+            # A deferral that lasts (a slow handler on the receiver): the watchdog's tick
+            # gives the owed wake
+            late = added()
+            time.sleep(0.2)
+            assert len(sent) == 2
+            batcher.wake_if_due()
+            wait_for(3)
+            assert sent[2] == late
+        # Outside a poll, a first entry wakes it as before: sent after the linger
+        alone = added()
+        wait_for(4)
+        assert sent[3] == alone
+    finally:
+        batcher.close()
+    assert len(sent) == 4
+
+
 def test_health_file_follows_running_states_lazily_and_other_states_at_once(tmp_path):
     from messenger.consume.consumer import HEALTH_LAG_SECONDS
     from messenger.consume.health import HealthFile
