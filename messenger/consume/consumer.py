@@ -227,7 +227,7 @@ class Consumer:
              fields: dict[str, Any] | None = None) -> None:
         """Report one lifecycle event (see `on_event`); record it in the status store when the
         channel tracks status (also when a subclass's `on_event` does not call super)."""
-        event = LifecycleEvent(name, self.spec.name, message_id, duration, fields or {})
+        event = LifecycleEvent(name, self.spec.name, message_id, duration, fields)
         try:
             self.on_event(event)
         except Exception:

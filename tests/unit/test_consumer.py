@@ -581,3 +581,34 @@ def test_health_file_follows_running_states_lazily_and_other_states_at_once(tmp_
     assert found.state == "PROCESSING" and found.since == entered
     consumer.transition(ConsumerState.EXITING)
     assert health.read().state == "EXITING"  # leaving the running states: at once
+
+
+@pytest.mark.parametrize("cls,args", [
+    (LifecycleEvent, ("completed", "orders", "m-1", 0.5, {"receive_count": 1}, 1700000000.0)),
+    ("ReceivedMessage", ({"n": 1}, {"locale": "en"}, "a.b", "m-1", 2, 1.0, 2.0, "g", "s-1", "r")),
+])
+def test_events_and_received_messages_are_frozen_dataclasses_of_every_field(cls, args):
+    """Both build their fields without the generated __init__ (they are made per message):
+    still frozen dataclasses whose __init__ takes every field, in order."""
+    import dataclasses
+    import inspect
+
+    from messenger.consume.mailbox import ReceivedMessage
+
+    cls = ReceivedMessage if cls == "ReceivedMessage" else cls
+    names = [f.name for f in dataclasses.fields(cls)]
+    assert list(inspect.signature(cls).parameters) == names
+    made = cls(*args)
+    assert [getattr(made, name) for name in names] == list(args)
+    assert made == cls(*args) and dataclasses.replace(made) == made
+    assert dataclasses.asdict(made) == dict(zip(names, args, strict=True))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.message_id = "other"
+
+
+def test_an_event_defaults_to_no_fields_and_now():
+    before = time.time()
+    event = LifecycleEvent("state", "orders", fields=None)
+    assert event.fields == {} and event.message_id is None and event.duration is None
+    assert before <= event.at <= time.time()
+    assert LifecycleEvent("state", "orders").fields is not LifecycleEvent("s", "o").fields
