@@ -164,20 +164,16 @@ def decode_envelope(
             f"(Python's recursion limit, {sys.getrecursionlimit()})"
         ) from None
     attrs = attributes or {}
-
-    def text(name: str) -> str | None:
-        entry = attrs.get(name)
-        return None if entry is None else str(entry.get("StringValue", ""))
-
     try:
-        meta_raw = text(META_HEADERS_ATTRIBUTE)
+        meta_raw, produced_raw, routing_key, message_id = (
+            None if entry is None else str(entry.get("StringValue", ""))
+            for entry in (attrs.get(META_HEADERS_ATTRIBUTE), attrs.get(PRODUCED_AT_ATTRIBUTE),
+                          attrs.get(ROUTING_KEY_ATTRIBUTE), attrs.get(MESSAGE_ID_ATTRIBUTE))
+        )
         meta = json.loads(meta_raw) if meta_raw else {}
-        produced_raw = text(PRODUCED_AT_ATTRIBUTE)
         produced_at = float(produced_raw) if produced_raw else 0.0
-        routing_key = text(ROUTING_KEY_ATTRIBUTE)
         _check_envelope(routing_key, meta)
-        message_id = text(MESSAGE_ID_ATTRIBUTE) or fallback_id or _new_id()
-        return value, routing_key, meta, message_id, produced_at
+        return value, routing_key, meta, message_id or fallback_id or _new_id(), produced_at
     except (ValueError, TypeError, InvalidMessage, RecursionError) as error:
         raise MessageDecodeError(
             f"message attributes are malformed: {type(error).__name__}: {error}"

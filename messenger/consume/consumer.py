@@ -256,7 +256,8 @@ class Consumer:
             self.emit("state", fields={
                 "state": state.value, "previous": previous.value if previous else None,
             })
-            self.run_hooks(LifecycleHooks.for_state(state), previous)
+            if self.hooks:  # (twice per poll on a busy queue: no lookup without hooks)
+                self.run_hooks(LifecycleHooks.for_state(state), previous)
 
     def touch_health(self) -> None:
         """Progress while PROCESSING: restart the state's clock in the health file."""

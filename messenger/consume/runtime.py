@@ -105,7 +105,7 @@ class Runtime:
         return self.config.concurrency - len(self._held) - len(self._stuck)
 
     def current_state(self) -> ConsumerState:
-        with self._cond:
+        with self._lock:
             if self.stopping.is_set():
                 return ConsumerState.EXITING
             if self._held or self._stuck:
