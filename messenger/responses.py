@@ -132,7 +132,10 @@ def _structure(shape: Shape) -> Convert:
     def same_names(value: Any, parser: JSONParser) -> Any:
         if value is None:
             return None
-        parsed = {k: v for k, v in value.items() if v is not None and k in names}
+        if names.issuperset(value) and None not in value.values():
+            parsed = value  # only known, non-null members (as always): json.loads's own dict
+        else:
+            parsed = {k: v for k, v in value.items() if v is not None and k in names}
         for name, convert in special:
             found = parsed.get(name)
             if found is not None:
