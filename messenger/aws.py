@@ -29,6 +29,7 @@ from botocore.exceptions import (
 
 from messenger.errors import PublishFailed
 from messenger.responses import FastParserFactory
+from messenger.serialize import use_planned_serializer
 
 T = TypeVar("T")
 
@@ -184,7 +185,8 @@ class ClientFactory:
         ReceiveMessage wait (a consumer's mailbox); `read_timeout`: a client of its own with
         this read timeout (seconds), e.g. for lease renewals that must answer within a lease;
         `validate_params=False`: a client of its own that skips botocore's check of every
-        parameter, for callers that build requests only from values they checked themselves."""
+        parameter, for callers that build requests only from values they checked themselves
+        (and writes plain JSON request bodies in one step: `messenger.serialize`)."""
         key = (service, long_poll, read_timeout, validate_params)
         with self._lock:
             existing = self._clients.get(key)
@@ -203,6 +205,8 @@ class ClientFactory:
             made.meta.events.register_first("before-call", self._start_call_clock)
             made.meta.events.register("before-sign", _encode_form_once)
             _reuse_user_agent(made)
+            if not validate_params:
+                use_planned_serializer(made)
             for event, handler in self._hooks:
                 made.meta.events.register(event, handler)
             self._clients[key] = made
