@@ -63,7 +63,7 @@ def drain_messenger(queue: str, namespace: str, messages: int,
 
     from messenger.aws import ClientFactory, RequestCounter
     from messenger.consume.consumer import Consumer, ConsumerSettings
-    from messenger.consume.lifecycle import configure_json_logging, write_held_lines
+    from messenger.consume.lifecycle import configure_json_logging
     from messenger.settings import Settings
 
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
@@ -114,7 +114,8 @@ def drain_messenger(queue: str, namespace: str, messages: int,
     done.wait(600)
     drained = time.perf_counter()  # every message handled (the peer's clock stops there too)
     all_deleted.wait(60)  # every message deleted (so is the peer's when its clock stops)
-    write_held_lines()  # every event of the drain in the log, as the shutdown would write them
+    for handler in logging.getLogger().handlers:  # every event of the drain in the log, as
+        handler.flush()  # the shutdown would write them (held lines, whatever their age)
     drain_cpu = time.process_time()
     threads = thread_costs()  # before shutdown: the runtime's threads are still there
     stopping = time.process_time()
