@@ -62,25 +62,33 @@ def plan_for(shape: Shape) -> Convert | None:
     shape object (a client's model keeps its shapes) and dropped with it."""
     if shape in _plans:
         return _plans[shape]
-    plan = _convert(shape) if shape.type_name == "structure" and _plannable(shape) else None
+    plan = _convert(shape) if shape.type_name == "structure" and every_shape(shape) else None
     with _plans_lock:
         _plans[shape] = plan
     return plan
 
 
-def _plannable(shape: Shape, seen: frozenset[int] = frozenset()) -> bool:
+def every_shape(
+    shape: Shape, accept: Callable[[Shape], bool] | None = None,
+    seen: frozenset[int] = frozenset(),
+) -> bool:
+    """Whether `shape` and every shape in it (members, list items, map keys and values) pass
+    `accept`, with none recursive, a document, a tagged union or an event stream: what a plan
+    here or in `messenger.serialize` can take; the rest is left to botocore."""
     if id(shape) in seen:  # a recursive shape: left to botocore
         return False
     seen = seen | {id(shape)}
     if getattr(shape, "is_document_type", False) or getattr(shape, "is_tagged_union", False) \
             or shape.serialization.get("eventstream") or shape.serialization.get("event"):
         return False
+    if accept is not None and not accept(shape):
+        return False
     if shape.type_name == "structure":
-        return all(_plannable(member, seen) for member in shape.members.values())
+        return all(every_shape(member, accept, seen) for member in shape.members.values())
     if shape.type_name == "list":
-        return _plannable(shape.member, seen)
+        return every_shape(shape.member, accept, seen)
     if shape.type_name == "map":
-        return _plannable(shape.key, seen) and _plannable(shape.value, seen)
+        return every_shape(shape.key, accept, seen) and every_shape(shape.value, accept, seen)
     return True
 
 

@@ -25,6 +25,8 @@ from typing import Any
 from botocore.model import Shape
 from botocore.serialize import JSONSerializer
 
+from messenger.responses import every_shape
+
 #: Scalar types botocore's JSON serializer copies as they are.
 _PLAIN_SCALARS = frozenset({"string", "integer", "long", "boolean", "float", "double"})
 
@@ -57,25 +59,15 @@ def is_plain(shape: Shape) -> bool:
     """Whether botocore's JSON serializer writes a value of `shape` as it is (once per shape)."""
     found = _plain.get(shape)
     if found is None:
-        found = _is_plain(shape, frozenset())
+        found = every_shape(shape, _plain_node)
         with _plain_lock:
             _plain[shape] = found
     return found
 
 
-def _is_plain(shape: Shape, seen: frozenset[int]) -> bool:
-    if id(shape) in seen:  # a recursive shape: left to botocore
-        return False
-    seen = seen | {id(shape)}
-    if getattr(shape, "is_document_type", False) or getattr(shape, "is_tagged_union", False) \
-            or shape.serialization.get("eventstream") or shape.serialization.get("event"):
-        return False
+def _plain_node(shape: Shape) -> bool:
+    """A shape botocore's JSON serializer copies as it is (its members, if any, aside)."""
     kind = shape.type_name
-    if kind == "structure":
-        return all("name" not in member.serialization and _is_plain(member, seen)
-                   for member in shape.members.values())
-    if kind == "list":
-        return _is_plain(shape.member, seen)
-    if kind == "map":
-        return _is_plain(shape.key, seen) and _is_plain(shape.value, seen)
-    return kind in _PLAIN_SCALARS
+    if kind == "structure":  # members written under their own names
+        return all("name" not in member.serialization for member in shape.members.values())
+    return kind in ("list", "map") or kind in _PLAIN_SCALARS
