@@ -30,6 +30,7 @@ from botocore.exceptions import (
 from messenger.errors import PublishFailed
 from messenger.responses import FastParserFactory
 from messenger.serialize import use_planned_serializer
+from messenger.signing import use_fast_signing
 
 T = TypeVar("T")
 
@@ -155,7 +156,8 @@ def _genuine_session_class() -> type[boto3.session.Session]:
 
 class ClientFactory:
     """Makes one boto3 client per service on first use; thread-safe. Its clients parse
-    ReceiveMessage responses faster (`messenger.responses`) and build their User-Agent once.
+    ReceiveMessage responses faster (`messenger.responses`), build their User-Agent once and
+    sign with botocore's SigV4 made cheaper (`messenger.signing`).
 
     Hooks registered with `register` (botocore event name, handler) apply to every client
     made before or after, which is how benchmarks count requests and tests inject faults.
@@ -205,6 +207,7 @@ class ClientFactory:
             made.meta.events.register_first("before-call", self._start_call_clock)
             made.meta.events.register("before-sign", _encode_form_once)
             _reuse_user_agent(made)
+            use_fast_signing(made)
             if not validate_params:
                 use_planned_serializer(made)
             for event, handler in self._hooks:
