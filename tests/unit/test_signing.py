@@ -42,9 +42,18 @@ REQUESTS: list[tuple[str, str, str, dict[str, str], Any, Any, dict[str, Any]]] =
      {"HOST": "sqs.us-east-1.amazonaws.com", "X-Custom-Header": "  a   b \t c  ",
       "x-amz-meta-Name": "café", "Expect": "100-continue", "X-Amzn-Trace-Id": "Root=1"},
      b"body", None, {}),
+    ("form dict body", "POST", "https://sns.eu-west-1.amazonaws.com/", {},
+     {"Action": "Publish", "Message": "café & more"}, None, {}),
+    ("empty bytes", "POST", "https://example.amazonaws.com/", {}, b"", None, {}),
+    ("empty text", "POST", "https://example.amazonaws.com/", {}, "", None, {}),
+    ("text body", "POST", "https://example.amazonaws.com/", {}, "naïve ☃", None, {}),
     ("seekable body", "PUT", "https://example.amazonaws.com/o", {}, "stream", None, {}),
     ("unsigned payload", "POST", "https://example.amazonaws.com/", {}, b"data", None,
      {"payload_signing_enabled": False}),
+    ("unsigned payload over http (signed)", "POST", "http://localhost:4566/", {}, b"data",
+     None, {"payload_signing_enabled": False}),
+    ("streaming checksum trailer", "PUT", "https://example.amazonaws.com/o", {}, b"data", None,
+     {"checksum": {"request_algorithm": {"in": "trailer", "algorithm": "crc32"}}}),
     ("content sha given", "POST", "https://example.amazonaws.com/",
      {"X-Amz-Content-SHA256": "abc123"}, b"data", None, {}),
     ("a re-sign (retry)", "POST", "https://example.amazonaws.com/",
@@ -53,13 +62,18 @@ REQUESTS: list[tuple[str, str, str, dict[str, str], Any, Any, dict[str, Any]]] =
 ]
 
 
-def signed(cls: type[SigV4Auth], case: tuple[Any, ...], credentials: Credentials,
-           region: str = "us-east-1", service: str = "sqs") -> dict[str, Any]:
+def request_for(case: tuple[Any, ...]) -> AWSRequest:
     _, method, url, headers, body, params, context = case
     data = io.BytesIO(b"streamed body") if body == "stream" else body
     request = AWSRequest(method=method, url=url, headers=dict(headers), data=data,
                          params=params)
     request.context.update(context)
+    return request
+
+
+def signed(cls: type[SigV4Auth], case: tuple[Any, ...], credentials: Credentials,
+           region: str = "us-east-1", service: str = "sqs") -> dict[str, Any]:
+    request = request_for(case)
     cls(credentials.get_frozen_credentials(), service, region).add_auth(request)
     return dict(request.headers.items())
 
@@ -74,6 +88,13 @@ def test_every_header_is_the_one_botocore_signs(case, monkeypatch):
                 theirs = signed(SigV4Auth, case, credentials, region, service)
                 assert ours == theirs
                 assert ours["Authorization"].startswith("AWS4-HMAC-SHA256 Credential=")
+
+
+@pytest.mark.parametrize("case", REQUESTS, ids=[case[0] for case in REQUESTS])
+def test_the_payload_hash_is_botocores(case):
+    credentials = KEYS.get_frozen_credentials()
+    assert FastSigV4Auth(credentials, "sqs", "us-east-1").payload(request_for(case)) == \
+        SigV4Auth(credentials, "sqs", "us-east-1").payload(request_for(case))
 
 
 def test_a_factory_client_signs_with_it_and_sends_botocores_signature(monkeypatch):
