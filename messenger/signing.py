@@ -3,14 +3,14 @@
 botocore's `SigV4Auth` collects the headers to sign into an `email.message.Message` (its
 `HTTPHeaders`), twice per request, and reads them back through the email package's header
 policy; it prepares the whole request (headers copied) to hash its body; and it derives the
-signing key (four HMACs) on every request. Together that is ~40% of signing an SQS call, and
-signing is ~10% of the call's client CPU. `FastSigV4Auth` keeps botocore's algorithm (it is a
-subclass: canonical request, string to sign, headers written) and changes only those steps:
-the headers to sign go into a plain dict of lists with the same lookups (lower-cased names,
-values as given, `host` from the URL when absent), a body of bytes or text is hashed as it is
-(what preparing it gives), and the signing key is kept per (secret, day, region, service), as
-AWS's Java SDK does. tests/unit/test_signing.py
-compares both signers' headers over a range of requests.
+signing key (four HMACs) on every request. Together that is ~40% of signing an SQS call
+(74 → 43 µs), and signing is a tenth of the call's client CPU. `FastSigV4Auth` keeps
+botocore's algorithm (it is a subclass: canonical request, string to sign, headers written)
+and changes only those steps: the headers to sign go into a plain dict of lists with the same
+lookups (lower-cased names, values as given, `host` from the URL when absent), a body of bytes
+or text is hashed as it is (what preparing it gives), and the signing key is kept per (secret,
+day, region, service), as AWS's Java SDK does. tests/unit/test_signing.py compares both
+signers' headers and payload hashes over a range of requests.
 
 botocore picks the signer class by name (`botocore.auth.AUTH_TYPE_MAPS`) in its request signer's
 `get_auth_instance`; `use_fast_signing` registers this class under its own name and has a
