@@ -110,8 +110,9 @@ class FastSigV4Auth(SigV4Auth):
 
 def use_fast_signing(client: Any) -> bool:
     """Have a botocore client sign with `FastSigV4Auth` wherever it would use botocore's plain
-    SigV4 signer; True when it now does (False: this botocore does not work the way it expects,
-    and the client keeps botocore's signer)."""
+    SigV4 signer; True when it now does. False when this botocore does not work the way it
+    expects, or signs `v4` with another class (awscrt installed: its CRT signer): the client
+    keeps botocore's signer."""
     signer: Any = getattr(client, "_request_signer", None)
     original = getattr(signer, "get_auth_instance", None)
     if original is None or _host_for is None or \

@@ -13,7 +13,7 @@ from botocore.awsrequest import AWSRequest, AWSResponse
 from botocore.credentials import Credentials
 
 from messenger.aws import ClientFactory
-from messenger.signing import FastSigV4Auth
+from messenger.signing import FastSigV4Auth, SignedHeaders
 
 NOW = datetime.datetime(2026, 11, 23, 23, 59, 58)
 TOMORROW = datetime.datetime(2026, 11, 24, 0, 0, 1)
@@ -95,6 +95,19 @@ def test_the_payload_hash_is_botocores(case):
     credentials = KEYS.get_frozen_credentials()
     assert FastSigV4Auth(credentials, "sqs", "us-east-1").payload(request_for(case)) == \
         SigV4Auth(credentials, "sqs", "us-east-1").payload(request_for(case))
+
+
+def test_signed_headers_read_like_botocores_http_headers():
+    from botocore.compat import HTTPHeaders
+
+    ours, theirs = SignedHeaders(), HTTPHeaders()
+    for name, value in (("x-amz-date", "1"), ("x-dup", "a"), ("X-Dup", "b"), ("host", "h")):
+        ours[name] = value
+        theirs[name] = value
+    assert sorted(set(ours)) == sorted({name.lower() for name in theirs})
+    for name in ("x-dup", "X-DUP", "host", "missing"):
+        assert ours.get_all(name) == theirs.get_all(name)
+        assert (name in ours) == (name in theirs)
 
 
 def test_a_factory_client_signs_with_it_and_sends_botocores_signature(monkeypatch):
