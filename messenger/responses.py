@@ -36,6 +36,7 @@ Convert = Callable[[Any, JSONParser], Any]
 #: lives: each client has its own model, hence its own shapes.
 _plans: weakref.WeakKeyDictionary[Shape, Convert | None] = weakref.WeakKeyDictionary()
 _plans_lock = threading.Lock()
+_UNPLANNED = object()
 
 
 class FastJsonParser(JSONParser):
@@ -60,8 +61,9 @@ class FastParserFactory(ResponseParserFactory):
 def plan_for(shape: Shape) -> Convert | None:
     """The plan for a structure shape; None when botocore's parser must do it. Made once per
     shape object (a client's model keeps its shapes) and dropped with it."""
-    if shape in _plans:
-        return _plans[shape]
+    plan = _plans.get(shape, _UNPLANNED)
+    if plan is not _UNPLANNED:
+        return plan  # type: ignore[return-value]
     plan = _convert(shape) if shape.type_name == "structure" and every_shape(shape) else None
     with _plans_lock:
         _plans[shape] = plan

@@ -393,9 +393,7 @@ class DeleteBatcher:
         finally:
             with self._lock:
                 self._deferring -= 1
-                if self._wake_due:
-                    self._wake_due = False
-                    self._cond.notify_all()
+                self.wake_if_due()
 
     def wake_if_due(self) -> None:
         """Give a first entry's deferred wake now (a deferral that lasts: a receiver's message
