@@ -110,11 +110,30 @@ def test_signed_headers_read_like_botocores_http_headers():
         assert (name in ours) == (name in theirs)
 
 
-def test_a_factory_client_signs_with_it_and_sends_botocores_signature(monkeypatch):
-    # Given: a factory's SQS client, a fixed clock, and no network (before-send answers)
+def answering(body: bytes, sent: list[Any] | None = None) -> Any:
+    """A `before-send` hook: no request goes out, every one gets 200 with `body` (and is kept
+    in `sent`)."""
+    class Body:
+        def stream(self, **_: Any) -> Any:
+            yield body
+
+    def answer(request: Any = None, **_: Any) -> AWSResponse:
+        if sent is not None:
+            sent.append(request)
+        return AWSResponse(request.url, 200, {}, Body())
+
+    return answer
+
+
+@pytest.fixture
+def keys_in_env(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEYS.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", KEYS.secret_key)
-    monkeypatch.setenv("AWS_SESSION_TOKEN", "session-token")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", str(KEYS.token))
+
+
+def test_a_factory_client_signs_with_it_and_sends_botocores_signature(keys_in_env, monkeypatch):
+    # Given: a factory's SQS client, a fixed clock, and no network (before-send answers)
     monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: NOW)
     used: list[str] = []
     original = FastSigV4Auth.headers_to_sign
@@ -126,19 +145,10 @@ def test_a_factory_client_signs_with_it_and_sends_botocores_signature(monkeypatc
     monkeypatch.setattr(FastSigV4Auth, "headers_to_sign", spy)
     factory = ClientFactory("us-east-1", endpoint_url="https://sqs.us-east-1.amazonaws.com")
     sent: list[Any] = []
-
-    def answer(request: Any = None, **_: Any) -> AWSResponse:
-        sent.append(request)
-
-        class Body:
-            def stream(self, **_: Any) -> Any:
-                yield b'{"Successful": [], "Failed": []}'
-
-        return AWSResponse(request.url, 200, {}, Body())
-
     for validate in (True, False):
         client = factory.client("sqs", validate_params=validate)
-        client.meta.events.register("before-send", answer)
+        client.meta.events.register(
+            "before-send", answering(b'{"Successful": [], "Failed": []}', sent))
         # When: it makes a call
         client.delete_message_batch(QueueUrl="https://sqs.us-east-1.amazonaws.com/1/q",
                                     Entries=[{"Id": "0", "ReceiptHandle": "handle"}])
@@ -155,9 +165,7 @@ def test_a_factory_client_signs_with_it_and_sends_botocores_signature(monkeypatc
         assert authorization == again.headers["Authorization"]
 
 
-def test_other_signers_stay_botocores(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEYS.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", KEYS.secret_key)
+def test_other_signers_stay_botocores(keys_in_env):
     chosen: list[type[Any]] = []
     factory = ClientFactory("us-east-1", endpoint_url="https://example.amazonaws.com")
     s3 = factory.client("s3")
@@ -169,8 +177,7 @@ def test_other_signers_stay_botocores(monkeypatch):
         return auth
 
     s3._request_signer.get_auth_instance = spy
-    s3.meta.events.register("before-send", lambda request=None, **_: AWSResponse(
-        request.url, 200, {}, type("B", (), {"stream": lambda self, **_: iter([b""])})()))
+    s3.meta.events.register("before-send", answering(b""))
     s3.put_object(Bucket="bucket", Key="key", Body=b"x")
     assert chosen and all(cls is S3SigV4Auth for cls in chosen)
     # a presigned URL is signed in the query string by botocore's query signer
