@@ -435,6 +435,13 @@ def test_log_hold_is_checked_with_its_variable_and_range():
         ConsumerSettings.from_env({"MESSENGER_LOG_HOLD_SECONDS": "6"})
 
 
+def wait_for_length(items: list[Any], count: int, timeout: float) -> None:
+    """Wait until another thread has put `count` items in `items` (or `timeout` passed)."""
+    deadline = time.monotonic() + timeout
+    while len(items) < count and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def test_a_poll_wakes_no_worker_only_while_its_messages_are_fast():
     from messenger.consume.runtime import HANDOFF_SECONDS, workers_to_wake
 
@@ -465,11 +472,6 @@ def test_the_work_queue_wakes_as_many_workers_as_asked_and_the_rest_on_demand():
                 taken.append((threading.current_thread().name, chain[0]))
             release.wait(5)  # every chain holds its worker until released
 
-    def wait_for(count: int) -> None:
-        deadline = time.monotonic() + 2
-        while len(taken) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-
     threads = [threading.Thread(target=worker, name=f"w{n}") for n in range(4)]
     for thread in threads:
         thread.start()
@@ -482,7 +484,7 @@ def test_the_work_queue_wakes_as_many_workers_as_asked_and_the_rest_on_demand():
     assert work.take(block=False) == [0]
     # and wake_waiting (a rescue) gives each chain still waiting its own idle worker
     work.wake_waiting()
-    wait_for(3)
+    wait_for_length(taken, 3, timeout=2)
     assert sorted(n for _, n in taken) == [1, 2, 3]
     assert len({name for name, _ in taken}) == 3, taken
     assert work.take(block=False) is None
@@ -492,7 +494,7 @@ def test_the_work_queue_wakes_as_many_workers_as_asked_and_the_rest_on_demand():
     taken.clear()
     release.clear()
     work.put([[10], [11]], wake=2)
-    wait_for(2)
+    wait_for_length(taken, 2, timeout=2)
     assert sorted(n for _, n in taken) == [10, 11] and len({name for name, _ in taken}) == 2
     # and close() lets every worker exit once the queue is empty
     release.set()
@@ -514,9 +516,7 @@ def test_the_deleter_is_woken_once_per_batch_while_a_poll_runs_and_owes_no_wake(
             return []
 
     def wait_for(count: int) -> None:
-        deadline = time.monotonic() + 5
-        while len(sent) < count and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_for_length(sent, count, timeout=5)
         assert len(sent) == count, sent
 
     counter = iter(range(1000))
