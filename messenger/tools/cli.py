@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -41,7 +42,19 @@ def _status(args: argparse.Namespace) -> int:
 def _consume(args: argparse.Namespace) -> int:
     from messenger.consume.consumer import run_cli
 
+    working_directory_on_import_path()
     return run_cli(args)
+
+
+def working_directory_on_import_path() -> None:
+    """Put the working directory first on `sys.path`, as `python -m` does, unless it is there.
+
+    `messenger consume pkg.mod:Class` then finds the user's own package from where it runs; the
+    `messenger` console script alone would only see its own bin/ folder and the installed
+    packages (`python -m messenger` already has it)."""
+    cwd = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == cwd for entry in sys.path):
+        sys.path.insert(0, cwd)
 
 
 def _emr(args: argparse.Namespace) -> int:

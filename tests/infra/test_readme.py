@@ -11,7 +11,8 @@ import pytest
 
 from app import read_config
 from stacks.bundle import spark_job_scripts
-from tests.infra.conftest import CDK_GUIDE, REPO, TeamApp, code_blocks, doc_text
+from tests.docs import code_blocks, doc_text
+from tests.infra.conftest import CDK_GUIDE, REPO, TeamApp
 
 SECTION = doc_text(CDK_GUIDE)
 
