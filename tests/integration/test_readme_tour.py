@@ -78,6 +78,23 @@ def test_the_tour_pushes_and_consumes_from_the_users_own_folder(
             process.wait()
     log = (tmp_path / "stderr").read_text()
     assert message_id in log and '"completed"' in log
+    # And the README's other commands that need no deployment work as written there
+    for command in _other_commands():
+        done = subprocess.run(command, cwd=tmp_path, env=user_env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, (command, done.stdout[-1000:], done.stderr[-1000:])
+
+
+def _other_commands() -> list[list[str]]:
+    """The README's `messenger` commands besides the tour's (top, requeue, --help)."""
+    commands = []
+    for block in code_blocks(doc_text("README.md"), "bash"):
+        for line in block.splitlines():
+            words = shlex.split(line, comments=True)
+            if words[:1] == ["messenger"] and words[1] in ("top", "requeue", "--help"):
+                commands.append(words)
+    assert {words[1] for words in commands} == {"top", "requeue", "--help"}, commands
+    return commands
 
 
 @pytest.mark.parametrize(("module", "source", "named"), [
