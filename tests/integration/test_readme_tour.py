@@ -112,3 +112,5 @@ def test_a_module_that_cannot_be_imported_gives_one_line_naming_it_and_exit_2(
     assert process.wait(timeout=60) == 2
     lines = (tmp_path / "stderr").read_text().strip().splitlines()
     assert len(lines) == 1 and module in lines[0] and named in lines[0], lines
+    if source is None:  # not found: the line says where it looked and what to do
+        assert str(tmp_path) in lines[0] and "run from the folder that holds" in lines[0]
