@@ -76,7 +76,7 @@ def every_shape(
 ) -> bool:
     """Whether `shape` and every shape in it (members, list items, map keys and values) pass
     `accept`, with none recursive, a document, a tagged union or an event stream: what a plan
-    here or in `messenger.serialize` can take; the rest is left to botocore."""
+    here or in `messenger.fastboto.serialize` can take; the rest is left to botocore."""
     if id(shape) in seen:  # a recursive shape: left to botocore
         return False
     seen = seen | {id(shape)}
