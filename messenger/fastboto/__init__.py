@@ -26,6 +26,7 @@ source of each function and class, so an upgrade that changes one fails the suit
   botocore.auth.SigV4Auth.signed_headers: read what the replaced methods give
 - botocore.auth.SigV4Auth._is_streaming_checksum_payload,
   botocore.auth.SigV4Auth._should_sha256_sign_payload, botocore.auth._host_from_url: called
+- botocore.auth.SigV4Auth.__init__: sets the `_region_name` and `_service_name` read
 - botocore.auth.SIGNED_HEADERS_BLACKLIST: read
 - botocore.auth.AUTH_TYPE_MAPS: `FastSigV4Auth` registered in it (used only while its `v4` is
   botocore's `SigV4Auth`: with awscrt installed it is not, and botocore signs)
