@@ -89,7 +89,7 @@ class FastPaths:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> FastPaths:
         """Decided from MESSENGER_FAST_BOTOCORE (0, 1 or unset) and the installed botocore;
-        an other value raises `InvalidSettings`. The decision is logged once per process
+        any other value raises `InvalidSettings`. The decision is logged once per process
         (INFO when off, WARNING when forced on for an unverified botocore)."""
         env = os.environ if environ is None else environ
         value = env.get(ENV_VAR, "").strip()
