@@ -87,7 +87,7 @@ def build(clients: ClientFactory, all_specs: list[ChannelSpec]) -> None:
                 Tags=[{"Key": k, "Value": v} for k, v in spec.resource_tags("topic").items()],
             )["TopicArn"]
 
-    def one(spec: ChannelSpec) -> None:
+    def one(spec: ChannelSpec) -> str:
         dlq = sqs.create_queue(QueueName=spec.dlq_name, tags=spec.resource_tags("dlq"))
         dlq_arn = sqs.get_queue_attributes(
             QueueUrl=dlq["QueueUrl"], AttributeNames=["QueueArn"]
@@ -96,12 +96,15 @@ def build(clients: ClientFactory, all_specs: list[ChannelSpec]) -> None:
         sqs.create_queue(
             QueueName=spec.queue_name, Attributes=attributes, tags=spec.resource_tags("queue")
         )
-        if spec.topic_name:
-            sns.subscribe(TopicArn=topics[spec.topic_name], Protocol="sqs",
-                          Endpoint=dlq_arn.replace(spec.dlq_name, spec.queue_name))
+        return dlq_arn.replace(spec.dlq_name, spec.queue_name)
 
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(one, all_specs))
+        queue_arns = list(pool.map(one, all_specs))
+    # One at a time: moto answers concurrent Subscribe calls with a 500 now and then (its
+    # subscription list is not thread-safe); 200 calls take about a second.
+    for spec, arn in zip(all_specs, queue_arns, strict=True):
+        if spec.topic_name:
+            sns.subscribe(TopicArn=topics[spec.topic_name], Protocol="sqs", Endpoint=arn)
 
 
 def add_deployment_tags(clients: ClientFactory, all_specs: list[ChannelSpec]) -> None:

@@ -42,6 +42,7 @@ from messenger.ops.report import (
     Notifier,
     ReportNotDelivered,
     cleaner_messages,
+    counted,
     owner_label,
     post_all,
     short_of_time,
@@ -306,7 +307,8 @@ class _Run:
         if dlq_state.messages > 0:
             self.found["stale"].append(finding(
                 dlq,
-                f"{dlq_state.messages} messages; dead-letter queue of unused {source.name}, kept",
+                f"{counted(dlq_state.messages, 'message')}; dead-letter queue of unused "
+                f"{source.name}, kept",
             ))
             return f"DLQ {dlq.name} kept: it holds messages"
         if dlq.stack:
@@ -485,7 +487,8 @@ def _judge_queue(
     if verdict == NO_CONSUMERS:
         source = "delivered by its active exchange" if fed_by_active_topic else "sent"
         run.found["no_consumers"].append(finding(
-            queue, f"{activity.sent:,.0f} messages {source}, none received in {days} days"))
+            queue,
+            f"{counted(activity.sent or 0, 'message')} {source}, none received in {days} days"))
         return
     if verdict == NO_PRODUCERS:
         polls = (activity.received or 0) + (activity.empty_receives or 0)
@@ -505,7 +508,7 @@ def _judge_queue(
         "" if activity.has_data else " (no CloudWatch data)"
     )
     if verdict == STALE:
-        run.found["stale"].append(finding(queue, f"{state.messages} messages; {quiet}"))
+        run.found["stale"].append(finding(queue, f"{counted(state.messages, 'message')}; {quiet}"))
     elif verdict == UNUSED:
         run.delete_queue(queue, state, f"empty; {quiet}")
 

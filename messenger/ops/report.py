@@ -51,6 +51,11 @@ def short_of_time(remaining: Callable[[], float] | None, margin: float) -> str |
     return None
 
 
+def counted(number: float, noun: str) -> str:
+    """'1 message', '1,200 messages' (the noun's plural: an 's')."""
+    return f"{number:,.0f} {noun}{'' if number == 1 else 's'}"
+
+
 def owner_label(team: str, owner: str) -> str:
     """'team t · owner o' from a resource's tags ('' when it has neither)."""
     return " · ".join(x for x in (team and f"team {team}", owner and f"owner {owner}") if x)

@@ -360,3 +360,22 @@ def test_without_a_namespace_every_queue_is_read_and_only_unnamespaced_ones_alar
 
     assert report.checked == 2  # both source queues are read (no prefix narrows the list)
     assert [p.name for p in report.problems] == ["plain"]
+
+
+def test_the_local_endpoint_publishes_what_the_alarm_reads(
+    lambda_env: LambdaEnv, webhook: WebhookSink, invoke: Callable[[Any], Any]
+) -> None:
+    # Given a critical channel over its threshold, its messages sent, nothing written to
+    # CloudWatch by hand: `messenger local` publishes SQS's own metrics
+    spec = ChannelSpec("ledger", namespace=lambda_env.settings.namespace,
+                       tags=ChannelTags(alarm_threshold=2, critical=True))
+    channel = Provisioner(lambda_env.clients, lambda_env.settings).ensure_channel(spec)
+    sqs = lambda_env.clients.client("sqs")
+    sqs.send_message_batch(QueueUrl=channel.queue.url, Entries=[
+        {"Id": str(n), "MessageBody": "{}"} for n in range(3)])
+
+    result = invoke({"scope": "source"})
+
+    # Then the alarm finds it through ApproximateNumberOfMessagesVisible, as on AWS
+    assert result["critical"] == [spec.queue_name] and result["posted"] is True
+    assert "Depth *3* / threshold 2" in webhook.texts()[0]

@@ -175,12 +175,13 @@ def test_dry_run_reports_without_deleting(lambda_env: LambdaEnv, webhook: Webhoo
 def test_handler_judges_new_queues_by_their_attributes(
     lambda_env: LambdaEnv, webhook: WebhookSink
 ) -> None:
-    # Given, at the real time: a new empty queue without data, a new queue with messages
-    # and no data, and a queue whose messages nobody receives
+    # Given, at the real time: a new empty queue, a new queue sent one message (the local
+    # endpoint publishes that send to CloudWatch, as SQS does) and a queue whose messages
+    # nobody receives (its metrics written by hand)
     estate = Estate(lambda_env)
     young = estate.channel("young")
-    stale = estate.channel("stale")
-    estate.sqs.send_message(QueueUrl=stale.queue.url, MessageBody="{}")
+    sent_once = estate.channel("sentonce")
+    estate.sqs.send_message(QueueUrl=sent_once.queue.url, MessageBody="{}")
     no_consumers = estate.channel("nocons")
     estate.queue_metrics(no_consumers.queue.name, datetime.now(UTC), NumberOfMessagesSent=7)
 
@@ -188,13 +189,15 @@ def test_handler_judges_new_queues_by_their_attributes(
     # from Secrets Manager)
     summary = load_handler("resource_cleaner").handler({}, FakeContext())
 
-    # Then the new queue is too new to judge: neither deleted nor reported
+    # Then the new queue is too new to judge: neither deleted nor reported; the queue sent a
+    # message nobody received is reported from its published metrics, not as "no sends"
     assert summary["deleted_queues"] == [] and summary["deleted_topics"] == []
-    assert summary["stale"] == [stale.queue.name]
-    assert summary["no_consumers"] == [no_consumers.queue.name]
+    assert sorted(summary["no_consumers"]) == sorted(
+        [no_consumers.queue.name, sent_once.queue.name])
     assert estate.queue_exists(young.queue.name)
     assert young.queue.name not in webhook.texts()[0]
     assert "7 messages sent, none received in 3 days" in webhook.texts()[0]
+    assert "1 message sent, none received in 3 days" in webhook.texts()[0]
 
 
 def test_nothing_to_report_posts_nothing(lambda_env: LambdaEnv, webhook: WebhookSink) -> None:
@@ -303,8 +306,10 @@ def test_a_report_slack_refuses_fails_the_invocation_after_logging_it(
         module.handler({}, FakeContext())
 
     report = next(r for r in caplog.records if r.getMessage() == "resource cleaner report")
-    assert report.report["stale"] == [stale.queue.name] and report.report["posted"] is False
-    assert report.report["details"][stale.queue.name].startswith("1 messages")
+    # (one message sent and never received: SQS's published metrics say so)
+    assert report.report["no_consumers"] == [stale.queue.name]
+    assert report.report["posted"] is False
+    assert report.report["details"][stale.queue.name].startswith("1 message sent")
 
 
 @pytest.mark.filterwarnings("ignore:No application metrics")
