@@ -39,8 +39,10 @@ class Notifier(Protocol):
         """Post a Block Kit message; False when it could not be delivered (already logged)."""
 
 
-#: Seconds one post may take at worst (slack_sdk: 3 attempts of up to 10 s, with backoff).
-POST_BUDGET_SECONDS = 35.0
+#: A post is not started with less than this left: the notifier's reserve (to log the report
+#: and flush the metrics) plus one short attempt. The notifier keeps each post's retries and
+#: attempts within the time left (messenger.ops.slack).
+POST_BUDGET_SECONDS = 6.0
 
 
 def short_of_time(remaining: Callable[[], float] | None, margin: float) -> str | None:
@@ -65,15 +67,16 @@ def post_all(
     notifier: Notifier, messages: Sequence[dict[str, Any]],
     remaining: Callable[[], float] | None = None, log: Any = None,
 ) -> bool:
-    """Post every part of a report (all are tried, while the invocation has more than
-    POST_BUDGET_SECONDS left: a hung Slack must not let the Lambda time out unreported);
-    True when every one was delivered. remaining: seconds the invocation has left."""
+    """Post every part of a report, while the invocation has more than POST_BUDGET_SECONDS
+    left; True when every one was delivered. A part not posted is logged whole (the notifier
+    logs the parts it failed to deliver). remaining: seconds the invocation has left."""
     delivered = []
     for number, message in enumerate(messages, 1):
         if short_of_time(remaining, POST_BUDGET_SECONDS):
             (log or logging.getLogger(__name__)).error(
                 "report parts not posted: the Lambda's time is running out",
-                extra={"parts": f"{number}-{len(messages)} of {len(messages)}"})
+                extra={"parts": f"{number}-{len(messages)} of {len(messages)}",
+                       "undelivered": json.dumps(messages[number - 1:], ensure_ascii=False)})
             return False
         delivered.append(notifier.post(message))
     return all(delivered)

@@ -336,7 +336,7 @@ def test_posting_stops_before_the_lambda_runs_out_of_time(webhook: WebhookSink) 
     problems = tuple(QueueProblem(f"q{n}", f"q{n}", 500, 10, 60.0, False) for n in range(120))
     messages = queue_alarm_messages(QueueAlarmReport("source", "", datetime.now(UTC), 120,
                                                      problems))
-    left = iter([100.0, 60.0, 20.0])
+    left = iter([100.0, 60.0, 3.0])
 
     delivered = post_all(SlackNotifier(lambda: webhook.url), messages, lambda: next(left))
 
