@@ -71,6 +71,8 @@ class MetricsPublisher:
         self._sampled: dict[tuple[str, str, str], tuple[float, tuple[int, int, int]]] = {}
         #: (namespace, dimension value) written by hand: never published here
         self.hand_written: set[tuple[str, str]] = set()
+        #: (namespace, dimension value) published here at least once
+        self.published: set[tuple[str, str]] = set()
         self._stock_put: Any = None
 
     def count(self, account: str, region: str, namespace: str, name: str, metric: str,
@@ -103,6 +105,7 @@ class MetricsPublisher:
                 for namespace, items in by_namespace.items():
                     items = [d for d in items if (namespace, _name(d)) not in self.hand_written]
                     if items:
+                        self.published.update((namespace, _name(d)) for d in items)
                         self._stock_put(cloudwatch, namespace, items)
                         for datum in cloudwatch.metric_data[-len(items):]:
                             datum.published_locally = True
@@ -114,6 +117,8 @@ class MetricsPublisher:
         minute = _minute(now)
         for name, queue in list(backend.queues.items()):
             key = (account, region, name)
+            if (SQS, name) in self.hand_written:
+                continue
             counts = (queue.approximate_number_of_messages,
                       queue.approximate_number_of_messages_not_visible,
                       queue.approximate_number_of_messages_delayed)
@@ -210,14 +215,17 @@ def apply(publisher: MetricsPublisher = PUBLISHER) -> bool:
 
     def put_metric_data(self: Any, namespace: str, metric_data: list[dict[str, Any]]) -> None:
         if namespace in (SQS, SNS):
-            names = {d.get("Value") for item in metric_data for d in item.get("Dimensions") or []
+            names = {(namespace, d.get("Value")) for item in metric_data
+                     for d in item.get("Dimensions") or []
                      if d.get("Name") in ("QueueName", "TopicName")}
             with publisher._lock:  # what was published for them already gives way too
-                publisher.hand_written.update((namespace, name) for name in names)
-                self.metric_data = [
-                    d for d in self.metric_data
-                    if not (getattr(d, "published_locally", False) and d.namespace == namespace
-                            and d.dimensions[0].value in names)]
+                published = names & publisher.published - publisher.hand_written
+                publisher.hand_written.update(names)
+                if published:
+                    self.metric_data = [
+                        d for d in self.metric_data
+                        if not (getattr(d, "published_locally", False)
+                                and (d.namespace, d.dimensions[0].value) in published)]
         stock_put(self, namespace, metric_data)
 
     def flushing(read: Any) -> Any:

@@ -82,10 +82,12 @@ def test_source_scope_posts_problem_queues_critical_first(
     blocks = webhook.posts[0]["blocks"]
     assert blocks[0]["type"] == "header"
     assert "🚨 1 critical queue over threshold" in blocks[0]["text"]["text"]
-    sections = [b["text"]["text"] for b in blocks if b["type"] == "section"]
+    digest, *sections = [b["text"]["text"] for b in blocks if b["type"] == "section"]
+    assert digest == "*Digest:* *🔴 Critical: 1* · 🟠 Over threshold: 2"
     assert [next(n for n in names if n in s) for s in sections] == names
     assert "critical" in sections[0] and "Depth *11* / threshold 10" in sections[0]
     assert "oldest 2 h 5 min" in sections[0] and "team pay" in sections[0]
+    assert f"%2F{names[0]}|console>" in sections[0]
     text = webhook.texts()[0]
     assert estate["emails"].queue_name not in text
     assert estate["orders"].dlq_name not in text
@@ -121,7 +123,8 @@ def test_no_problem_no_post(
     result = invoke({"scope": "source"})
 
     assert result == {"scope": "source", "checked": 1, "problems": [], "critical": [],
-                      "stopped": None, "not_checked": [], "posted": False}
+                      "stopped": None, "not_checked": [], "malformed_threshold_tags": [],
+                      "posted": False}
     assert webhook.requests == 0
 
 
@@ -342,7 +345,8 @@ def test_posting_stops_before_the_lambda_runs_out_of_time(webhook: WebhookSink) 
 
     # Then the parts posted while time allowed arrived; the run counts as not delivered
     assert len(messages) == 3 and delivered is False
-    assert [p["blocks"][0]["text"]["text"][-5:] for p in webhook.posts] == ["(1/3)", "(2/3)"]
+    assert [p["blocks"][0]["text"]["text"][-13:] for p in webhook.posts] == ["· part 1 of 3",
+                                                                             "· part 2 of 3"]
 
 
 def test_without_a_namespace_every_queue_is_read_and_only_unnamespaced_ones_alarm(
