@@ -141,7 +141,8 @@ def test_each_classification_and_the_deletions(lambda_env: LambdaEnv, webhook: W
     # Slack got the plan (every category) before the first deletion, then what was done
     plan, done = webhook.posts
     sections = [b["text"]["text"] for b in plan["blocks"] if b["type"] == "section"]
-    assert plan["blocks"][0]["text"]["text"] == "🧹 Resource cleaner · deleting now: 5 queues, 1 topic"
+    assert plan["blocks"][0]["text"]["text"] == (
+        "🧹 Resource cleaner · deleting now: 5 queues, 1 topic")
     to_delete = next(s for s in sections if s.startswith("*🗑️ Unused queues to delete now (5)*"))
     assert f"DLQ {unused.dlq.name} too" in to_delete
     stale_text = next(s for s in sections if s.startswith("*⏳ Queues with stale messages (2)*"))
