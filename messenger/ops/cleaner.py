@@ -375,10 +375,15 @@ class _Run:
         self.current = None
 
     def _delete(self, entry: _Deletion) -> bool:
-        """Delete one planned resource; True when someone else deleted it first."""
+        """Delete one planned resource; True when someone else deleted it first.
+
+        A topic goes with DeleteTopic alone (which deletes its subscriptions). A queue is
+        deleted first and only then unsubscribed from the topics that fed it: sns:Unsubscribe
+        cannot be limited by tag or name in IAM, so the cleaner only unsubscribes what points
+        at a queue that the tag-guarded sqs:DeleteQueue has just let it delete (or that is gone).
+        """
         if self.dry_run:
             return False
-        self.unsubscribe(entry.subscriptions)
         name = entry.resource.name
         if entry.kind == "topic":
             try:
@@ -389,16 +394,19 @@ class _Run:
                 return True
             self.log.info(f"deleted topic {name}", extra={"topic": entry.resource.arn})
             return False
+        gone = False
         try:
             self.sqs.delete_queue(QueueUrl=entry.url)
         except ClientError as error:
             if error_code(error) not in QUEUE_MISSING_CODES:
                 raise
-            return True
-        self.queues_removed += 1
-        what = "dead-letter queue" if entry.kind == "dlq" else "queue"
-        self.log.info(f"deleted {what} {name}", extra={"queue": name, "url": entry.url})
-        return False
+            gone = True
+        else:
+            self.queues_removed += 1
+            what = "dead-letter queue" if entry.kind == "dlq" else "queue"
+            self.log.info(f"deleted {what} {name}", extra={"queue": name, "url": entry.url})
+        self.unsubscribe(entry.subscriptions)
+        return gone
 
     def _done(self, entry: _Deletion, note: str) -> None:
         detail = "; ".join([entry.why, *entry.notes, *filter(None, [note])])

@@ -84,3 +84,34 @@ class WebhookSink:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m messenger.tools.webhook_sink [--port N]`: print the URL, then every post as
+    Slack lays it out (messenger.ops.report.render_text), until Ctrl-C."""
+    import argparse
+    import time
+
+    from messenger.ops.report import render_text
+
+    parser = argparse.ArgumentParser(prog="python -m messenger.tools.webhook_sink")
+    parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    args = parser.parse_args(argv)
+    sink = WebhookSink(port=args.port)
+    print(f"Slack webhook sink: {sink.url}", flush=True)
+    shown = 0
+    try:
+        while True:
+            time.sleep(0.2)
+            with sink._lock:
+                new, shown = sink.posts[shown:], len(sink.posts)
+            for post in new:
+                print(render_text(post), flush=True)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        sink.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
