@@ -383,3 +383,24 @@ def test_the_local_endpoint_publishes_what_the_alarm_reads(
     # Then the alarm finds it through ApproximateNumberOfMessagesVisible, as on AWS
     assert result["critical"] == [spec.queue_name] and result["posted"] is True
     assert "Depth *3* / threshold 2" in webhook.texts()[0]
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "1e3"])
+def test_a_malformed_threshold_tag_is_reported_not_silently_replaced(
+    lambda_env: LambdaEnv, webhook: WebhookSink, invoke: Callable[[Any], Any], value: str
+) -> None:
+    # Given a queue holding 3 messages whose threshold tag is not a whole number >= 0
+    spec = ChannelSpec("tagged", namespace=lambda_env.settings.namespace)
+    channel = Provisioner(lambda_env.clients, lambda_env.settings).ensure_channel(spec)
+    sqs = lambda_env.clients.client("sqs")
+    sqs.tag_queue(QueueUrl=channel.queue.url, Tags={"messenger:alarm-threshold": value})
+    sqs.send_message_batch(QueueUrl=channel.queue.url, Entries=[
+        {"Id": str(n), "MessageBody": "{}"} for n in range(3)])
+
+    result = invoke({"scope": "source"})
+
+    # Then the default (100) applies, and the post and the summary name the tag
+    assert result["problems"] == []
+    assert result["malformed_threshold_tags"] == [
+        f"{spec.queue_name}: messenger:alarm-threshold={value!r}"]
+    assert f"messenger:alarm-threshold=`{value}` is not a whole number" in webhook.texts()[0]
