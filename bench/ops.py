@@ -121,8 +121,9 @@ def add_deployment_tags(clients: ClientFactory, all_specs: list[ChannelSpec]) ->
 
 
 def seed(clients: ClientFactory, all_specs: list[ChannelSpec], now: datetime) -> None:
-    """Metrics as SQS/SNS would report them (moto emits none): depth for every queue, 10% over
-    threshold; three days of traffic, mostly busy, a few idle or one-sided queues."""
+    """Metrics as SQS/SNS would report them: depth for every queue, 10% over threshold; three
+    days of traffic, mostly busy, a few idle or one-sided queues. Written by hand: the local
+    endpoint publishes only what happens while it runs (and leaves these queues to them)."""
     data: dict[str, list[dict[str, Any]]] = {"AWS/SQS": [], "AWS/SNS": []}
 
     def point(ns: str, dim: str, name: str, metric: str, value: float, at: datetime) -> None:
