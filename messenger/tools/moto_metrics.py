@@ -14,6 +14,11 @@ the resource cleaner and `messenger top` see locally what they see on AWS:
   last sample: a client reads what it just did without waiting for the next minute;
 - as SQS does, a queue empty and untouched for six hours is no longer reported.
 
+GetMetricData answers each MetricStat query from its own series (stock moto scans every
+datapoint in the window once per query and per period: with the datapoints published here,
+reading 500 queues' depth took longer than a client's timeout); the answers are stock moto's,
+query by query.
+
 A resource someone wrote metrics for by hand (PutMetricData into AWS/SQS or AWS/SNS, which AWS
 refuses: tests and benchmarks simulate history that way) is left to them: nothing is published
 for it. Relies on moto 5.2.5's `SQSBackend.send_message/receive_message/delete_message`,
@@ -140,6 +145,11 @@ def _matches(key: tuple[Any, ...], account: str | None, region: str | None) -> b
     return (account is None or key[0] == account) and (region is None or key[1] == region)
 
 
+def _series(name: str, dimensions: Any) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A series' key as moto matches it: metric name and the set of dimensions."""
+    return name, tuple(sorted(dimensions))
+
+
 def _name(datum: dict[str, Any]) -> str:
     return str(datum["Dimensions"][0]["Value"])
 
@@ -214,19 +224,44 @@ def apply(publisher: MetricsPublisher = PUBLISHER) -> bool:
             _delivering.topic = None
 
     def put_metric_data(self: Any, namespace: str, metric_data: list[dict[str, Any]]) -> None:
+        names: set[tuple[str, str]] = set()
         if namespace in (SQS, SNS):
             names = {(namespace, d.get("Value")) for item in metric_data
                      for d in item.get("Dimensions") or []
                      if d.get("Name") in ("QueueName", "TopicName")}
-            with publisher._lock:  # what was published for them already gives way too
-                published = names & publisher.published - publisher.hand_written
-                publisher.hand_written.update(names)
-                if published:
-                    self.metric_data = [
-                        d for d in self.metric_data
-                        if not (getattr(d, "published_locally", False)
-                                and (d.namespace, d.dimensions[0].value) in published)]
-        stock_put(self, namespace, metric_data)
+        with publisher._lock:  # reads swap `metric_data`: a put waits for them
+            published = names & publisher.published - publisher.hand_written
+            publisher.hand_written.update(names)
+            if published:  # what was published for them already gives way too
+                self.metric_data = [
+                    d for d in self.metric_data
+                    if not (getattr(d, "published_locally", False)
+                            and (d.namespace, d.dimensions[0].value) in published)]
+            stock_put(self, namespace, metric_data)
+
+    stock_get = CloudWatchBackend.get_metric_data
+
+    def get_metric_data(self: Any, queries: list[dict[str, Any]], *args: Any,
+                        **kwargs: Any) -> Any:
+        if not all("MetricStat" in q and q["MetricStat"]["Metric"].get("Dimensions")
+                   for q in queries):
+            return stock_get(self, queries, *args, **kwargs)  # expressions: every series
+        with publisher._lock:  # puts wait: `metric_data` is swapped below
+            everything = self.metric_data
+            by_series: dict[Any, list[Any]] = defaultdict(list)
+            for datum in everything:
+                by_series[_series(datum.name, ((d.name, d.value) for d in datum.dimensions))
+                          ].append(datum)
+            results: list[Any] = []
+            try:
+                for query in queries:
+                    metric = query["MetricStat"]["Metric"]
+                    self.metric_data = by_series.get(_series(metric["MetricName"], (
+                        (d["Name"], d["Value"]) for d in metric["Dimensions"])), [])
+                    results += stock_get(self, [query], *args, **kwargs)
+            finally:
+                self.metric_data = everything
+        return results
 
     def flushing(read: Any) -> Any:
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -240,6 +275,7 @@ def apply(publisher: MetricsPublisher = PUBLISHER) -> bool:
     sns.Topic.publish = publish_topic  # type: ignore[method-assign]
     sns.Subscription.publish = publish_subscription  # type: ignore[method-assign]
     CloudWatchBackend.put_metric_data = put_metric_data  # type: ignore[method-assign]
+    CloudWatchBackend.get_metric_data = get_metric_data  # type: ignore[method-assign]
     for name in ("get_metric_data", "get_metric_statistics", "list_metrics"):
         setattr(CloudWatchBackend, name, flushing(getattr(CloudWatchBackend, name)))
     threading.Thread(target=_every_minute, args=(publisher,), daemon=True,
