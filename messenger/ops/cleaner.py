@@ -14,11 +14,15 @@
 5. Unused queues are deleted with their subscriptions and their (empty) DLQ; an inactive topic
    is deleted once no remaining queue is subscribed to it (else it is reported as kept).
 
-Never deleted: resources of a CloudFormation stack (reported instead), anything in a dry run.
-Every deletion is logged by name as it happens. Any error that is not about one resource (a
-broken connection, a timeout, anything unexpected), or the Lambda's remaining time falling
-under `STOP_MARGIN_SECONDS`, stops the run: the report says why and names what was not checked,
-is posted and logged, and then the invocation fails (`CleanerOutcome.raise_for_failure`).
+Everything is judged before anything is deleted: the plan is logged and posted first (the
+`confirm` callback), and nothing is deleted when it cannot be posted. Never deleted: resources
+of a CloudFormation stack (reported instead), anything in a dry run. Every deletion is logged
+by name as it happens; a refused one (AccessDenied...) is reported under `failed`, naming what
+it leaves behind, and fails the invocation at the end. Any error that is not about one resource
+(a broken connection, a timeout, anything unexpected), or the Lambda's remaining time falling
+under `STOP_MARGIN_SECONDS`, stops the run (while judging: nothing is deleted): the report says
+why and names what was not checked and not deleted, is posted and logged, and then the
+invocation fails (`CleanerOutcome.raise_for_failure`).
 """
 
 from __future__ import annotations
