@@ -24,8 +24,9 @@ def _read(cloudwatch, namespace, dimension, name, metrics):
         for n, metric in enumerate(metrics)]
     answer = cloudwatch.get_metric_data(MetricDataQueries=queries, EndTime=now,
                                         StartTime=now - timedelta(minutes=10))
-    return {r["Label"]: sum(r["Values"]) if r["Values"] else None
-            for r in answer["MetricDataResults"]}
+    # a gauge's samples may span two minutes (the sampler runs at each minute): its largest
+    return {r["Label"]: (max if r["Label"].startswith("Approximate") else sum)(r["Values"])
+            if r["Values"] else None for r in answer["MetricDataResults"]}
 
 
 def test_sqs_and_sns_metrics_carry_aws_names_dimensions_and_minutes(settings, clients):
