@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+from slack_sdk.http_retry.builtin_interval_calculators import FixedValueRetryIntervalCalculator
 
 from messenger.ops.slack import SlackNotifier
 from messenger.tools.webhook_sink import WebhookSink
@@ -49,10 +50,12 @@ def test_a_429_whose_wait_outlasts_the_lambda_is_not_slept(
 def test_a_hung_connection_is_retried_within_the_time_left(
     webhook: WebhookSink, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Given a Slack that reads each post and never answers, a 1 s attempt timeout, 3.5 s left
+    # Given a Slack that reads each post and never answers, a 1 s attempt timeout, 0.2 s
+    # between attempts, 3.5 s left
     webhook.hang = True
     remaining = lambda_with(3.5)
-    notifier = SlackNotifier(lambda: webhook.url, timeout=1, remaining=remaining, reserve=0.5)
+    notifier = SlackNotifier(lambda: webhook.url, timeout=1, remaining=remaining, reserve=0.5,
+                             retry_interval=FixedValueRetryIntervalCalculator(0.2))
     with caplog.at_level(logging.WARNING):
         delivered = notifier.post(MESSAGE)
     # Then the timed-out attempt was retried, and the post gave up before the Lambda's end
