@@ -102,3 +102,21 @@ def test_other_moto_versions_publish_nothing(monkeypatch, caplog):
         applied = moto_metrics.apply()
     assert applied is False and models.SQSBackend.send_message is stock_send
     assert "moto 5.3.0 is not 5.2.5" in caplog.text
+
+
+def test_messenger_top_shows_rates_from_the_published_metrics(settings, clients):
+    # Given a channel sent 10 messages, 4 of them received, nothing written to CloudWatch
+    from messenger import ChannelSpec
+    from messenger.provision import Provisioner
+    from messenger.tools.top import snapshot
+
+    channel = Provisioner(clients, settings).ensure_channel(
+        ChannelSpec("rates", namespace=settings.namespace))
+    sqs = clients.client("sqs")
+    sqs.send_message_batch(QueueUrl=channel.queue.url, Entries=[
+        {"Id": str(n), "MessageBody": "{}"} for n in range(10)])
+    sqs.receive_message(QueueUrl=channel.queue.url, MaxNumberOfMessages=4)
+    # Then `messenger top` reads the rates and the consumer activity SQS would publish
+    [row] = snapshot(clients, settings)
+    assert row.queue == channel.queue.name
+    assert row.in_per_minute == 2.0 and row.consumers_active is True  # 10 in 5 minutes
