@@ -306,8 +306,9 @@ class Consumer:
             logger.error("writing health file %s failed: %s", self.health.path, error)
 
     def run_hooks(self, hook: LifecycleHooks, *args: Any) -> None:
-        """Call the hooks registered for `hook`; one that raises (anything but Ctrl-C) is logged
-        and skipped. A hook gets as many of `args` as its signature takes, so seed-style hooks
+        """Call the hooks registered for `hook`; one that raises (anything, `SystemExit` and
+        `KeyboardInterrupt` included: a real signal goes to the signal handler) is logged and
+        skipped. A hook gets as many of `args` as its signature takes, so seed-style hooks
         such as `def hook(self)` on MSG_PROCESSING_END run too."""
         if not self.hooks:  # (twice per message: no lookup when the class has none)
             return
@@ -315,8 +316,6 @@ class Consumer:
             method = getattr(self, name)
             try:
                 method(*args[: hook_arity(method, len(args))])
-            except KeyboardInterrupt:
-                raise
             except BaseException as error:  # SystemExit in a hook must not kill the worker
                 message = args[0] if args and isinstance(args[0], ReceivedMessage) else None
                 self.emit("hook_failed", message.message_id if message else None, fields={
