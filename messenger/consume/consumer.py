@@ -70,6 +70,8 @@ logger = logging.getLogger("messenger.consumer")
 #: States between which the health file may lag (at most HEALTH_LAG_SECONDS).
 RUNNING_STATES = frozenset({ConsumerState.LISTENING, ConsumerState.IDLE, ConsumerState.PROCESSING})
 HEALTH_LAG_SECONDS = 1.0
+#: How often the main thread looks for a shutdown request while the channel is resolved.
+STARTUP_POLL_SECONDS = 0.05
 
 MIN_PROCESSING_TIMEOUT = 1
 MAX_PROCESSING_TIMEOUT = 1800
@@ -338,20 +340,17 @@ class Consumer:
             self._runtime.stop()
 
     def run(self) -> int:
-        """Consume until SIGTERM/SIGINT or `request_shutdown()`; returns 0. Raises the fatal error
-        (e.g. ProcessingTimeout when a timed-out message cannot be dead-lettered) after a
-        graceful shutdown."""
+        """Consume until SIGTERM/SIGINT or `request_shutdown()`; returns 0, also when asked to
+        stop while the channel is still being resolved (however long the endpoint takes to
+        answer). Raises the fatal error (e.g. ProcessingTimeout when a timed-out message cannot
+        be dead-lettered) after a graceful shutdown."""
         previous = self._install_signal_handlers()
-        hold_lines(self.runtime.log_hold)
         try:
             self.transition(ConsumerState.INITIALIZING)
-            provisioner = Provisioner(self.clients, self.settings)
-            self.resources = call_with_budget(
-                lambda: provisioner.ensure_channel(self.spec),
-                self.settings.retry_budget_seconds, f"resolving channel {self.spec.name!r}",
-            )
-            if self.status is not None:
-                self.status.start()
+            resources = self._start_up()
+            if resources is None:  # SIGTERM while provisioning: nothing is held yet
+                return 0
+            self.resources = resources
             self.transition(ConsumerState.INITIALIZED)
             mailbox, poller = self._mailboxes(self.resources)
             runtime = self.runtime_class(
@@ -363,6 +362,9 @@ class Consumer:
             if self._stop_requested.is_set():  # SIGTERM while initializing
                 runtime.stop()
             self.transition(ConsumerState.LISTENING)
+            # Lines are held only while the watchdog runs to write them: a line logged while
+            # provisioning (which can take a while) is written at once.
+            hold_lines(self.runtime.log_hold)
             runtime.start()
             runtime.wait()
             if runtime.fatal is not None:
@@ -376,6 +378,37 @@ class Consumer:
             hold_lines(0.0)  # writes what is held; lines after the run are written at once
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _start_up(self) -> ChannelResources | None:
+        """Resolve (auto: provision) the channel and start status tracking on a thread of
+        their own; None when a shutdown is requested first. A hung endpoint holds that thread
+        in a socket read that a signal cannot end: the main thread waits for it or for the
+        shutdown request, whichever comes first (the thread is left to the process's exit)."""
+        done = threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def resolve() -> None:
+            try:
+                provisioner = Provisioner(self.clients, self.settings)
+                outcome["resources"] = call_with_budget(
+                    lambda: provisioner.ensure_channel(self.spec),
+                    self.settings.retry_budget_seconds, f"resolving channel {self.spec.name!r}",
+                )
+                if self.status is not None:
+                    self.status.start()
+            except BaseException as error:  # raised on the main thread
+                outcome["error"] = error
+            finally:
+                done.set()
+
+        threading.Thread(target=resolve, name="messenger-startup", daemon=True).start()
+        while not done.wait(STARTUP_POLL_SECONDS):
+            if self._stop_requested.is_set():
+                return None
+        if "error" in outcome:
+            raise outcome["error"]
+        resources: ChannelResources = outcome["resources"]
+        return resources
 
     def _mailboxes(self, resources: ChannelResources) -> tuple[Mailbox, LevelPoller | None]:
         """The default level's mailbox, and a poller over every level's (prioritized channel)."""

@@ -229,3 +229,31 @@ def test_health_check_fails_for_a_consumer_stuck_in_processing(start, producer, 
     result = subprocess.run(health, capture_output=True, text=True)
     assert result.returncode == 1, result.stdout
     assert "stuck in PROCESSING" in result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_while_provisioning_against_a_hung_endpoint_exits_0_in_time(start):
+    from tests.faults import Blackhole
+
+    # Given a consumer resolving its channel against an endpoint that accepts and never answers
+    hung = Blackhole()
+    try:
+        consumer = start("SleepyConsumer", AWS_ENDPOINT_URL=hung.url,
+                         MESSENGER_PROVISIONING="auto")
+        deadline = time.monotonic() + 10
+        while not hung.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hung.connections, "the consumer never called the endpoint"
+        assert json.loads(consumer.health_path.read_text())["state"] == "INITIALIZING"
+        # When ECS stops the task
+        stopped_at = time.monotonic()
+        consumer.process.send_signal(signal.SIGTERM)
+        # Then it exits 0 within its shutdown timeout (10 s; ECS kills it at 30 s)
+        code = consumer.process.wait(timeout=15)
+        took = time.monotonic() - stopped_at
+    finally:
+        hung.close()
+    assert code == 0, consumer.log_path.read_text()[-2000:]
+    assert took < 10, f"took {took:.1f} s, the shutdown timeout is 10 s"
+    states = [e["state"] for e in consumer.events() if e.get("event") == "state"]
+    assert states == ["INITIALIZING", "EXITING", "EXITED"]
