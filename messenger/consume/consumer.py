@@ -40,7 +40,7 @@ from messenger.channel import (
     ChannelTags,
     MessageFilter,
 )
-from messenger.consume.health import HealthFile, HealthRecord
+from messenger.consume.health import HealthFile, HealthRecord, default_health_file, health_clock
 from messenger.consume.lease import renewal_read_timeout
 from messenger.consume.levels import LevelPoller
 from messenger.consume.lifecycle import (
@@ -149,7 +149,17 @@ class Consumer:
             self.status = StatusTracker(StatusStore(
                 self.clients, self.settings, retention_seconds=self.spec.retention_seconds))
         self.hooks = collect_hooks(type(self))
-        self.health = HealthFile(self.runtime.health_file)
+        self.health = HealthFile(self.runtime.health_file or default_health_file(
+            f"{type(self).__module__}.{type(self).__qualname__}"))
+        try:
+            self.health.check_directory()
+        except FileNotFoundError:
+            raise InvalidSettings(
+                f"health_file (MESSENGER_HEALTH_FILE) {self.health.path}: directory "
+                f"{self.health.directory} does not exist; create it or name another file"
+            ) from None
+        self._health_error: str | None = None  # the last write's error, logged once
+        self._health_stop = threading.Event()
         #: ECS task scale-in protection while PROCESSING (a no-op outside ECS).
         self.protection = TaskProtection.from_env(os.environ, float(self.processing_timeout))
         self.state: ConsumerState | None = None
@@ -249,7 +259,7 @@ class Consumer:
             if previous is ConsumerState.EXITING and state is not ConsumerState.EXITED:
                 return
             self.state = state
-            self._state_since = time.time()
+            self._state_since = health_clock()
             if previous in RUNNING_STATES and state in RUNNING_STATES:
                 self._health_dirty = True  # written within HEALTH_LAG_SECONDS (flush_health)
             else:
@@ -265,7 +275,7 @@ class Consumer:
         """Progress while PROCESSING: restart the state's clock in the health file."""
         with self.transition_lock:
             if self.state is ConsumerState.PROCESSING:
-                self._state_since = time.time()
+                self._state_since = health_clock()
                 self._health_dirty = True
 
     def flush_health(self) -> None:
@@ -301,11 +311,27 @@ class Consumer:
             state=self.state.value, since=self._state_since,
             timeout_seconds=self.health_timeout(self.state), pid=os.getpid(),
             consumer=f"{type(self).__module__}.{type(self).__qualname__}",
+            written_at=health_clock(), refresh_seconds=self.runtime.health_refresh,
         )
         try:
             self.health.write(record)
         except Exception as error:  # a full disk must not stop message processing
-            logger.error("writing health file %s failed: %s", self.health.path, error)
+            # The check sees it (the file goes stale, and its own write fails): logged once.
+            text = f"{type(error).__name__}: {error}"
+            if text != self._health_error:
+                logger.error("writing health file %s failed: %s", self.health.path, text)
+            self._health_error = text
+        else:
+            self._health_error = None
+
+    def _refresh_health(self) -> None:
+        """Rewrite the health file every `health_refresh` seconds until the consumer has
+        EXITED (a thread of its own: provisioning, a busy runtime or a shutdown never delay
+        it; a hung process stops it, and the check sees the file go stale)."""
+        while not self._health_stop.wait(self.runtime.health_refresh):
+            with self.transition_lock:
+                if self.state is not None:
+                    self._write_health()
 
     def run_hooks(self, hook: LifecycleHooks, *args: Any) -> None:
         """Call the hooks registered for `hook`; one that raises (anything, `SystemExit` and
@@ -345,6 +371,9 @@ class Consumer:
         answer). Raises the fatal error (e.g. ProcessingTimeout when a timed-out message cannot
         be dead-lettered) after a graceful shutdown."""
         previous = self._install_signal_handlers()
+        self._health_stop.clear()
+        threading.Thread(target=self._refresh_health, name="messenger-health",
+                         daemon=True).start()
         try:
             self.transition(ConsumerState.INITIALIZING)
             resources = self._start_up()
@@ -375,6 +404,7 @@ class Consumer:
             if self.status is not None:
                 self.status.close()
             self.transition(ConsumerState.EXITED)
+            self._health_stop.set()  # a process still up later reads as stale: not healthy
             hold_lines(0.0)  # writes what is held; lines after the run are written at once
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
