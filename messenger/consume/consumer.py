@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -136,6 +137,7 @@ class Consumer:
         runtime: ConsumerSettings | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
+        self.check_runtime_defaults()
         self.runtime = runtime or ConsumerSettings.from_env(
             concurrency=self.concurrency, shutdown_timeout=self.shutdown_timeout
         )
@@ -208,6 +210,23 @@ class Consumer:
         """The longest `processing_timeout` of a long-running consumer: its last renewal must
         end within SQS's 12 hours in flight."""
         return SQS_MAX_IN_FLIGHT_SECONDS - int(cls.visibility_timeout) - LONG_RUNNING_MARGIN
+
+    @classmethod
+    def check_runtime_defaults(cls) -> None:
+        """The class's `concurrency` and `shutdown_timeout` (the defaults of ConsumerSettings),
+        checked as class attributes, so that an error names the class, not the environment."""
+        name = cls.__name__
+        concurrency = cls.concurrency
+        if concurrency is not None and (isinstance(concurrency, bool)
+                                        or not isinstance(concurrency, int) or concurrency < 1):
+            raise InvalidSettings(f"{name}.concurrency must be a whole number >= 1, or None "
+                                  f"(MESSENGER_CONCURRENCY, else 1), got {concurrency!r}")
+        timeout = cls.shutdown_timeout
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, int | float)
+                                    or not 0 < timeout < float("inf")):
+            raise InvalidSettings(f"{name}.shutdown_timeout must be a number of seconds > 0, or "
+                                  f"None (MESSENGER_SHUTDOWN_TIMEOUT, else 30), got {timeout!r}")
 
     def _validate(self) -> None:
         name = type(self).__name__
@@ -481,12 +500,22 @@ def load_consumer(target: str) -> type[Consumer]:
         raise InvalidSettings(f"consumer {target!r} must be 'package.module:ClassName'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise InvalidSettings(f"cannot import {module_name!r} for consumer {target!r}: {error}") \
-            from None
+    except Exception as error:  # whatever the module raises on import: one line, not a traceback
+        where = ""
+        frames = traceback.extract_tb(error.__traceback__)
+        if frames and not isinstance(error, ModuleNotFoundError):
+            where = f" (at {frames[-1].filename}:{frames[-1].lineno})"
+        raise InvalidSettings(f"cannot import {module_name!r} for consumer {target!r}: "
+                              f"{type(error).__name__}: {error}{where}") from None
     found = getattr(module, class_name, None)
+    if found is None:
+        defined = sorted(n for n, v in vars(module).items() if isinstance(v, type)
+                         and issubclass(v, Consumer) and v is not Consumer)
+        raise InvalidSettings(f"module {module_name!r} has no {class_name!r} (its Consumer "
+                              f"subclasses: {', '.join(defined) or 'none'})")
     if not isinstance(found, type) or not issubclass(found, Consumer):
-        raise InvalidSettings(f"{target!r} is not a Consumer subclass")
+        kind = "a class" if isinstance(found, type) else f"a {type(found).__name__}"
+        raise InvalidSettings(f"{target!r} is {kind}, not a Consumer subclass")
     return found
 
 
@@ -494,6 +523,7 @@ def run_cli(args: argparse.Namespace) -> int:
     """`messenger consume package.module:Class`: run one consumer until SIGTERM (exit 0)."""
     configure_json_logging(logging.DEBUG if getattr(args, "verbose", False) else logging.INFO)
     cls = load_consumer(args.consumer)
+    cls.check_runtime_defaults()
     overrides = {
         name: value for name, value in (
             ("concurrency", args.concurrency), ("shutdown_timeout", args.shutdown_timeout),

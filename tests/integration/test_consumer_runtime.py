@@ -733,3 +733,27 @@ def test_the_json_log_lists_a_polls_messages_in_one_line_and_on_event_gets_each(
     assert sorted(str(e.message_id) for e in run.consumer.named("started")) == ids
     started_lines = [line["message_id"] for line in lines if line.get("event") == "started"]
     assert set(started_lines) <= set(ids) and len(started_lines) < len(ids), started_lines
+
+
+def test_a_consumer_call_that_spends_its_budget_raises_queue_call_failed(clients, endpoint):
+    from messenger import PublishFailed, QueueCallFailed, RetryBudgetExhausted
+    from messenger.consume.mailbox import Delivery, EntryError, Mailbox
+    from tests.faults import Throttle, injected
+
+    sqs = clients.client("sqs")
+    url = sqs.create_queue(QueueName="budget_test")["QueueUrl"]
+    dlq = sqs.create_queue(QueueName="budget_test-dlq")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="1")
+    delivery = Delivery(sqs.receive_message(QueueUrl=url)["Messages"][0], 0.0, 30.0)
+    mailbox = Mailbox(sqs, url, dlq, ordered=False, budget=0.3)
+    # Given SQS throttling every request for longer than the consumer's retry budget
+    with injected(clients, "before-send.sqs", Throttle(1.0)):
+        # Then a forward to the DLQ fails with an error named for the consumer's call
+        with pytest.raises(QueueCallFailed, match="SendMessage to the DLQ failed after") as failed:
+            mailbox.dead_letter(delivery, "undecodable: test")
+        assert isinstance(failed.value, RetryBudgetExhausted)
+        assert not isinstance(failed.value, PublishFailed)
+        with pytest.raises(QueueCallFailed, match="DeleteMessageBatch failed after") as failed:
+            mailbox.delete_batch([delivery])
+    # and a batch that failed so is worth trying again
+    assert [e.transient for e in EntryError.of_call([delivery], failed.value)] == [True]
