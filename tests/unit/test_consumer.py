@@ -251,7 +251,7 @@ def test_load_consumer_names_what_is_wrong():
         load_consumer("tests.integration.consumer_apps.apps")
     with pytest.raises(InvalidSettings, match="cannot import 'no_such_module_x'"):
         load_consumer("no_such_module_x:C")
-    with pytest.raises(InvalidSettings, match="is not a Consumer subclass"):
+    with pytest.raises(InvalidSettings, match="is a function, not a Consumer subclass"):
         load_consumer("tests.integration.consumer_apps.apps:record")
 
 
