@@ -290,6 +290,7 @@ class Requeuer:
         outgoing = [self._outgoing(message) for message in messages]
         try:
             self._refresh_payloads(messages)
+            sent_at = time.time()  # the destination's consumer receives them after this
             failures = call_with_budget(
                 lambda: target.send_batch(outgoing),
                 self.settings.retry_budget_seconds,
@@ -307,7 +308,7 @@ class Requeuer:
         report.moved += len(sent)
         if sent:
             self._delete(sent)
-            self._record_requeued(sent)
+            self._record_requeued(sent, sent_at)
         # Failed ones stay in the source, hidden until the visibility timeout ends (released now,
         # this run would take them again at once); the report counts them as in flight.
 
@@ -338,7 +339,9 @@ class Requeuer:
             dedup_id = message["MessageId"]
         return OutgoingMessage(EncodedMessage(message["Body"], attributes), group_id, dedup_id)
 
-    def _record_requeued(self, messages: list[dict[str, Any]]) -> None:
+    def _record_requeued(self, messages: list[dict[str, Any]], sent_at: float) -> None:
+        """Record REQUEUED stamped `sent_at`, when the send went out: before the destination's
+        consumer can receive them, so the timeline reads in order."""
         if self.status is None:
             return
         for message in messages:
@@ -346,7 +349,7 @@ class Requeuer:
             message_id = attributes.get(MESSAGE_ID_ATTRIBUTE, {}).get("StringValue")
             self.status.record(
                 StatusRecord(message_id or message["MessageId"], StatusEvent.REQUEUED,
-                             self.destination_channel)
+                             self.destination_channel, at=sent_at)
             )
 
     def _delete(self, messages: list[dict[str, Any]]) -> None:
