@@ -66,6 +66,9 @@ HANDOFF_SECONDS = 0.001
 RESCUE_SECONDS = 0.05
 #: Weight of the newest chain in that running average.
 CHAIN_TIME_WEIGHT = 0.2
+#: The last calls of a shutdown (releases, pending deletes) get at least this long, even when
+#: in-flight handlers used up the shutdown timeout.
+WIND_DOWN_SECONDS = 1.0
 
 
 class Runtime:
@@ -199,7 +202,10 @@ class Runtime:
 
     def shutdown(self) -> None:
         """No new message starts; in-flight work finishes up to the shutdown timeout; what is
-        left is released; pending deletes go out."""
+        left is released; pending deletes go out. The whole takes at most the shutdown timeout
+        (at least WIND_DOWN_SECONDS for the last calls): against an endpoint that does not
+        answer, the last calls are left behind (`shutdown_incomplete`; their messages come
+        back when their leases end) rather than outliving ECS's stop timeout."""
         self.stop()
         self.refresh_state()
         deadline = time.monotonic() + self.config.shutdown_timeout
@@ -211,6 +217,19 @@ class Runtime:
         # Claim from the stage seen: a handler that finished meanwhile keeps its delete.
         abandoned = [d for d in left
                      if d.claim(Stage.QUEUED, Stage.DONE) or d.claim(Stage.RUNNING, Stage.DONE)]
+        finish = threading.Thread(target=self._guarded(lambda: self._wind_down(abandoned)),
+                                  name="messenger-shutdown", daemon=True)
+        finish.start()
+        finish.join(max(WIND_DOWN_SECONDS, deadline - time.monotonic()))
+        if finish.is_alive():
+            self.consumer.emit("shutdown_incomplete", fields={
+                "unconfirmed_deletes": len(self._deleting), "abandoned": len(abandoned),
+                "shutdown_timeout": self.config.shutdown_timeout,
+            })
+
+    def _wind_down(self, abandoned: list[Delivery]) -> None:
+        """Release what was not finished, send the pending deletes, stop the threads (leases
+        last: a message stays leased until its delete went out)."""
         if abandoned:
             self._release(abandoned, reason="shutdown_timeout")
         self._work.close()

@@ -757,3 +757,38 @@ def test_a_consumer_call_that_spends_its_budget_raises_queue_call_failed(clients
             mailbox.delete_batch([delivery])
     # and a batch that failed so is worth trying again
     assert [e.transient for e in EntryError.of_call([delivery], failed.value)] == [True]
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_against_a_hung_endpoint_ends_within_the_shutdown_timeout(
+    settings, clients, running
+):
+    # Given a consumer in the middle of a 1 s handler
+    class Slow(Recording):
+        def handler(self, message: ReceivedMessage) -> None:
+            super().handler(message)
+            time.sleep(1)
+
+    producer_for(settings, "runtime_test").push({"n": 1})
+    run = running(Slow, shutdown_timeout=3, wait_time_seconds=1)
+    wait_until(lambda: run.consumer.handled)
+    # When SQS stops answering (every request hangs) and the task is stopped
+    hung = threading.Event()
+
+    def hang(**_: Any) -> None:
+        hung.wait(60)
+
+    clients.register("before-send.sqs", hang)
+    try:
+        stopped_at = time.monotonic()
+        run.consumer.request_shutdown()
+        run.thread.join(10)
+        took = time.monotonic() - stopped_at
+        # Then it ends within its shutdown timeout (3 s), exit 0, saying what it left behind
+        assert not run.thread.is_alive() and run.code == 0, run.error
+        assert took < 3 + 1, f"took {took:.1f} s"
+        [incomplete] = run.consumer.named("shutdown_incomplete")
+        assert incomplete.fields["unconfirmed_deletes"] == 1
+    finally:
+        hung.set()
+        clients.unregister("before-send.sqs", hang)
