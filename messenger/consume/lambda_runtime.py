@@ -32,9 +32,9 @@ import base64
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aws_lambda_powertools.utilities.batch import (
@@ -444,8 +444,9 @@ class _Batch:
         """Release what did not run (a group blocked behind a failure, the time ran out) in
         one batch call per queue, then write the status records held."""
         for record in processor.fail_messages:  # short-circuited by the FIFO processor
-            delivery = by_id.get(record.message_id)
-            if record.message_id not in self.seen and delivery is not None:
+            message_id = str(getattr(record, "message_id", ""))
+            delivery = by_id.get(message_id)
+            if message_id not in self.seen and delivery is not None:
                 self.release(delivery, GROUP_BLOCKED)
         if self.releases:
             deliveries = [delivery for delivery, _ in self.releases]
