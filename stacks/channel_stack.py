@@ -25,6 +25,7 @@ from stacks.channel import Channel, construct_id
 from stacks.consumer_image import ConsumerImage
 from stacks.consumer_service import ConsumerService
 from stacks.dashboard import ChannelDashboard
+from stacks.lambda_consumer import LambdaConsumer
 from stacks.platform_stack import PlatformStack
 
 
@@ -57,6 +58,7 @@ class ChannelStack(Stack):
         self.code = code
         self.channels: dict[str, Channel] = {}
         self.consumers: dict[str, ConsumerService] = {}
+        self.lambda_consumers: dict[str, LambdaConsumer] = {}
         self.dashboard = ChannelDashboard(
             self, "Dashboard", dashboard_name=f"{self.stack_name}-channels"
         )
@@ -117,6 +119,36 @@ class ChannelStack(Stack):
         )
         self.consumers[channel.spec.name] = service
         return service
+
+    def add_lambda_consumer(
+        self, channel: Channel, consumer_class: str, code: str | Path | None = None,
+        **options: Any
+    ) -> LambdaConsumer:
+        """Run `consumer_class` ('package.module:Class') in Lambda on the channel's queue(s).
+
+        code: the folder of the class (default: the stack's `code`). Its alarms notify the
+        platform's ops alarm topic. options: LambdaConsumer's (timeout, batch_size, ...)."""
+        if code is None and self.code is not None:
+            code = self.code.code_dir
+        if code is None:
+            raise ValueError(
+                f"ChannelStack {self.stack_name!r}: add_lambda_consumer({consumer_class!r}) "
+                f"needs the consumer's code folder: ChannelStack(..., code='path/to/folder') or "
+                f"add_lambda_consumer(..., code='path/to/folder')"
+            )
+        options.setdefault("alarm_topic", self.platform.ops.alarm_topic)
+        function = LambdaConsumer(
+            self,
+            f"LambdaConsumer{construct_id(channel.spec.name, channel.spec.ordered)}",
+            channel=channel,
+            foundation=self.platform.foundation,
+            code=code,
+            consumer_class=consumer_class,
+            namespace=self.namespace,
+            **options,
+        )
+        self.lambda_consumers[channel.spec.name] = function
+        return function
 
 
 
