@@ -14,7 +14,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Match
 
-from examples.cdk import EXAMPLE_CODE, EXAMPLE_LAMBDA_CONSUMERS
+from examples.cdk import EXAMPLE_CODE, EXAMPLE_CONSUMERS, EXAMPLE_LAMBDA_CONSUMERS
 from messenger.channel import ChannelSpec
 from stacks.bundle import consumer_lambda_bundle
 from stacks.channel import KEY_ACTIONS_CONSUME, QUEUE_ACTIONS_CONSUME, QUEUE_ACTIONS_SEND, Channel
@@ -85,9 +85,10 @@ def test_the_function_has_a_consumer_services_grants_and_no_more(assembly: Cloud
     assert tuple(sorted(KEY_ACTIONS_CONSUME)) in by_actions
     assert "payloads/*" in json.dumps(by_actions[("s3:GetObject",)])
     assert all(s["Resource"] != "*" for s in statements)
-    # The same actions as the Fargate consumer of a channel, less ECS task protection, plus
-    # writing its own log group
-    task = next(iter(_of_type(resources, "AWS::ECS::TaskDefinition").values()))
+    # The same actions as the Fargate consumer of a queue channel (orders), less ECS task
+    # protection, plus writing its own log group
+    task = next(t for t in _of_type(resources, "AWS::ECS::TaskDefinition").values()
+                if EXAMPLE_CONSUMERS["orders"] in json.dumps(t))
     fargate = _role_statements(resources, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
     actions = {a for s in statements for a in as_list(s["Action"])}
     assert actions - {"logs:CreateLogStream", "logs:PutLogEvents"} == \
