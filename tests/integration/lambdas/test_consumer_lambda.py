@@ -340,6 +340,7 @@ def test_no_message_starts_once_the_invocation_runs_out_of_time(function) -> Non
     handled = [body["n"] for event, body in RECORD if event == "handler"]
     # Then two messages finish, the third is interrupted at 2.5 s, two never start
     assert len(done) == 2 and len(handled) == 3, RECORD
+    assert len([e for e, _ in RECORD if e == "started"]) == 3
     assert took < 3.5
     assert len(failures(response)) == 3
     assert [r for e, r in RECORD if e == "released"] == ["out_of_time"] * 3
