@@ -20,6 +20,7 @@ from messenger import Consumer, ConsumerSettings, LifecycleHooks, ReceivedMessag
 from messenger.aws import ClientFactory
 from messenger.consume.lambda_runtime import sqs_event, sqs_message
 from messenger.consume.lifecycle import LifecycleEvent
+from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.offload import OffloadPointer
 from messenger.produce.producer import Producer
@@ -91,6 +92,18 @@ class Quick(Jobs):
 class Ordered(Jobs):
     channel = "lambda_ordered"
     ordered = True
+
+
+class Tracked(Jobs):
+    channel = "lambda_tracked"
+    track_status = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert self.status is not None
+        # Nothing written in the background while the test looks: only the end of the
+        # invocation can have written the records (a frozen Lambda runs no background thread).
+        self.status.store.flush_interval = 3600
 
 
 @pytest.fixture(autouse=True)
@@ -348,6 +361,20 @@ def test_no_message_starts_once_the_invocation_runs_out_of_time(function) -> Non
     back = fn.receive_all(3)
     assert sorted(m["MessageId"] for m in back) == sorted(failures(response))
     assert fn.dead_letters() == []
+
+
+def test_status_records_are_written_before_the_invocation_returns(function, settings,
+                                                                  clients) -> None:
+    StatusStore(clients, settings).ensure_table()
+    fn = function(Tracked)
+    ok = fn.producer.push({"n": 1})
+    failing = fn.producer.push({"fail": True})
+    fn.invoke(fn.receive_all(2))
+    store = StatusStore(clients, settings)
+    assert [r.event for r in store.timeline(ok)] == [
+        StatusEvent.RECEIVED, StatusEvent.STARTED, StatusEvent.COMPLETED]
+    assert [r.event for r in store.timeline(failing)] == [
+        StatusEvent.RECEIVED, StatusEvent.STARTED, StatusEvent.FAILED, StatusEvent.RETRIED]
 
 
 def test_a_record_of_another_queue_is_a_batch_item_failure(function) -> None:
