@@ -158,6 +158,10 @@ class LambdaConsumerRuntime:
             consumer.status.start()
         default, poller = consumer._mailboxes(consumer.resources)  # the Fargate runtime's own
         boxes = list(poller.by_level.values()) if poller is not None else [default]
+        for box in boxes:
+            # An SQS call after the last handler (a forward, the releases) must end before the
+            # function does: its retries stop within FINISH_SECONDS.
+            box.budget = min(box.budget, max(1.0, finish_seconds))
         #: The channel's mailboxes by queue name (each priority level has its queue).
         self.mailboxes: dict[str, Mailbox] = {
             box.queue_url.rstrip("/").rsplit("/", 1)[-1]: box for box in boxes
