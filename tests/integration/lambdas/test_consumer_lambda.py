@@ -126,6 +126,8 @@ class Lambda:
         monkeypatch.setenv("MESSENGER_CONSUMER", f"{__name__}:{cls.__name__}")
         monkeypatch.setenv("MESSENGER_NAMESPACE", settings.namespace)
         monkeypatch.setenv("MESSENGER_RETRY_BUDGET", "5")
+        # As deployed (LambdaConsumer): the channel exists (here the producer made it)
+        monkeypatch.setenv("MESSENGER_PROVISIONING", "verify")
         monkeypatch.setenv("MESSENGER_OFFLOAD_THRESHOLD", "2000")
         handler.runtime.cache_clear()
         self.module = handler
