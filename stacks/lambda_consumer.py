@@ -136,6 +136,16 @@ class LambdaConsumer(Construct):
         #: The code folder, checked as a consumer image's is (same package rules).
         self.image = ConsumerImage.from_code(code)
         assert self.image.code_dir is not None
+        requirements = self.image.code_dir / "requirements.txt"
+        if not layers and requirements.is_file() and any(
+            line.strip() and not line.lstrip().startswith("#")
+            for line in requirements.read_text().splitlines()
+        ):
+            raise ValueError(
+                f"LambdaConsumer {id!r}: {requirements} lists packages, which a Lambda bundle "
+                f"does not install; give layers=[...] holding them (or run the class on "
+                f"Fargate: ConsumerService's image installs them)"
+            )
         self.requested_processing_timeout = processing_timeout
         self.requested_timeout = timeout
         topology = Topology.of(self)

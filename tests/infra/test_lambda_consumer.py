@@ -204,3 +204,12 @@ def test_event_source_options_are_checked_with_the_field_named(
 ) -> None:
     with pytest.raises(ValueError, match=error):
         _lambda_stack(tmp_path, spec, "examples.wishlist:ReceiptsConsumer", **options)
+
+
+def test_code_with_requirements_needs_layers(tmp_path: Path) -> None:
+    code = tmp_path / "team"
+    code.mkdir()
+    (code / "requirements.txt").write_text("# pinned\nrequests==2.32.3\n")
+    with pytest.raises(ValueError, match=r"requirements.txt lists packages, which a Lambda "
+                                         r"bundle does not install; give layers="):
+        _lambda_stack(tmp_path / "out", ChannelSpec("q"), "team.jobs:Jobs", code=code)
