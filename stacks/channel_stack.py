@@ -4,6 +4,7 @@
 stack = ChannelStack(app, "Orders", platform=platform, code="orders")  # the team's folder
 orders = stack.add_channel(ChannelSpec("orders"))                       # one line per channel
 stack.add_consumer(orders, "orders.consumers:OrderConsumer")          # one line per consumer
+stack.add_lambda_consumer(receipts, "orders.consumers:ReceiptConsumer")  # or run it in Lambda
 ```
 
 CloudFormation allows 500 resources per stack. A channel is 5 resources (queue, DLQ, two
@@ -30,13 +31,14 @@ from stacks.platform_stack import PlatformStack
 
 
 class ChannelStack(Stack):
-    """Channels of one namespace (the platform's), their Fargate consumers and a dashboard.
+    """Channels of one namespace (the platform's), their consumers (Fargate services or Lambda
+    functions) and a dashboard.
 
     platform: the namespace's PlatformStack (key, bucket, cluster). The stack deploys to the
         platform's environment (account and region): it uses the platform's key and cluster,
         which CloudFormation cannot reference across environments. An `env` that differs fails.
     code: the folder of this stack's consumer classes (`ConsumerImage.from_code(code)`), or a
-        `ConsumerImage`; the default image of `add_consumer`.
+        `ConsumerImage`; the default image of `add_consumer` and code of `add_lambda_consumer`.
     """
 
     def __init__(
