@@ -4,7 +4,8 @@
 stack = ChannelStack(app, "Orders", platform=platform, code="orders")  # the team's folder
 orders = stack.add_channel(ChannelSpec("orders"))                       # one line per channel
 stack.add_consumer(orders, "orders.consumers:OrderConsumer")          # one line per consumer
-stack.add_lambda_consumer(receipts, "orders.consumers:ReceiptConsumer")  # or run it in Lambda
+receipts = stack.add_channel(ChannelSpec("receipts", visibility_timeout=150))
+stack.add_lambda_consumer(receipts, "orders.consumers:ReceiptConsumer")  # a consumer in Lambda
 ```
 
 CloudFormation allows 500 resources per stack. A channel is 5 resources (queue, DLQ, two
