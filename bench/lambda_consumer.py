@@ -33,7 +33,7 @@ from aws_lambda_powertools.utilities.batch import (  # noqa: E402
 
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
 from messenger.consume.consumer import Consumer, ConsumerSettings  # noqa: E402
-from messenger.consume.lambda_runtime import LambdaConsumerRuntime, sqs_event  # noqa: E402
+from messenger.consume.lambda_runtime import LambdaConsumerRuntime, LocalEventSource  # noqa: E402,E501
 from messenger.consume.lifecycle import JsonLinesHandler  # noqa: E402
 from messenger.consume.mailbox import ReceivedMessage  # noqa: E402
 from messenger.produce.producer import Producer  # noqa: E402
@@ -70,42 +70,37 @@ def bare_handler(record: Any) -> Any:
         return None
 
 
-def run(runtime: LambdaConsumerRuntime, counter: RequestCounter, sqs: Any, queue_url: str,
-        queue_arn: str, count: int) -> dict[str, Any]:
+def run(runtime: LambdaConsumerRuntime, counter: RequestCounter, source: LocalEventSource,
+        count: int) -> dict[str, Any]:
     """Feed `count` messages to the function in batches; its requests and CPU."""
     before = dict(counter.counts)
-    cpu = bare_cpu = 0.0
-    seen = 0
-    while seen < count:
-        messages = sqs.receive_message(
-            QueueUrl=queue_url, MaxNumberOfMessages=BATCH, WaitTimeSeconds=1,
-            VisibilityTimeout=120, MessageAttributeNames=["All"],
-            MessageSystemAttributeNames=["All"],
-        ).get("Messages", [])
-        if not messages:
-            break
-        seen += len(messages)
-        event = sqs_event(messages, queue_arn, "us-east-1")
+    cpu = {"runtime": 0.0, "bare": 0.0}
+
+    def timed(event: dict[str, Any], context: Any) -> Any:
         started = time.process_time()
         process_partial_response(event, bare_handler,
                                  BatchProcessor(EventType.SQS, raise_on_entire_batch_failure=False))
-        bare_cpu += time.process_time() - started
+        cpu["bare"] += time.process_time() - started
         started = time.process_time()
-        response = runtime.handle(event, Context())
-        cpu += time.process_time() - started
-        failed = {item["itemIdentifier"] for item in response["batchItemFailures"]}
-        done = [m for m in messages if m["MessageId"] not in failed]
-        if done:
-            sqs.delete_message_batch(QueueUrl=queue_url, Entries=[
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)])
+        response = runtime.handle(event, context)
+        cpu["runtime"] += time.process_time() - started
+        return response
+
+    seen = 0
+    while seen < count:
+        messages = source.receive(BATCH)
+        if not messages:
+            break
+        seen += len(messages)
+        source.invoke(timed, messages, Context())
     requests = {op: n - before.get(op, 0) for op, n in counter.counts.items()
                 if n - before.get(op, 0)}
     return {
         "messages": seen,
         "function_requests": dict(sorted(requests.items())),
         "function_requests_per_message": round(sum(requests.values()) / max(seen, 1), 3),
-        "cpu_us_per_message": round(cpu / max(seen, 1) * 1e6, 1),
-        "bare_powertools_cpu_us_per_message": round(bare_cpu / max(seen, 1) * 1e6, 1),
+        "cpu_us_per_message": round(cpu["runtime"] / max(seen, 1) * 1e6, 1),
+        "bare_powertools_cpu_us_per_message": round(cpu["bare"] / max(seen, 1) * 1e6, 1),
     }
 
 
@@ -124,8 +119,7 @@ def measure(settings: Settings) -> dict[str, Any]:
     counter = RequestCounter().attach(consumer.clients)
     sqs = clients.client("sqs")
     queue_url = sqs.get_queue_url(QueueName=consumer.spec.queue_name)["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(
-        QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    source = LocalEventSource(sqs, queue_url, settings.region, visibility=120)
     results: dict[str, Any] = {"messages_per_outcome": MESSAGES, "batch_size": BATCH,
                                "cold_start_seconds (local endpoint)": round(cold, 3)}
     outcomes = {
@@ -134,12 +128,12 @@ def measure(settings: Settings) -> dict[str, Any]:
     }
     for name, send in outcomes.items():
         send().raise_for_failures()
-        results[name] = run(runtime, counter, sqs, queue_url, queue_arn, MESSAGES + 1)
+        results[name] = run(runtime, counter, source, MESSAGES + 1)
     for start in range(0, MESSAGES, BATCH):
         sqs.send_message_batch(QueueUrl=queue_url, Entries=[
             {"Id": str(i), "MessageBody": "not json {"}
             for i in range(min(BATCH, MESSAGES - start))])
-    results["undecodable"] = run(runtime, counter, sqs, queue_url, queue_arn, MESSAGES)
+    results["undecodable"] = run(runtime, counter, source, MESSAGES)
     results["note"] = ("handled messages are deleted by Lambda from the response (no request of "
                        "the function's); CPU is this machine's, compare with the bare processor")
     return results

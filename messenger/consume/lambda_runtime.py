@@ -32,7 +32,7 @@ import base64
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -46,6 +46,7 @@ from aws_lambda_powertools.utilities.batch import (
 from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 
 from messenger.aws import call_with_budget
+from messenger.channel import MAX_BATCH_ENTRIES
 from messenger.consume.consumer import Consumer, load_consumer
 from messenger.consume.lifecycle import (
     ConsumerState,
@@ -132,6 +133,48 @@ def sqs_event(
 
 def queue_name_of(arn: str) -> str:
     return arn.rsplit(":", 1)[-1]
+
+
+class LocalEventSource:
+    """Lambda's SQS event source played locally on one queue: receive a batch (all attributes,
+    as the event source does), invoke a handler with its event, then do what SQS does with the
+    partial batch response: delete every message not listed as a failure.
+
+    sqs: an SQS client. queue_url: the queue polled. region: the records' awsRegion.
+    visibility: the lease of a received batch, seconds (default 60; the queue's own on AWS).
+    """
+
+    def __init__(self, sqs: Any, queue_url: str, region: str, visibility: int = 60) -> None:
+        self.sqs = sqs
+        self.queue_url = queue_url
+        self.region = region
+        self.visibility = visibility
+        self.queue_arn = str(sqs.get_queue_attributes(
+            QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"])
+
+    def receive(self, count: int = 10, wait_seconds: int = 1) -> list[dict[str, Any]]:
+        """One poll for at most `count` messages."""
+        response = self.sqs.receive_message(
+            QueueUrl=self.queue_url, MaxNumberOfMessages=count, WaitTimeSeconds=wait_seconds,
+            VisibilityTimeout=self.visibility, MessageAttributeNames=["All"],
+            MessageSystemAttributeNames=["All"],
+        )
+        return list(response.get("Messages", []))
+
+    def invoke(
+        self, handler: Callable[[dict[str, Any], Any], Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]], context: Any,
+    ) -> Mapping[str, Any]:
+        """`handler(event, context)` on `messages`, its response applied to the queue."""
+        response = handler(sqs_event(messages, self.queue_arn, self.region), context)
+        failed = {item["itemIdentifier"] for item in response.get("batchItemFailures", [])}
+        done = [m for m in messages if m["MessageId"] not in failed]
+        for start in range(0, len(done), MAX_BATCH_ENTRIES):
+            chunk = done[start:start + MAX_BATCH_ENTRIES]
+            self.sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(chunk)
+            ])
+        return response
 
 
 # -- the runtime --------------------------------------------------------------------------------

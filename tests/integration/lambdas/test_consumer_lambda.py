@@ -18,7 +18,7 @@ import pytest
 
 from messenger import Consumer, ConsumerSettings, LifecycleHooks, ReceivedMessage, register_hook
 from messenger.aws import ClientFactory
-from messenger.consume.lambda_runtime import sqs_event, sqs_message
+from messenger.consume.lambda_runtime import LocalEventSource, sqs_event, sqs_message
 from messenger.consume.lifecycle import LifecycleEvent
 from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
@@ -141,39 +141,22 @@ class Lambda:
         self.producer.push({"warm": "up"}, group_id="warm" if cls.ordered else None)
         self.queue_url = self.sqs.get_queue_url(QueueName=spec.queue_name)["QueueUrl"]
         self.dlq_url = self.sqs.get_queue_url(QueueName=spec.dlq_name)["QueueUrl"]
-        self.queue_arn = self.sqs.get_queue_attributes(
-            QueueUrl=self.queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        self.source = LocalEventSource(self.sqs, self.queue_url, REGION)
+        self.queue_arn = self.source.queue_arn
         drain(self.sqs, self.queue_url)
         RECORD.clear()
-
-    def receive(self, count: int = 10, wait: int = 1) -> list[dict[str, Any]]:
-        """One poll as Lambda's event source makes it."""
-        response = self.sqs.receive_message(
-            QueueUrl=self.queue_url, MaxNumberOfMessages=count, WaitTimeSeconds=wait,
-            VisibilityTimeout=60, MessageAttributeNames=["All"],
-            MessageSystemAttributeNames=["All"],
-        )
-        return list(response.get("Messages", []))
 
     def receive_all(self, expected: int) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
         deadline = time.monotonic() + 10
         while len(messages) < expected and time.monotonic() < deadline:
-            messages.extend(self.receive(expected - len(messages)))
+            messages.extend(self.source.receive(expected - len(messages)))
         assert len(messages) == expected, messages
         return messages
 
     def invoke(self, messages: list[dict[str, Any]], seconds: float = 30.0) -> dict[str, Any]:
         """Invoke the handler on `messages`, then apply the response as SQS does."""
-        event = sqs_event(messages, self.queue_arn, REGION)
-        response = self.module.handler(event, FakeContext(seconds))
-        failed = {item["itemIdentifier"] for item in response["batchItemFailures"]}
-        done = [m for m in messages if m["MessageId"] not in failed]
-        if done:
-            self.sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=[
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done)
-            ])
-        return response
+        return dict(self.source.invoke(self.module.handler, messages, FakeContext(seconds)))
 
     def counts(self) -> tuple[int, int]:
         """(visible, in flight) in the queue."""
