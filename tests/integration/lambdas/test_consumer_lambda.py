@@ -9,9 +9,14 @@ and checks what the queues hold afterwards.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +33,7 @@ from messenger.settings import Settings
 from tests.integration.helpers import drain
 
 REGION = "us-east-1"
+ROOT = Path(__file__).resolve().parents[3]
 #: What each test's consumer did: (event name, message body or None), across invocations.
 RECORD: list[tuple[str, Any]] = []
 
@@ -385,3 +391,28 @@ def test_a_missing_channel_fails_the_invocation_with_its_name(
     handler.runtime.cache_clear()
     with pytest.raises(ChannelNotFound, match="lambda_jobs"):
         handler.handler({"Records": []}, FakeContext(30))
+
+
+def test_the_example_consumer_runs_locally_through_the_function(settings: Settings,
+                                                                 clients: ClientFactory) -> None:
+    # Given receipts on the example channel the CDK app consumes in Lambda
+    from examples.wishlist import ReceiptsConsumer
+
+    producer = type("P", (Producer,), {"channel": ReceiptsConsumer.channel})(settings=settings)
+    producer.push_many([{"order": n} for n in range(3)]).raise_for_failures()
+    # When `examples.invoke_lambda consumer` plays the event source once
+    env = {**os.environ, "MESSENGER_NAMESPACE": settings.namespace,
+           "POWERTOOLS_TRACE_DISABLED": "true"}
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.invoke_lambda", "consumer",
+         "examples.wishlist:ReceiptsConsumer"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )
+    # Then the batch was handled and deleted
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"received": 3, "response": {"batchItemFailures": []}}
+    assert '"event": "completed"' in result.stderr
+    sqs = clients.client("sqs")
+    url = sqs.get_queue_url(QueueName=ReceiptsConsumer.channel_spec(settings.namespace)
+                            .queue_name)["QueueUrl"]
+    assert drain(sqs, url) == []
