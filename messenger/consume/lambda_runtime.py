@@ -22,8 +22,11 @@ SQS counts their receive. On an ordered channel a failed message stops the rest 
 (Powertools' FIFO processor, `skip_group_on_error`); those are released ('group_blocked') so
 the group resumes, in order, as soon as the failed message is visible again.
 
-Lambda runs the function's messages one after another; parallelism is the event source's
-(concurrent invocations, up to its maximum concurrency).
+Handlers run one after another on a handler thread while the invocation's thread watches each
+message's deadline: a handler blocked in C code past it (no interruption reaches it) is left
+behind on its thread ('stuck') and the batch goes on, so the invocation always answers and
+Lambda deletes what was handled. Parallelism is the event source's (concurrent invocations, up
+to its maximum concurrency).
 """
 
 from __future__ import annotations
