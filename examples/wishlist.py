@@ -41,6 +41,10 @@ class OrdersProducer(Producer):
     channel = "orders"
 
 
+class OrderReceiptsProducer(Producer):
+    channel = "order_receipts"
+
+
 class _WishlistConsumer(Consumer):
     processing_timeout = 30
     delay_tolerance = 120
