@@ -90,6 +90,12 @@ BENCHES = (
         Figure("100 channels (s)", ("channels_100_s",), 90),
         Figure("ratio 100/10", ("ratio",), 6),
     )),
+    Bench("timeouts.py", "Processing timeouts under load: 1,000 handlers blocking 3 s on a 1 s "
+                         "timeout, concurrency 200", (
+        Figure("completed (deleted as success)", ("completed",), 0),
+        Figure("marked timed out, s after the deadline, p90", ("marked_late_seconds", "p90")),
+        Figure("timed out to dead-lettered, s, p90", ("forward_seconds", "p90")),
+    )),
     Bench("status.py", "Status tracking on vs off, same run", (
         Figure("throughput ratio on/off", ("throughput_ratio",)),
         Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
