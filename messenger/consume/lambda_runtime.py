@@ -348,6 +348,8 @@ class _Batch:
             except FutureTimeout:
                 self.runtime.abandon_handler_thread()
                 consumer.emit("stuck", delivery.log_id, fields={"cut": cut})
+                if cut is None:  # its handler had returned; a retry or forward is under way
+                    return False
                 outcome = None
         if outcome is not None:
             return outcome
