@@ -1,4 +1,5 @@
-"""The example channels and their consumer services in the CDK app (`app.py` adds them)."""
+"""The example channels and their consumers (Fargate services, a Lambda function) in the CDK app
+(`app.py` adds them)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,22 @@ EXAMPLE_CONSUMERS = {
     "wishlist_events.apple_events": "examples.wishlist:AppleEventsConsumer",
     "orders": "examples.wishlist:OrdersConsumer",
 }
+#: The example consumer classes run in Lambda instead, per channel.
+EXAMPLE_LAMBDA_CONSUMERS = {"order_receipts": "examples.wishlist:ReceiptsConsumer"}
+#: The folder of the example consumers (package `examples`).
+EXAMPLE_CODE = Path(__file__).resolve().parent
 #: The image of the example consumers: the library and this folder (package `examples`).
-EXAMPLE_IMAGE = ConsumerImage.from_code(Path(__file__).resolve().parent)
+EXAMPLE_IMAGE = ConsumerImage.from_code(EXAMPLE_CODE)
 
 
 def add_example_channels(stack: ChannelStack, namespace: str) -> None:
-    """The wishlist exchange, the orders queue and a Fargate consumer service for each."""
+    """The wishlist exchange and the orders queue with a Fargate consumer service each; the
+    receipts queue with a Lambda consumer."""
     for spec in example_channels(namespace):
         channel = stack.add_channel(spec)
         consumer = EXAMPLE_CONSUMERS.get(spec.name)
         if consumer is not None:
             stack.add_consumer(channel, consumer, image=EXAMPLE_IMAGE)
+        function = EXAMPLE_LAMBDA_CONSUMERS.get(spec.name)
+        if function is not None:
+            stack.add_lambda_consumer(channel, function, code=EXAMPLE_CODE)

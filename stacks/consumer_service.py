@@ -331,7 +331,8 @@ class _ClassValidation:
         declared = facts["processing_timeout"]
         if requested is not None and requested.to_seconds() != declared:
             errors.append(
-                f"ConsumerService processing_timeout ({requested.to_seconds():g} s) differs from "
+                f"{type(service).__name__} processing_timeout ({requested.to_seconds():g} s) "
+                f"differs from "
                 f"{target}.processing_timeout ({declared:g} s), which the consumer enforces; "
                 f"drop the argument (the class's value is used) or make them equal."
             )
