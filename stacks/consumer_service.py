@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from aws_cdk import CfnOutput, Duration, Fn, RemovalPolicy, Stack
-from aws_cdk import aws_applicationautoscaling as autoscaling
-from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
@@ -16,6 +14,7 @@ from constructs import Construct
 
 from stacks.channel import Channel
 from stacks.consumer_image import DEFAULT_ARCHITECTURE, ConsumerImage
+from stacks.consumer_scaling import BacklogPerTask, FargateCapacity, Scaling
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 from stacks.topology import Topology
@@ -36,13 +35,6 @@ DEFAULT_STOP_TIMEOUT = Duration.seconds(FARGATE_MAX_STOP_TIMEOUT_SECONDS)
 DEFAULT_SHUTDOWN_TIMEOUT = Duration.seconds(30)
 #: The `Consumer.processing_timeout` default.
 DEFAULT_PROCESSING_TIMEOUT = Duration.seconds(60)
-#: Like `QueueProcessingFargateService`: one task fewer when nothing is waiting or in flight,
-#: one more from 100 messages, five more from 500.
-DEFAULT_SCALING_STEPS = (
-    autoscaling.ScalingInterval(upper=0, change=-1),
-    autoscaling.ScalingInterval(lower=100, change=+1),
-    autoscaling.ScalingInterval(lower=500, change=+5),
-)
 
 
 class ConsumerService(Construct):
@@ -67,10 +59,15 @@ class ConsumerService(Construct):
     stop_timeout: seconds ECS waits after SIGTERM before SIGKILL; above `shutdown_timeout`,
         at most 120 (default 120).
     cpu / memory_mib: Fargate task size (256 / 512).
-    min_tasks / max_tasks: scaling bounds on queue depth (1 / 10).
-    scaling_steps: step scaling on the backlog, visible plus in-flight messages (default: -1 at
-        0, +1 from 100, +5 from 500). While a message is processed its task holds ECS scale-in
-        protection (`messenger.consume.protection`; the task role may update it).
+    min_tasks / max_tasks: scaling bounds (1 / 10). The template sets no DesiredCount: a
+        deploy keeps the count autoscaling reached (a new service starts with one task and
+        rises to min_tasks).
+    scaling: `BacklogPerTask(...)` (default: target tracking on messages per running task,
+        see `stacks.consumer_scaling`) or `StepScaling(...)` (steps on the backlog). While a
+        message is processed its task holds ECS scale-in protection
+        (`messenger.consume.protection`; the task role may update it).
+    capacity: 'on-demand' (default), 'spot', or `FargateCapacity.mix(on_demand_base=...,
+        spot_weight=...)`; the cluster needs the Fargate capacity providers (the platform's has).
     environment: extra environment variables (no secrets: they are visible in the task definition).
     """
 
@@ -94,7 +91,8 @@ class ConsumerService(Construct):
         memory_mib: int = 512,
         min_tasks: int = 1,
         max_tasks: int = 10,
-        scaling_steps: Sequence[autoscaling.ScalingInterval] = DEFAULT_SCALING_STEPS,
+        scaling: Scaling | None = None,
+        capacity: str | FargateCapacity = "on-demand",
         subnets: ec2.SubnetSelection | None = None,
         environment: Mapping[str, str] | None = None,
     ) -> None:
@@ -112,6 +110,14 @@ class ConsumerService(Construct):
         container_image = image.container_image(cpu_architecture)  # checks the architecture
         if concurrency < 1:
             raise ValueError(f"ConsumerService {id!r}: concurrency must be >= 1, got {concurrency}")
+        if not 0 <= min_tasks <= max_tasks:
+            raise ValueError(
+                f"ConsumerService {id!r}: need 0 <= min_tasks <= max_tasks, got {min_tasks} "
+                f"and {max_tasks}"
+            )
+        scaling = scaling if scaling is not None else BacklogPerTask()
+        scaling.validate(min_tasks)
+        self.capacity = FargateCapacity.of(capacity)
         self.channel = channel
         self.consumer_class = consumer_class
         self.image = image
@@ -180,7 +186,10 @@ class ConsumerService(Construct):
             "Service",
             cluster=cluster,
             task_definition=self.task_definition,
-            desired_count=min_tasks,
+            # No DesiredCount: CloudFormation would reset a scaled-out service to it on every
+            # update (aws-cdk issue 3919); the scalable target's minimum keeps the floor.
+            desired_count=None,
+            capacity_provider_strategies=self.capacity.strategies(),
             min_healthy_percent=100,
             max_healthy_percent=200,
             circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
@@ -191,12 +200,9 @@ class ConsumerService(Construct):
         self.scaling = self.service.auto_scale_task_count(
             min_capacity=min_tasks, max_capacity=max_tasks
         )
-        self.scaling.scale_on_metric(
-            "QueueDepth",
-            metric=backlog(channel),
-            scaling_steps=list(scaling_steps),
-            adjustment_type=autoscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-            cooldown=Duration.minutes(2),
+        self.scaling_policy = scaling.attach(
+            self, self.scaling, queues=channel.queues, cluster_name=cluster.cluster_name,
+            service_name=self.service.service_name, concurrency=concurrency,
         )
 
         acknowledge(
@@ -228,7 +234,7 @@ class ConsumerService(Construct):
             export = f"{producer.stack_name}:{output_id}"
             if producer.node.try_find_child(output_id) is None:
                 CfnOutput(producer, output_id, value=name, export_name=export)
-            Stack.of(self).add_dependency(producer, "the consumers' cluster name")
+            Stack.of(self).add_stack_dependency(producer, "the consumers' cluster name")
             name = Fn.import_value(export)
         tasks = Stack.of(self).format_arn(
             service="ecs", resource="task", resource_name=f"{name}/*"
@@ -266,24 +272,6 @@ class ConsumerService(Construct):
         if facts and "processing_timeout" in facts:
             return Duration.millis(round(facts["processing_timeout"] * 1000))
         return DEFAULT_PROCESSING_TIMEOUT
-
-
-def backlog(channel: Channel) -> cloudwatch.IMetric:
-    """Messages waiting or being processed: visible plus in flight (not visible), summed over
-    the channel's priority levels. In-flight messages count: a task working on one is busy, so
-    the service scales in only when every message is done, never under a working task."""
-    names: dict[str, cloudwatch.IMetric] = {}
-    for index, queue in enumerate(channel.queues):
-        names[f"visible{index}"] = queue.metric_approximate_number_of_messages_visible(
-            period=Duration.minutes(1), statistic="Maximum"
-        )
-        names[f"inflight{index}"] = queue.metric_approximate_number_of_messages_not_visible(
-            period=Duration.minutes(1), statistic="Maximum"
-        )
-    return cloudwatch.MathExpression(
-        expression=" + ".join(names), using_metrics=names,
-        label="backlog: visible + in flight (all levels)", period=Duration.minutes(1),
-    )
 
 
 class _ClassValidation:
