@@ -1,8 +1,9 @@
 """How a `ConsumerService` scales, and on what capacity its tasks run.
 
-- `BacklogPerTask` (the default): target tracking on the messages per running task, AWS's
-  recommended policy for queue workers, with the acceptable backlog per task derived from the
-  consumer's average processing time and the latency the team accepts.
+- `BacklogPerTask` (the default): messages per running task, AWS's recommended metric for queue
+  workers; target tracking scales out, a gentle step policy scales in. The acceptable backlog
+  per task is derived from the consumer's average processing time and the latency the team
+  accepts.
 - `StepScaling`: step scaling on the backlog itself (the policy before target tracking).
 - `FargateCapacity`: on-demand Fargate, Fargate Spot, or a weighted mix with an on-demand base.
 
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from aws_cdk import Duration, Names
 from aws_cdk import aws_applicationautoscaling as autoscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
@@ -37,6 +39,12 @@ DEFAULT_SCALING_STEPS = (
 #: Container Insights on; the platform's cluster has).
 RUNNING_TASKS_NAMESPACE = "ECS/ContainerInsights"
 RUNNING_TASKS_METRIC = "RunningTaskCount"
+#: Scale in only below this share of the target: removing up to half the tasks then leaves the
+#: backlog per task below the target (no flapping with scale-out).
+SCALE_IN_BELOW = 0.5
+MAX_SCALE_IN_PERCENT = 50
+#: CloudWatch evaluates at most 24 hours of datapoints; an hour is a long enough wait here.
+MAX_SCALE_IN_MINUTES = 60
 #: ECS limits of a capacity provider strategy item.
 MAX_CAPACITY_WEIGHT = 1000
 MAX_CAPACITY_BASE = 100_000
@@ -52,21 +60,31 @@ def _seconds(value: Duration) -> float:
 
 @dataclass(frozen=True)
 class BacklogPerTask:
-    """Target tracking on backlog per task: (visible + in-flight messages) ÷ running tasks.
+    """Scaling on backlog per task: (visible + in-flight messages) ÷ running tasks.
+
+    Out: target tracking, AWS's recommended policy for queue workers: when backlog per task is
+    above the target, Application Auto Scaling adds tasks in proportion (current tasks ×
+    metric ÷ target). In: gently, by a step policy on the same metric, since target tracking
+    may drop a whole fleet in one step: when backlog per task stays below half the target for
+    `scale_in_after`, remove `scale_in_percent` % of the tasks (at least one), then wait
+    `scale_in_cooldown`. Removing a fifth of the tasks raises the metric by a quarter at most,
+    so it stays below the target and scale-in never flaps with scale-out.
 
     The target (the acceptable backlog per task) is
         acceptable_latency ÷ average_processing_time × concurrency
     e.g. 5 minutes ÷ 2 s × 1 = 150 messages per task: a message arriving behind 150 others per
     task waits about 5 minutes. `target` sets it directly instead.
 
-    average_processing_time: the consumer's mean time per message (default 1 s; measure it:
-        the `messenger top` processing column, or the handler's own metric).
+    average_processing_time: the consumer's mean time per message (default 1 s; measure it).
     acceptable_latency: how long a message may wait in the queue at steady load (default 5 min).
     target: messages per task (> 0); overrides the formula.
-    scale_out_cooldown: after adding tasks, before adding more (default 60 s: SQS metrics lag a
-        minute, and target tracking already adds in proportion to the backlog).
-    scale_in_cooldown: after removing tasks, before removing more (default 10 min: gentle, so
-        it does not fight tasks that hold scale-in protection while busy).
+    scale_out_cooldown: after adding tasks, before adding more (default 60 s: SQS metrics come
+        once a minute, and each scale-out is already proportional to the backlog).
+    scale_in_after: how long backlog per task stays below half the target before a scale-in
+        (default 15 min, whole minutes, 1 to 60).
+    scale_in_percent: share of the tasks one scale-in removes (default 20, 1 to 50; at least
+        one task).
+    scale_in_cooldown: between scale-ins (default 5 min).
     Needs min_tasks >= 1 (the metric divides by running tasks; target tracking cannot scale a
     service out of zero in proportion) and a cluster with Container Insights (RunningTaskCount).
     """
@@ -75,12 +93,14 @@ class BacklogPerTask:
     acceptable_latency: Duration = field(default_factory=lambda: Duration.minutes(5))
     target: float | None = None
     scale_out_cooldown: Duration = field(default_factory=lambda: Duration.seconds(60))
-    scale_in_cooldown: Duration = field(default_factory=lambda: Duration.minutes(10))
+    scale_in_after: Duration = field(default_factory=lambda: Duration.minutes(15))
+    scale_in_percent: int = 20
+    scale_in_cooldown: Duration = field(default_factory=lambda: Duration.minutes(5))
 
     def target_value(self, concurrency: int) -> float:
         """Messages per task the policy holds the backlog at."""
         if self.target is not None:
-            if not self.target > 0:
+            if isinstance(self.target, bool) or not self.target > 0:
                 raise ScalingError(f"BacklogPerTask target must be > 0, got {self.target!r}")
             return float(self.target)
         processing = _seconds(self.average_processing_time)
@@ -92,11 +112,26 @@ class BacklogPerTask:
             )
         return latency / processing * concurrency
 
+    @property
+    def scale_in_minutes(self) -> int:
+        return round(_seconds(self.scale_in_after) / 60)
+
     def validate(self, min_tasks: int) -> None:
         if min_tasks < 1:
             raise ScalingError(
                 f"min_tasks must be >= 1 with BacklogPerTask scaling, got {min_tasks}: the "
                 f"policy divides the backlog by running tasks. Use StepScaling() to scale to 0."
+            )
+        if not 1 <= self.scale_in_percent <= MAX_SCALE_IN_PERCENT:
+            raise ScalingError(
+                f"BacklogPerTask scale_in_percent must be from 1 to {MAX_SCALE_IN_PERCENT}, "
+                f"got {self.scale_in_percent!r}"
+            )
+        after = _seconds(self.scale_in_after)
+        if after % 60 or not 1 <= after / 60 <= MAX_SCALE_IN_MINUTES:
+            raise ScalingError(
+                f"BacklogPerTask scale_in_after must be whole minutes from 1 to "
+                f"{MAX_SCALE_IN_MINUTES}, got {after:g} s"
             )
         for name in ("scale_out_cooldown", "scale_in_cooldown"):
             if _seconds(getattr(self, name)) < 0:
@@ -106,9 +141,11 @@ class BacklogPerTask:
         self, scope: Construct, scalable: ecs.ScalableTaskCount, *, queues: Sequence[sqs.IQueue],
         cluster_name: str, service_name: str, concurrency: int,
     ) -> autoscaling.CfnScalingPolicy:
-        """The target-tracking policy (L1: the L2 takes a single metric, not metric math)."""
+        """The target-tracking policy (L1: the L2 takes a single metric, not metric math) that
+        scales out, and the step policy with its alarm that scales in."""
         target = scalable.node.find_child("Target")
         assert isinstance(target, autoscaling.ScalableTarget)
+        value = self.target_value(concurrency)
         policy = autoscaling.CfnScalingPolicy(
             scope, "BacklogPerTask",
             policy_name=Names.unique_id(scope) + "BacklogPerTask",
@@ -116,9 +153,9 @@ class BacklogPerTask:
             scaling_target_id=target.scalable_target_id,
             target_tracking_scaling_policy_configuration=(
                 autoscaling.CfnScalingPolicy.TargetTrackingScalingPolicyConfigurationProperty(
-                    target_value=self.target_value(concurrency),
+                    target_value=value,
+                    disable_scale_in=True,  # the step policy below scales in, gently
                     scale_out_cooldown=round(_seconds(self.scale_out_cooldown)),
-                    scale_in_cooldown=round(_seconds(self.scale_in_cooldown)),
                     customized_metric_specification=(
                         autoscaling.CfnScalingPolicy.CustomizedMetricSpecificationProperty(
                             metrics=backlog_per_task_queries(queues, cluster_name, service_name)
@@ -127,6 +164,29 @@ class BacklogPerTask:
                 )
             ),
         )
+        scale_in = autoscaling.StepScalingAction(
+            scope, "ScaleIn", scaling_target=target,
+            adjustment_type=autoscaling.AdjustmentType.PERCENT_CHANGE_IN_CAPACITY,
+            min_adjustment_magnitude=1,
+            cooldown=self.scale_in_cooldown,
+            metric_aggregation_type=autoscaling.MetricAggregationType.MAXIMUM,
+        )
+        scale_in.add_adjustment(adjustment=-self.scale_in_percent, upper_bound=0)
+        alarm = cloudwatch.Alarm(
+            scope, "ScaleInAlarm",
+            alarm_description=(
+                f"backlog per task below {value * SCALE_IN_BELOW:g} (half the target) for "
+                f"{self.scale_in_minutes} minutes: remove {self.scale_in_percent} % of the tasks"
+            ),
+            metric=backlog_per_task(queues, cluster_name, service_name),
+            threshold=value * SCALE_IN_BELOW,
+            comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+            evaluation_periods=self.scale_in_minutes,
+            datapoints_to_alarm=self.scale_in_minutes,
+            # No data (a metric gap) is no reason to remove tasks.
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        alarm.add_alarm_action(cloudwatch_actions.ApplicationScalingAction(scale_in))
         return policy
 
 
@@ -183,6 +243,27 @@ def backlog(queues: Sequence[sqs.IQueue]) -> cloudwatch.IMetric:
     )
 
 
+def _running_tasks(cluster_name: str, service_name: str) -> cloudwatch.Metric:
+    return cloudwatch.Metric(
+        namespace=RUNNING_TASKS_NAMESPACE, metric_name=RUNNING_TASKS_METRIC,
+        dimensions_map={"ClusterName": cluster_name, "ServiceName": service_name},
+        period=METRIC_PERIOD, statistic="Average",
+    )
+
+
+def backlog_per_task(
+    queues: Sequence[sqs.IQueue], cluster_name: str, service_name: str
+) -> cloudwatch.MathExpression:
+    """Backlog per task as a CloudWatch metric-math expression (for alarms and dashboards)."""
+    metrics: dict[str, cloudwatch.IMetric] = dict(_queue_metrics(queues))
+    expression = backlog_per_task_expression(list(metrics))
+    metrics["tasks"] = _running_tasks(cluster_name, service_name)
+    return cloudwatch.MathExpression(
+        expression=expression, using_metrics=metrics, period=METRIC_PERIOD,
+        label="messages (visible + in flight) per running task",
+    )
+
+
 def backlog_per_task_expression(metric_ids: Sequence[str]) -> str:
     """backlog ÷ running tasks; while no task runs (a deploy, a crash loop), the backlog
     itself, so the value stays defined and high."""
@@ -209,12 +290,13 @@ def backlog_per_task_queries(
                 dimensions=[dimension(name="QueueName", value=queue_name)],
             )),
         ))
+    tasks = _running_tasks(cluster_name, service_name)
     queries.append(query(
         id="tasks", return_data=False,
         metric_stat=stat(stat="Average", metric=metric(
-            namespace=RUNNING_TASKS_NAMESPACE, metric_name=RUNNING_TASKS_METRIC,
-            dimensions=[dimension(name="ClusterName", value=cluster_name),
-                        dimension(name="ServiceName", value=service_name)],
+            namespace=tasks.namespace, metric_name=tasks.metric_name,
+            dimensions=[dimension(name=name, value=value)
+                        for name, value in tasks.dimensions.items()],
         )),
     ))
     queries.append(query(

@@ -11,7 +11,14 @@ from examples.channels import example_channels
 from messenger.tools.emr import CODE_PREFIX, emr_package_files
 from stacks.bundle import spark_job_scripts
 from stacks.emr_pipeline import DATA_PREFIX
-from tests.infra.conftest import NAMESPACE, CloudAssembly, as_list, policy_statements
+from tests.infra.conftest import (
+    NAMESPACE,
+    CloudAssembly,
+    as_list,
+    consumer_services,
+    policy_statements,
+    scaling_policies,
+)
 
 SPECS = [level for spec in example_channels(NAMESPACE) for level in spec.level_specs()]
 
@@ -46,30 +53,9 @@ def test_consumer_tasks_have_health_check_stop_timeout_and_settings(
 
 
 def _services(assembly: CloudAssembly) -> dict[str, tuple[str, dict]]:
-    """channel name -> (the service's logical id, its properties), in the examples stack."""
-    resources = assembly.template("examples")["Resources"]
-    by_task = {}
-    for logical_id, resource in resources.items():
-        if resource["Type"] == "AWS::ECS::Service":
-            by_task[resource["Properties"]["TaskDefinition"]["Ref"]] = (
-                logical_id, resource["Properties"])
-    found = {}
-    for task_id, (service_id, properties) in by_task.items():
-        (container,) = resources[task_id]["Properties"]["ContainerDefinitions"]
-        (channel,) = [n for n, c in EXAMPLE_CONSUMERS.items() if c == container["Command"][2]]
-        found[channel] = (service_id, properties)
-    return found
-
-
-def _policies_of(assembly: CloudAssembly, service_id: str) -> list[dict]:
-    """The scaling policies on `service_id`'s scalable target."""
-    resources = assembly.template("examples")["Resources"]
-    (target_id,) = [k for k, r in resources.items()
-                    if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"
-                    and service_id in json.dumps(r["Properties"]["ResourceId"])]
-    return [r["Properties"] for r in resources.values()
-            if r["Type"] == "AWS::ApplicationAutoScaling::ScalingPolicy"
-            and r["Properties"].get("ScalingTargetId") == {"Ref": target_id}]
+    """channel -> (its consumer service's logical id, the properties)."""
+    services = consumer_services(assembly)
+    return {channel: services[consumer] for channel, consumer in EXAMPLE_CONSUMERS.items()}
 
 
 def test_a_deploy_never_resets_the_task_count(assembly: CloudAssembly) -> None:
@@ -94,17 +80,18 @@ def test_consumers_track_backlog_per_task_with_metric_math(assembly: CloudAssemb
     services = _services(assembly)
     tracked = {channel for channel, (service_id, _) in services.items()
                if any(p["PolicyType"] == "TargetTrackingScaling"
-                      for p in _policies_of(assembly, service_id))}
+                      for p in scaling_policies(assembly, service_id))}
     assert tracked == set(EXAMPLE_CONSUMERS) - {"wishlist_events.mobile_events"}
     for channel in tracked:
         service_id, _ = services[channel]
-        (policy,) = _policies_of(assembly, service_id)
+        (policy,) = [p for p in scaling_policies(assembly, service_id)
+                     if p["PolicyType"] == "TargetTrackingScaling"]
         config = policy["TargetTrackingScalingPolicyConfiguration"]
         # The acceptable backlog per task: latency / average processing time x concurrency
         # (orders: 300 s / 2 s; the others: the defaults, 300 s / 1 s)
         assert config["TargetValue"] == (150 if channel == "orders" else 300)
-        assert (config["ScaleOutCooldown"], config["ScaleInCooldown"]) == (60, 600)
-        assert "DisableScaleIn" not in config
+        assert config["ScaleOutCooldown"] == 60
+        assert config["DisableScaleIn"] is True  # the gentle step policy scales in
         queries = {q["Id"]: q for q in config["CustomizedMetricSpecification"]["Metrics"]}
         # One query returns data: the backlog (visible + in flight) over the running tasks
         assert [i for i, q in queries.items() if q["ReturnData"]] == ["backlog_per_task"]
@@ -126,18 +113,49 @@ def test_consumers_track_backlog_per_task_with_metric_math(assembly: CloudAssemb
         assert "Cluster" in json.dumps(dimensions["ClusterName"])
 
 
+def test_backlog_per_task_scales_in_gently(assembly: CloudAssembly) -> None:
+    # Given the default target (300 messages per task) of the all_events consumer
+    service_id, _ = _services(assembly)["wishlist_events.all_events"]
+    (scale_in,) = [p for p in scaling_policies(assembly, service_id)
+                   if p["PolicyType"] == "StepScaling"]
+    # Then one scale-in removes a fifth of the tasks, at least one, five minutes apart
+    config = scale_in["StepScalingPolicyConfiguration"]
+    assert config["AdjustmentType"] == "PercentChangeInCapacity"
+    assert config["MinAdjustmentMagnitude"] == 1
+    assert config["Cooldown"] == 300
+    assert config["StepAdjustments"] == [{"MetricIntervalUpperBound": 0, "ScalingAdjustment": -20}]
+    # When backlog per task has stayed below half the target for 15 minutes
+    resources = assembly.template("examples")["Resources"]
+    (policy_id,) = [k for k, r in resources.items() if r["Properties"] is scale_in]
+    (alarm,) = [a["Properties"] for a in resources.values()
+                if a["Type"] == "AWS::CloudWatch::Alarm"
+                and {"Ref": policy_id} in a["Properties"].get("AlarmActions", [])]
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("LessThanThreshold", 150)
+    assert alarm["EvaluationPeriods"] == alarm["DatapointsToAlarm"] == 15
+    assert alarm["TreatMissingData"] == "notBreaching"
+    (expression,) = [m for m in alarm["Metrics"] if "Expression" in m]
+    assert expression["Expression"] == (
+        "IF(tasks > 0, (visible0 + inflight0) / tasks, visible0 + inflight0)")
+    names = sorted(m["MetricStat"]["Metric"]["MetricName"] for m in alarm["Metrics"]
+                   if "MetricStat" in m)
+    assert names == ["ApproximateNumberOfMessagesNotVisible",
+                     "ApproximateNumberOfMessagesVisible", "RunningTaskCount"]
+
+
 def test_the_step_policy_stays_available_on_the_backlog_in_flight_included(
     assembly: CloudAssembly,
 ) -> None:
     service_id, _ = _services(assembly)["wishlist_events.mobile_events"]
-    policies = _policies_of(assembly, service_id)
+    policies = scaling_policies(assembly, service_id)
     assert sorted(p["PolicyType"] for p in policies) == ["StepScaling", "StepScaling"]
     resources = assembly.template("examples")["Resources"]
     queue_ids = {r["Properties"]["QueueName"]: k for k, r in resources.items()
                  if r["Type"] == "AWS::SQS::Queue"}
+    policy_ids = {k for k, r in resources.items() if r["Properties"] in policies}
     alarms = [a["Properties"] for a in assembly.resources("AWS::CloudWatch::Alarm",
                                                           "examples").values()
-              if "Metrics" in a["Properties"]]
+              if {json.dumps(x) for x in a["Properties"].get("AlarmActions", [])}
+              & {json.dumps({"Ref": i}) for i in policy_ids}]
     assert sorted(a["Threshold"] for a in alarms) == [0, 100]
     (spec,) = [s for s in SPECS if s.name == "wishlist_events.mobile_events"]
     for alarm in alarms:
