@@ -190,7 +190,13 @@ def test_an_exchange_spanning_two_stacks_has_one_topic(tmp_path: Path) -> None:
         r for r in assembly.get_stack_by_name("Second").template["Resources"].values()
         if r["Type"] == "AWS::SNS::Subscription"
     ]
-    assert "Fn::ImportValue" in subscription["Properties"]["TopicArn"]
+    # by the topic's deterministic ARN: no export ties the stacks, the first deploys first
+    assert subscription["Properties"]["TopicArn"] == f"arn:aws:sns:{REGION}:{ACCOUNT}:x-events"
+    second = assembly.get_stack_by_name("Second")
+    assert [d.id for d in second.dependencies if d.id != "Second.assets"] == ["First"]
+    first = assembly.get_stack_by_name("First").template
+    (topic_id,) = [k for k, r in first["Resources"].items() if r["Type"] == "AWS::SNS::Topic"]
+    assert topic_id not in json.dumps(first.get("Outputs", {}))
 
 
 def test_a_throwaway_stage_may_opt_out_of_retained_channels(tmp_path: Path) -> None:
