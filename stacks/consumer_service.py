@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from aws_cdk import CfnOutput, Duration, Fn, RemovalPolicy, Stack
+from aws_cdk import Annotations, CfnOutput, Duration, Fn, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
@@ -126,7 +126,7 @@ class ConsumerService(Construct):
         self.stop_timeout = stop_timeout
         topology = Topology.of(self)
         if image.code_dir is not None and image.contains(consumer_class):
-            topology.request_consumer(image.code_dir, consumer_class)
+            topology.request_consumer(image.code_dir, consumer_class, image.requirements)
         topology.attach(self, _ClassValidation(self).validate, _TimeoutValidation(self).validate)
 
         self.log_group = logs.LogGroup(
@@ -297,10 +297,18 @@ class _ClassValidation:
             return [
                 f"consumer class {target!r} cannot be loaded from {image.code_dir} as the image "
                 f"would load it: {facts['error']}. Fix the module or class name (the class must "
-                f"subclass messenger's Consumer and define handler); packages it needs belong "
-                f"in {image.package}/requirements.txt and must be installed where `cdk synth` "
-                f"runs."
+                f"subclass messenger's Consumer and define handler); a package it needs "
+                f"belongs in {image.package}/requirements.txt (then it may be missing where "
+                f"`cdk synth` runs)."
             ]
+        if "absent" in facts:
+            Annotations.of(service).add_warning_v2(
+                "messenger:consumer-checked-without-packages",
+                f"consumer class {target!r} checked without {', '.join(facts['absent'])} "
+                f"(named in {image.package}'s requirements, not installed where cdk synth "
+                f"runs): its imports stood in by placeholders, its attributes checked as "
+                f"written",
+            )
         deployed = {
             "channel": spec.name, "ordered": spec.ordered,
             "priorities": list(spec.priorities), "default_level": spec.default_level,
