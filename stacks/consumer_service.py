@@ -127,7 +127,8 @@ class ConsumerService(Construct):
         topology = Topology.of(self)
         if image.code_dir is not None and image.contains(consumer_class):
             topology.request_consumer(image.code_dir, consumer_class, image.requirements)
-        topology.attach(self, _ClassValidation(self).validate, _TimeoutValidation(self).validate)
+        topology.attach(self, _ClassValidation(self).validate, _TimeoutValidation(self).validate,
+                        _ClusterValidation(cluster, scaling, self.capacity).validate)
 
         self.log_group = logs.LogGroup(
             self,
@@ -359,5 +360,43 @@ class _TimeoutValidation:
                 f"consumer {service.consumer_class!r}: stop_timeout ({stop:g} s) must be above "
                 f"shutdown_timeout ({shutdown:g} s) and at most "
                 f"{FARGATE_MAX_STOP_TIMEOUT_SECONDS} s"
+            )
+        return errors
+
+
+class _ClusterValidation:
+    """The cluster offers what scaling and capacity need (checked for a cluster built in this
+    app; an imported cluster is the caller's to set up)."""
+
+    def __init__(self, cluster: ecs.ICluster, scaling: Scaling, capacity: FargateCapacity) -> None:
+        self.cluster, self.scaling, self.capacity = cluster, scaling, capacity
+
+    def validate(self) -> list[str]:
+        cluster = self.cluster
+        if not isinstance(cluster, ecs.Cluster):
+            return []
+        errors = []
+        stack = Stack.of(cluster)
+        if isinstance(self.scaling, BacklogPerTask):
+            settings = stack.resolve(cluster.node.default_child.cluster_settings) or []
+            if not any(s.get("name") == "containerInsights" and s.get("value") != "disabled"
+                       for s in settings):
+                errors.append(
+                    f"cluster {cluster.node.path} has Container Insights off, and BacklogPerTask "
+                    f"scaling divides by its RunningTaskCount (ECS/ContainerInsights): without "
+                    f"it the policy has no data and never scales. Create the cluster with "
+                    f"container_insights_v2=ecs.ContainerInsights.ENABLED, or use StepScaling()."
+                )
+        needed = {s.capacity_provider for s in self.capacity.strategies() or []}
+        offered = {
+            name for child in cluster.node.children
+            if isinstance(child, ecs.CfnClusterCapacityProviderAssociations)
+            for name in stack.resolve(child.capacity_providers) or []
+        }
+        if needed - offered:
+            errors.append(
+                f"cluster {cluster.node.path} does not offer the capacity providers "
+                f"{', '.join(sorted(needed - offered))}: create it with "
+                f"enable_fargate_capacity_providers=True (the platform's cluster has them)."
             )
         return errors

@@ -65,7 +65,8 @@ def _synth(tmp_path: Path, folder: Path, consumer_class: str) -> Any:
     channel = Channel(stack, "Reports", key=foundation.key,
                       spec=ChannelSpec("reports", namespace="team", visibility_timeout=120))
     cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(stack, "Vpc", nat_gateways=0,
-                                                          availability_zones=["eu-west-1a"]))
+                                                          availability_zones=["eu-west-1a"]),
+                          container_insights_v2=ecs.ContainerInsights.ENABLED)
     ConsumerService(stack, "Consumer", channel=channel, foundation=foundation, cluster=cluster,
                     image=ConsumerImage.from_code(folder), consumer_class=consumer_class,
                     namespace="team")

@@ -82,7 +82,8 @@ def _consumers(tmp_path: Path, code: Path, *targets: tuple[str, dict]) -> cdk.Ap
     orders = Channel(stack, "Orders", spec=ChannelSpec("orders", namespace="t"),
                      key=foundation.key)
     cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(
-        stack, "Vpc", nat_gateways=0, availability_zones=[f"{REGION}a"]))
+        stack, "Vpc", nat_gateways=0, availability_zones=[f"{REGION}a"]),
+        container_insights_v2=ecs.ContainerInsights.ENABLED)
     image = ConsumerImage.from_code(code)
     for index, (target, options) in enumerate(targets):
         ConsumerService(stack, f"Consumer{index}", channel=orders, foundation=foundation,

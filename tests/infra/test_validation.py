@@ -31,15 +31,23 @@ def _app(outdir: Path) -> cdk.App:
     return cdk.App(outdir=str(outdir), context=CONTEXT, builtin_cloud_formation_validation=False)
 
 
+#: What the platform's cluster offers (Container Insights, the Fargate capacity providers).
+PLATFORM_CLUSTER = {"container_insights_v2": ecs.ContainerInsights.ENABLED,
+                    "enable_fargate_capacity_providers": True}
+
+
 def _consumer_stack(
-    outdir: Path, spec: ChannelSpec, **options: Any
+    outdir: Path, spec: ChannelSpec, cluster_options: dict[str, Any] | None = None,
+    **options: Any
 ) -> tuple[cdk.App, Channel]:
+    cluster_options = PLATFORM_CLUSTER if cluster_options is None else cluster_options
     app = _app(outdir)
     stack = cdk.Stack(app, "Small", env=cdk.Environment(account=ACCOUNT, region=REGION))
     foundation = Foundation(stack, "Foundation", namespace=spec.namespace)
     channel = Channel(stack, "Channel", spec=spec, key=foundation.key)
     cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(stack, "Vpc", nat_gateways=0,
-                                                          availability_zones=["eu-west-1a"]))
+                                                          availability_zones=["eu-west-1a"]),
+                          **cluster_options)
     ConsumerService(
         stack, "Consumer", channel=channel, foundation=foundation, cluster=cluster,
         image=ecs.ContainerImage.from_registry("public.ecr.aws/docker/library/python:3.11"),
@@ -252,3 +260,18 @@ def test_the_backlog_target_follows_latency_processing_time_and_concurrency() ->
     assert scaling.target_value(concurrency=4) == 600
     assert BacklogPerTask(target=42).target_value(concurrency=4) == 42
     assert FargateCapacity.of("on-demand").strategies() is None  # keeps LaunchType FARGATE
+
+
+@pytest.mark.parametrize(("cluster_options", "options", "message"), [
+    ({}, {}, "has Container Insights off, and BacklogPerTask scaling divides by its "
+             "RunningTaskCount"),
+    ({"container_insights_v2": ecs.ContainerInsights.ENABLED}, {"capacity": "spot"},
+     "does not offer the capacity providers FARGATE_SPOT: create it with "
+     "enable_fargate_capacity_providers=True"),
+])
+def test_the_cluster_must_offer_what_scaling_and_capacity_need(
+    tmp_path: Path, cluster_options: dict[str, Any], options: dict[str, Any], message: str
+) -> None:
+    app, _ = _consumer_stack(tmp_path, ChannelSpec("orders"), cluster_options, **options)
+    with pytest.raises(Exception, match=re.escape(message)):
+        app.synth()
