@@ -163,8 +163,9 @@ class ExchangeTopic(Construct):
     ) -> ExchangeTopic:
         """The app's topic for `spec`'s exchange, created in `scope`'s stack on first use.
 
-        Channels of one exchange in other stacks of the app subscribe to that same topic (a
-        cross-stack reference), so an exchange may span stacks without a second topic. The
+        Channels of one exchange in other stacks of the app subscribe to that same topic (by
+        its ARN, built from its name; their stack deploys after the topic's), so an exchange
+        may span stacks without a second topic and without an export. The
         lookup key is the stack's environment, the namespace, the exchange and its ordering: a
         staging channel never finds prod's topic, and a stack in another account or region
         gets its own."""
