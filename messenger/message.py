@@ -33,6 +33,7 @@ PRODUCED_AT_ATTRIBUTE = "produced_at"
 #: Set by a consumer when it forwards a message to the DLQ itself (timeout, undecodable body, ...);
 #: the requeuer removes it when it moves the message back.
 DEAD_LETTER_REASON_ATTRIBUTE = "dead_letter_reason"
+DEAD_LETTER_FAILURE_ATTRIBUTE = "dead_letter_failure"
 #: A routing key is at most this long (SNS filter values are compared as strings).
 MAX_ROUTING_KEY_LENGTH = 256
 
