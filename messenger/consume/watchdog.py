@@ -97,6 +97,7 @@ class Watchdog:
                     written_progress = progress
                     self.consumer.touch_health()
                 self.consumer.flush_health()
+                self.consumer.beat()
                 write_held_lines(TICK_SECONDS)
             except Exception as error:  # keep watching; the error is logged
                 self.consumer.emit("watchdog_error", fields={"error": repr(error)})
