@@ -13,6 +13,7 @@ import pytest
 
 from messenger.jobs.workers import WorkerRegistry, ecs_task_arn, list_workers
 from messenger.tools import cli
+from messenger.tools.top import snapshot
 from tests.integration.consumer_apps.apps import CHANNEL
 from tests.integration.test_consumer_process import start  # noqa: F401 - the fixture
 
@@ -50,6 +51,8 @@ def test_a_worker_appears_counts_then_shows_lost_after_kill_9(start, settings, c
     assert all(not w.lost() and w.state in ("LISTENING", "IDLE") for w in workers)
     assert {int(w.worker_id.split(":")[1]) for w in workers} == {first.process.pid,
                                                                   second.process.pid}
+    # And `messenger top` counts them on their channel's row
+    assert {r.channel: r.workers for r in snapshot(clients, settings)}[CHANNEL] == 2
     # When one is killed -9 and the other stopped cleanly
     first.process.send_signal(signal.SIGKILL)
     first.process.wait()
@@ -58,6 +61,7 @@ def test_a_worker_appears_counts_then_shows_lost_after_kill_9(start, settings, c
     # Then the clean one is gone and the killed one shows as lost after 3 silent intervals
     lost = wait_until(lambda: (lambda found: found if len(found) == 1 and found[0].lost()
                                else None)(list_workers(clients, settings)))
+    assert {r.channel: r.workers for r in snapshot(clients, settings)}[CHANNEL] == 0
     assert int(lost[0].worker_id.split(":")[1]) == first.process.pid
     monkeypatch.setenv("MESSENGER_NAMESPACE", settings.namespace)
     assert cli.main(["workers", CHANNEL]) == 0
