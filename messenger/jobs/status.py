@@ -38,6 +38,8 @@ DEFAULT_MAX_BUFFER = 10_000
 
 class StatusEvent(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 too
     QUEUED = "QUEUED"
+    #: Pushed again within the dedup window (or SQS's 5 minutes, ordered): not sent.
+    DUPLICATE = "DUPLICATE"
     RECEIVED = "RECEIVED"
     STARTED = "STARTED"
     COMPLETED = "COMPLETED"

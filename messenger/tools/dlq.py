@@ -287,7 +287,8 @@ class DeadLetterWorkbench:
     # -- the four operations ----------------------------------------------------------------
     def list(self, limit: int | None = None) -> DeadLetterListing:
         """The dead letters (every level's DLQ, each in the order SQS returns them: a FIFO
-        DLQ's groups in their order), at most `limit`; everything read is released before this returns."""
+        DLQ's groups in their order), at most `limit`; what was read is released before this
+        returns."""
         if limit is not None and limit < 1:
             raise InvalidSettings(f"limit must be >= 1, got {limit}")
         scan = _Scan()
