@@ -8,9 +8,10 @@
 
 A channel is 'queue', 'exchange.queue' or a prioritized channel's name (every level's DLQ is read);
 its DLQs are the ones its queues' redrive policies name. SQS has no way to read a queue without
-receiving: a scan receives the messages, holds them (invisible, `visibility_timeout` seconds) while
-it reads on, and releases them all at once at its end (visibility 0), also when it fails. A scan
-killed -9 leaves them hidden until the visibility timeout, never gone. What a scan could not see is
+receiving: a scan receives the messages, holds them (invisible for `visibility_timeout` seconds
+plus 0.01 s per message the DLQ holds, so the hold outlasts the scan) while it reads on, and
+releases them all at once at its end (visibility 0), also when it fails. A scan killed -9 leaves
+them hidden until that timeout, never gone. What a scan could not see is
 counted (`DeadLetterListing.not_seen`): messages in flight elsewhere, delayed, or, on a FIFO DLQ,
 held back behind the scan's own messages of their group (SQS returns no more of a message group
 while some of its messages are in flight: a scan sees about 10 per group per run).
@@ -62,6 +63,9 @@ from messenger.tools.requeue import MOVE_VISIBILITY_TIMEOUT, Requeuer, RequeueRe
 #: What a dead letter moved by SQS's redrive (max_receives) says: no consumer forwarded it.
 REDRIVE_REASON = "redrive: no consumer verdict"
 _LEVEL = re.compile(r"[a-z0-9_]{1,16}")
+#: A scan's hold grows by this many seconds per message it expects to read (10,000 read in
+#: about 60 s on the local endpoint, fewer on SQS): the hold outlasts the scan.
+SCAN_SECONDS_PER_MESSAGE = 0.01
 # (`DeadLetterWorkbench.list` shadows the builtin inside the class.)
 Received = list[dict[str, Any]]
 Timeline = list[StatusRecord]
@@ -218,7 +222,8 @@ class DeadLetterWorkbench:
 
     channel: 'queue', 'exchange.queue', a prioritized channel's name, or a DLQ's own name.
     visibility_timeout: seconds a scanned message stays hidden if the scan dies (1-43200,
-    default 60; a scan releases what it holds as soon as it ends).
+    default 60, plus 0.01 s per message in the DLQ; a scan releases what it holds as soon as
+    it ends).
     """
 
     def __init__(
@@ -393,6 +398,10 @@ class DeadLetterWorkbench:
         remaining = set(until_seen or ())
         for source in self.sources:
             held = scan.held.setdefault(source.dlq.name, [])
+            # Hold long enough for the whole scan (~SCAN_SECONDS_PER_MESSAGE each): a hold that
+            # lapses mid-scan hands messages out twice (then the scan stops and says so).
+            visible, _ = self._counts(source)
+            hold = min(43_200, self.visibility_timeout + int(visible * SCAN_SECONDS_PER_MESSAGE))
             ids: set[str] = set()
             while True:
                 total = sum(len(m) for m in scan.held.values())
@@ -403,7 +412,7 @@ class DeadLetterWorkbench:
                     return
                 count = MAX_BATCH_ENTRIES if limit is None else min(MAX_BATCH_ENTRIES,
                                                                      limit - total)
-                messages = self._receive(source, count)
+                messages = self._receive(source, count, hold)
                 fresh = [m for m in messages if m["MessageId"] not in ids]
                 if not messages:
                     break
@@ -421,11 +430,11 @@ class DeadLetterWorkbench:
             if source.ordered:
                 scan.fifo_blocked += visible
 
-    def _receive(self, source: _Source, count: int) -> Received:
+    def _receive(self, source: _Source, count: int, hold: int) -> Received:
         response = self._call(lambda: self.sqs.receive_message(
             QueueUrl=source.dlq.url, MaxNumberOfMessages=count,
             MessageAttributeNames=["All"], MessageSystemAttributeNames=["All"],
-            VisibilityTimeout=self.visibility_timeout, WaitTimeSeconds=1,
+            VisibilityTimeout=hold, WaitTimeSeconds=1,
         ), f"reading {source.dlq.name!r}")
         return list(response.get("Messages", []))
 
