@@ -129,6 +129,8 @@ class WorkerRegistry:
         self.processed = 0
         self.failed = 0
         self.write_failures = 0
+        #: False when the table is not deployed (verify mode): no writes at all.
+        self.enabled = True
         self._next = 0.0
         self._dynamodb: Any = None
 
@@ -150,7 +152,7 @@ class WorkerRegistry:
                            error)
 
     def due(self) -> bool:
-        return time.monotonic() >= self._next
+        return self.enabled and time.monotonic() >= self._next
 
     def start(self, state: str) -> None:
         """Make sure the table exists (auto) and write the first entry (with the ECS task's ARN
@@ -159,7 +161,11 @@ class WorkerRegistry:
         try:
             ensure_table(self.clients, self.settings, self.table, "worker registry", "channel",
                          "worker_id")
-        except (ClientError, BotoCoreError, ChannelNotFound) as error:
+        except ChannelNotFound as error:  # verify mode, not deployed: do without, say so once
+            logger.warning("worker registry off: %s", error)
+            self.enabled = False
+            return
+        except (ClientError, BotoCoreError) as error:  # the beats try again
             logger.warning("worker registry %s unavailable: %s", self.table, error)
         self.beat(state, 0, force=True)
 
@@ -173,7 +179,7 @@ class WorkerRegistry:
 
     def beat(self, state: str, in_flight: int, force: bool = False) -> None:
         """Refresh the entry when an interval has passed since the last write (or `force`)."""
-        if not force and not self.due():
+        if not self.enabled or (not force and not self.due()):
             return
         self._next = time.monotonic() + self.entry.interval
         self.entry = replace(self.entry, state=state, last_seen=time.time(), in_flight=in_flight,
@@ -182,6 +188,8 @@ class WorkerRegistry:
 
     def stop(self) -> None:
         """Remove the entry (a clean exit)."""
+        if not self.enabled:
+            return
         self._call("delete_item", TableName=self.table, Key={
             "channel": {"S": self.entry.channel}, "worker_id": {"S": self.entry.worker_id}})
 

@@ -237,8 +237,8 @@ class _BaseProducer:
         duplicates = set(result.duplicates)
         self._record_queued([i for n, i in enumerate(result.message_ids)
                              if i is not None and n not in duplicates])
-        self._record_queued([i for n, i in enumerate(result.message_ids) if n in duplicates],
-                            StatusEvent.DUPLICATE)
+        self._record_queued([i for n, i in enumerate(result.message_ids)
+                             if i is not None and n in duplicates], StatusEvent.DUPLICATE)
         if result.duplicates:
             logger.info("push_many to %s: %d duplicate(s) not sent", self.channel,
                         len(result.duplicates))

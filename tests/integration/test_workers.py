@@ -100,3 +100,13 @@ def test_registry_failures_never_raise_and_the_ecs_task_is_read(settings, client
     registry.stop()
     assert registry.write_failures == 2
     assert list_workers(clients, settings) == []
+
+
+def test_without_a_deployed_table_verify_mode_runs_without_a_registry(settings, clients, caplog):
+    registry = WorkerRegistry(clients, settings.with_changes(provisioning="verify"), "orders",
+                              "app.Orders")
+    registry.start("LISTENING")
+    registry.beat("LISTENING", 0, force=True)
+    registry.stop()
+    assert not registry.enabled and registry.write_failures == 0
+    assert "worker registry off" in caplog.text and "does not exist" in caplog.text
