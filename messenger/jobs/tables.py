@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from botocore.exceptions import ClientError
 
 from messenger.aws import ClientFactory, error_code
@@ -16,11 +18,12 @@ EXPIRES_AT = "expires_at"
 
 def ensure_table(
     clients: ClientFactory, settings: Settings, table: str, what: str, hash_key: str,
-    range_key: str | None = None,
+    range_key: str | None = None, dynamodb: Any = None,
 ) -> None:
     """Create `table` (string keys, on demand, KMS, TTL on expires_at) in auto mode, or check it
-    exists (verify: ChannelNotFound naming `what`)."""
-    dynamodb = clients.client("dynamodb")
+    exists (verify: ChannelNotFound naming `what`). dynamodb: the client to use (default the
+    factory's)."""
+    dynamodb = dynamodb or clients.client("dynamodb")
     try:
         dynamodb.describe_table(TableName=table)
         return

@@ -160,7 +160,7 @@ class WorkerRegistry:
         self.entry = replace(self.entry, task_arn=ecs_task_arn(self.environ))
         try:
             ensure_table(self.clients, self.settings, self.table, "worker registry", "channel",
-                         "worker_id")
+                         "worker_id", dynamodb=self._client())
         except ChannelNotFound as error:  # verify mode, not deployed: do without, say so once
             logger.warning("worker registry off: %s", error)
             self.enabled = False
