@@ -260,7 +260,8 @@ class DeadLetterWorkbench:
             raise ChannelNotFound(f"channel {channel!r} is not a channel name ('queue' or "
                                   f"'exchange.queue')")
         base = physical_name(queue_part, namespace)
-        urls = self.sqs.list_queues(QueueNamePrefix=base).get("QueueUrls", [])
+        urls = [url for page in self.sqs.get_paginator("list_queues").paginate(
+            QueueNamePrefix=base) for url in page.get("QueueUrls", [])]
         sources = []
         for url in sorted(urls):
             name = url.rsplit("/", 1)[-1]
