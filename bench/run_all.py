@@ -61,6 +61,10 @@ BENCHES = (
         Figure("CPU ratio to the peer reading the same attributes",
                ("cpu_ratio_same_attributes",)),
         Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),
+        Figure("CPU ratio messenger/peer, plain botocore (MESSENGER_FAST_BOTOCORE=0)",
+               ("cpu_ratio_plain_botocore",)),
+        Figure("CPU the fast botocore paths save (share of the plain drain)",
+               ("fast_paths_cpu_saving",)),
     )),
     Bench("spark_publish.py", "Spark publish from executors", (
         Figure("requests per message", ("conditions", "network_10ms", "requests_per_message"),
@@ -86,6 +90,12 @@ BENCHES = (
         Figure("100 channels (s)", ("channels_100_s",), 90),
         Figure("ratio 100/10", ("ratio",), 6),
     )),
+    Bench("timeouts.py", "Processing timeouts under load: 1,000 handlers blocking 3 s on a 1 s "
+                         "timeout, concurrency 200", (
+        Figure("completed (deleted as success)", ("completed",), 0),
+        Figure("marked timed out, s after the deadline, p90", ("marked_late_seconds", "p90")),
+        Figure("timed out to dead-lettered, s, p90", ("forward_seconds", "p90")),
+    )),
     Bench("status.py", "Status tracking on vs off, same run", (
         Figure("throughput ratio on/off", ("throughput_ratio",)),
         Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
@@ -99,6 +109,16 @@ BENCHES = (
         Figure("dedup on: extra requests per push", ("dedup", "extra_requests_per_push_on"), 1.0),
         Figure("dedup off: extra requests per message",
                ("dedup", "extra_requests_per_message_off"), 0.0),
+    )),
+    Bench("lambda_consumer.py", "Lambda consumer runtime, batches of 10, per message", (
+        Figure("function requests, handled", ("handled", "function_requests_per_message"), 0),
+        Figure("function requests, failed (retry delay)",
+               ("failed", "function_requests_per_message"), 1),
+        Figure("function requests, undecodable (to the DLQ)",
+               ("undecodable", "function_requests_per_message"), 2),
+        Figure("CPU µs, handled", ("handled", "cpu_us_per_message")),
+        Figure("CPU µs, Powertools' bare processor", ("handled",
+                                                      "bare_powertools_cpu_us_per_message")),
     )),
     Bench("consumer_image.py", "Consumer image with podman (skipped without an engine)", (
         Figure("build (s)", ("build_s",)),
