@@ -86,7 +86,7 @@ def test_the_dead_letter_carries_the_error_and_its_traceback_never_the_body(
     assert note["consumer"]
     at = datetime.datetime.fromisoformat(note["at"])
     assert at.utcoffset() == datetime.timedelta(0)
-    assert abs((datetime.datetime.now(datetime.timezone.utc) - at).total_seconds()) < 60
+    assert abs((datetime.datetime.now(datetime.UTC) - at).total_seconds()) < 60
     trace = note["traceback"]
     assert trace.startswith("Traceback (most recent call last):")
     assert "in charge" in trace and 'raise ValueError(f"payment gateway refused' in trace

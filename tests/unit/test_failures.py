@@ -75,7 +75,7 @@ def test_a_failure_keeps_the_last_4_kib_of_its_traceback_cut_at_a_character():
 
 
 def test_the_failure_note_is_ascii_json_with_error_fields_only_for_a_handler_failure():
-    at = datetime.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.timezone.utc)
+    at = datetime.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=datetime.UTC)
     failure = HandlerFailure.of(raised(RuntimeError("naïve \x00 bytes")))
     note = failure_note(3, "host-1", failure, at=at)
     assert note.isascii()
