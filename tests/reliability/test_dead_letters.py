@@ -99,6 +99,10 @@ def test_poison_non_json_missing_payload_and_timeout_all_reach_the_dlq_with_a_re
     for message_id, kind in bad.items():
         if kind in expected_prefix:
             assert reasons[message_id].startswith(expected_prefix[kind]), reasons[message_id]
+            # a verdict other than a handler's failure: when and who, no error fields
+            note = json.loads(dead[message_id]["MessageAttributes"]
+                              [DEAD_LETTER_FAILURE_ATTRIBUTE]["StringValue"])
+            assert set(note) == {"attempts", "at", "consumer"} and note["attempts"] >= 1, note
     # Poison ones ran max_receives times; the consumer forwarded each on its last attempt with
     # its error and traceback (SQS's redrive is only the safety net for consumers that die).
     attempts = [json.loads(line) for line in harness.lines("attempts")]
