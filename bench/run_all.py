@@ -61,6 +61,10 @@ BENCHES = (
         Figure("CPU ratio to the peer reading the same attributes",
                ("cpu_ratio_same_attributes",)),
         Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),
+        Figure("CPU ratio messenger/peer, plain botocore (MESSENGER_FAST_BOTOCORE=0)",
+               ("cpu_ratio_plain_botocore",)),
+        Figure("CPU the fast botocore paths save (share of the plain drain)",
+               ("fast_paths_cpu_saving",)),
     )),
     Bench("spark_publish.py", "Spark publish from executors", (
         Figure("requests per message", ("conditions", "network_10ms", "requests_per_message"),

@@ -12,6 +12,9 @@
   worker for each chain. A receiver still running a poll's messages RESCUE_SECONDS later (a
   surprise slow handler) is replaced at the watchdog's next tick: idle workers take the rest of
   the poll, a new receiver thread polls, the old one exits when its handler returns.
+  CPU optimisation: the plain path is receive → a worker per chain → handler → delete; running
+  fast polls on the receiver (`workers_to_wake`, `_run_here`, `rescue_receiver`) and waking the
+  deleter once per batch meanwhile (`DeleteBatcher.deferred_wakes`) only save CPU.
 - A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
   for deletion (success), makes it visible again after its backoff delay (error; on its last
   attempt it forwards it to the DLQ with the error, `messenger.consume.failures`) or forwards it
@@ -302,7 +305,10 @@ class Runtime:
 
     def _run_here(self) -> None:
         """Run the queued chains on the receiver's thread, until none is left or the watchdog
-        has replaced this receiver (`rescue_receiver`: the workers take the rest)."""
+        has replaced this receiver (`rescue_receiver`: the workers take the rest).
+
+        CPU optimisation: the plain path is the workers taking the chains `_dispatch` queued
+        (woken one per chain); this saves those wakes for polls of fast messages."""
         me = threading.current_thread()
         with self._lock:
             self._inline_since = time.monotonic()
@@ -319,7 +325,8 @@ class Runtime:
     def rescue_receiver(self, now: float) -> bool:
         """Replace a receiver that has been running a poll's messages for RESCUE_SECONDS or
         more (a handler slower than the recent ones): idle workers take the rest of its poll, a
-        new receiver thread polls. The watchdog calls this every tick; True when replaced."""
+        new receiver thread polls. The watchdog calls this every tick; True when replaced.
+        Part of the CPU optimisation of `_run_here` (a plain receiver never runs handlers)."""
         with self._cond:
             since = self._inline_since
             if since is None or now - since < RESCUE_SECONDS or self.stopping.is_set():
@@ -555,7 +562,7 @@ class Runtime:
 def workers_to_wake(chain_seconds: float | None, chains: int) -> int:
     """How many idle workers a poll of `chains` chains wakes: none when they would take at most
     HANDOFF_SECONDS at `chain_seconds` each (the recent average; None: not known yet), since
-    the receiver runs them itself; else one per chain."""
+    the receiver runs them itself (a CPU optimisation); else one per chain (the plain path)."""
     if chain_seconds is not None and chain_seconds * chains <= HANDOFF_SECONDS:
         return 0
     return chains

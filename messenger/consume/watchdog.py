@@ -90,6 +90,8 @@ class Watchdog:
                 self.report_lease_events()
                 self.time_out(now)
                 self.check_stuck(now)
+                # CPU optimisations' safety nets: a receiver stuck running a poll inline is
+                # replaced, a deferred deleter wake is given
                 self.runtime.rescue_receiver(now)
                 self.runtime.deleter.wake_if_due()
                 progress = self.runtime.progress
