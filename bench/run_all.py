@@ -90,9 +90,25 @@ BENCHES = (
         Figure("100 channels (s)", ("channels_100_s",), 90),
         Figure("ratio 100/10", ("ratio",), 6),
     )),
+    Bench("timeouts.py", "Processing timeouts under load: 1,000 handlers blocking 3 s on a 1 s "
+                         "timeout, concurrency 200", (
+        Figure("completed (deleted as success)", ("completed",), 0),
+        Figure("marked timed out, s after the deadline, p90", ("marked_late_seconds", "p90")),
+        Figure("timed out to dead-lettered, s, p90", ("forward_seconds", "p90")),
+    )),
     Bench("status.py", "Status tracking on vs off, same run", (
         Figure("throughput ratio on/off", ("throughput_ratio",)),
         Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
+    )),
+    Bench("lambda_consumer.py", "Lambda consumer runtime, batches of 10, per message", (
+        Figure("function requests, handled", ("handled", "function_requests_per_message"), 0),
+        Figure("function requests, failed (retry delay)",
+               ("failed", "function_requests_per_message"), 1),
+        Figure("function requests, undecodable (to the DLQ)",
+               ("undecodable", "function_requests_per_message"), 2),
+        Figure("CPU µs, handled", ("handled", "cpu_us_per_message")),
+        Figure("CPU µs, Powertools' bare processor", ("handled",
+                                                      "bare_powertools_cpu_us_per_message")),
     )),
     Bench("consumer_image.py", "Consumer image with podman (skipped without an engine)", (
         Figure("build (s)", ("build_s",)),

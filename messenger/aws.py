@@ -26,7 +26,7 @@ from botocore.exceptions import (
 )
 
 from messenger import fastboto
-from messenger.errors import PublishFailed
+from messenger.errors import PublishFailed, RetryBudgetExhausted
 
 T = TypeVar("T")
 
@@ -232,9 +232,11 @@ def call_with_budget(
     budget_seconds: float,
     what: str,
     sleep: Callable[[float], None] = time.sleep,
+    error: type[RetryBudgetExhausted] = PublishFailed,
 ) -> T:
     """Run `call`, retrying transient errors with capped exponential backoff and full jitter
-    until `budget_seconds` have passed; then raise PublishFailed naming `what`.
+    until `budget_seconds` have passed; then raise `error` (default PublishFailed) naming
+    `what`.
     Non-transient errors propagate at once. Wall time is bounded by the budget plus one attempt
     (connect + call timeout), also against an endpoint that never answers."""
     deadline = time.monotonic() + budget_seconds
@@ -244,16 +246,16 @@ def call_with_budget(
         _budget.deadline = deadline if outer is None else min(outer, deadline)
         try:
             return call()
-        except Exception as error:
-            if not is_transient(error):
+        except Exception as failure:
+            if not is_transient(failure):
                 raise
             attempt += 1
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PublishFailed(
+                raise error(
                     f"{what} failed after {attempt} attempts within the {budget_seconds:g} s "
-                    f"retry budget: {error}"
-                ) from error
+                    f"retry budget: {failure}"
+                ) from failure
             sleep(min(remaining, random.uniform(0, min(2.0, 0.05 * 2**attempt))))
         finally:
             _budget.deadline = outer

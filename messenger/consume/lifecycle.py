@@ -175,7 +175,8 @@ EVENT_LOGGER = logging.getLogger("messenger.consumer.events")
 _EVENT_LEVELS = {
     **dict.fromkeys(("failed", "timed_out", "dead_lettered", "hook_failed", "delete_failed",
                      "heartbeat_failed", "lease_lapsed", "fatal"), logging.ERROR),
-    **dict.fromkeys(("retried", "delayed", "released", "stalled"), logging.WARNING),
+    **dict.fromkeys(("retried", "delayed", "released", "stalled", "shutdown_incomplete"),
+                    logging.WARNING),
 }
 
 

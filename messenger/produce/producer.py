@@ -169,8 +169,9 @@ class _BaseProducer:
         item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id,
                         max_attempts)
         prepared, _ = self._prepare(0, item)
+        sent_at = time.time()  # SQS accepts it after this: a consumer's RECEIVED comes later
         self._with_target(prepared.level, lambda target: target.send(prepared.outgoing), "push")
-        self._record_queued([prepared.message_id])
+        self._record_queued([prepared.message_id], sent_at)
         return prepared.message_id
 
     def push_many(self, items: Iterable[PushItem | Any]) -> PushManyResult:
@@ -193,8 +194,7 @@ class _BaseProducer:
             by_level.setdefault(prepared.level, []).append(prepared)
         for level, entries in by_level.items():
             for batch in self._batches(entries):
-                self._send_batch(level, batch, result)
-        self._record_queued([i for i in result.message_ids if i is not None])
+                self._send_batch(level, batch, result)  # records each batch's QUEUED
         result.failures.sort(key=lambda failure: failure.index)
         if result.failures:
             logger.warning(
@@ -288,11 +288,14 @@ class _BaseProducer:
         max_receives (each consumer caps the attempts at its own), so SQS's largest."""
         return SQS_MAX_RECEIVE_COUNT
 
-    def _record_queued(self, message_ids: list[str]) -> None:
+    def _record_queued(self, message_ids: list[str], sent_at: float) -> None:
+        """Record QUEUED for messages SQS accepted, stamped `sent_at`: when their request went
+        out (they may be received before its answer is back, never before it went out)."""
         if self.status is None:
             return
         for message_id in message_ids:
-            self.status.record(StatusRecord(message_id, StatusEvent.QUEUED, self.channel))
+            self.status.record(
+                StatusRecord(message_id, StatusEvent.QUEUED, self.channel, at=sent_at))
 
     def _fifo_fields(self, item: PushItem) -> tuple[str | None, str | None]:
         if not self.ordered:
@@ -393,6 +396,7 @@ class _BaseProducer:
         deadline = time.monotonic() + self.settings.retry_budget_seconds
         attempt = 0
         while pending:
+            sent_at = time.time()
             try:
                 failures = self._with_target(level, send, "push_many")
             except Exception as error:  # reported per item, never raised
@@ -404,16 +408,19 @@ class _BaseProducer:
                 return
             failed = {failure.index: failure for failure in failures}
             retry = []
+            accepted = []
             for position, entry in enumerate(pending):
                 failure = failed.get(position)
                 if failure is None:
                     result.message_ids[entry.index] = entry.message_id
+                    accepted.append(entry.message_id)
                 elif failure.sender_fault or time.monotonic() >= deadline:
                     result.failures.append(
                         PushFailure(entry.index, failure.code, failure.message)
                     )
                 else:
                     retry.append(entry)
+            self._record_queued(accepted, sent_at)
             pending = retry
             if pending:
                 attempt += 1

@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_top(commands)
 
+    from messenger.tools.adopt import add_parser as add_adopt
+
+    add_adopt(commands)
+
     status = commands.add_parser("status", help="print a message's lifecycle timeline")
     status.add_argument("message_id", help="the id push() returned")
     status.set_defaults(run=_status)
@@ -104,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--shutdown-timeout", type=float, default=None,
                          help="seconds for in-flight work after SIGTERM (default 30)")
     consume.add_argument("--health-file", default=None,
-                         help="health file (default $MESSENGER_HEALTH_FILE or "
-                              "/tmp/messenger-health.json)")
+                         help="health file, in a directory that exists (default "
+                              "$MESSENGER_HEALTH_FILE, else one per consumer class in the "
+                              "temporary directory)")
     consume.set_defaults(run=_consume)
 
     emr = commands.add_parser("emr", help="run PySpark jobs as EMR steps")

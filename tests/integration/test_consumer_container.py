@@ -226,7 +226,8 @@ def test_a_consumer_in_the_container_processes_a_message_pushed_from_the_host(
 
 @pytest.mark.timeout(120)
 def test_the_health_check_fails_on_a_corrupt_health_file(run_consumer, engine):
-    container = run_consumer("SleepyConsumer")
+    # (refreshed every 60 s: the consumer's next rewrite, which repairs the file, comes later)
+    container = run_consumer("SleepyConsumer", MESSENGER_HEALTH_REFRESH_SECONDS="60")
     container.wait_for_state("LISTENING")
     assert container.health_check().exit_code == 0
     # When the health file is torn (a consumer that died mid-write, a full disk)
