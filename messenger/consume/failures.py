@@ -61,6 +61,11 @@ class HandlerFailure:
                 "error_class": self.error_type, "traceback": self.traceback}
 
 
+def exhausted_reason(attempt: int, attempts: int) -> str:
+    """The dead-letter reason of a job whose last attempt failed."""
+    return f"failed: attempts used up ({attempt} of {attempts})"
+
+
 def failure_note(
     attempts: int, consumer: str, failure: HandlerFailure | None = None,
     at: datetime.datetime | None = None,

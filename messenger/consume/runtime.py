@@ -39,7 +39,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from messenger.aws import is_transient
-from messenger.consume.failures import MAX_RETRY_DELAY_SECONDS, HandlerFailure, failure_note
+from messenger.consume.failures import (
+    MAX_RETRY_DELAY_SECONDS,
+    HandlerFailure,
+    exhausted_reason,
+    failure_note,
+)
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper, lapse_event, lease_lapsed
 from messenger.consume.levels import LevelPoller
@@ -511,8 +516,8 @@ class Runtime:
                               "max_attempts": attempts})
         consumer.run_hooks(LifecycleHooks.ON_ERROR, message, error)
         if attempt >= attempts:
-            reason = f"failed: attempts used up ({attempt} of {attempts})"
-            return self.dead_letter(delivery, reason, Stage.DONE, failure)
+            return self.dead_letter(delivery, exhausted_reason(attempt, attempts), Stage.DONE,
+                                    failure)
         # SQS keeps a message in flight at most 12 hours since its receive, delay included.
         held = time.monotonic() - delivery.received_at
         delay = max(0, min(policy.delay(attempt), int(MAX_RETRY_DELAY_SECONDS - held) - 1))
