@@ -13,6 +13,7 @@ everywhere in the process. Infrastructure is checked once, at first use.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -25,6 +26,7 @@ from messenger.channel import (
     PRIORITY_ATTRIBUTE,
     SNS_MAX_MESSAGE_BYTES,
     SQS_MAX_MESSAGE_BYTES,
+    SQS_MAX_RECEIVE_COUNT,
     ChannelSpec,
     default_level,
 )
@@ -36,9 +38,15 @@ from messenger.errors import (
     PayloadTooLarge,
 )
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
-from messenger.message import MESSAGE_ID_ATTRIBUTE, EncodedMessage, Message
+from messenger.message import (
+    MAX_ATTEMPTS_ATTRIBUTE,
+    MESSAGE_ID_ATTRIBUTE,
+    EncodedMessage,
+    Message,
+)
 from messenger.offload import PayloadStore, pointer_attributes
 from messenger.produce.checks import (
+    check_attempts,
     check_id,
     check_text,
     content_dedup_id,
@@ -112,6 +120,8 @@ class _BaseProducer:
         self.provisioner = Provisioner(self.clients, self.settings)
         self._lock = threading.Lock()
         self._targets: dict[str | None, QueueTarget | TopicTarget] = {}
+        #: Each level's max_receives, once a push gave max_attempts (`_max_receives`).
+        self._receives: dict[str | None, int] = {}
         self._store: PayloadStore | None = None
         self.status: StatusStore | None = None
         if self.priorities:
@@ -145,6 +155,7 @@ class _BaseProducer:
         meta_headers: Mapping[str, str] | None = None,
         priority: str | None = None,
         message_id: str | None = None,
+        max_attempts: int | None = None,
     ) -> str:
         """Send one message; returns its message id. Raises InvalidMessage, PayloadTooLarge,
         ChannelNotFound (verify mode) or PublishFailed (transient errors past the budget).
@@ -152,8 +163,11 @@ class _BaseProducer:
         message_id: the caller's own id (1-128 letters, digits, punctuation) instead of a new
         one, so a retry after a crash is recognisable. On an ordered channel the id is derived
         from the deduplication key: a duplicate returns the id of the message it repeats.
+        max_attempts: runs the job gets before its consumer dead-letters it, 1 to the channel's
+        max_receives (None: the consumer's `max_attempts`); InvalidMessage otherwise.
         """
-        item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id)
+        item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id,
+                        max_attempts)
         prepared, _ = self._prepare(0, item)
         sent_at = time.time()  # SQS accepts it after this: a consumer's RECEIVED comes later
         self._with_target(prepared.level, lambda target: target.send(prepared.outgoing), "push")
@@ -257,17 +271,22 @@ class _BaseProducer:
                 }
                 encoded = EncodedMessage(encoded.body, attributes)
         if level is not None and self.routes_priority_by_attribute:
-            attributes = {
-                **encoded.attributes,
-                PRIORITY_ATTRIBUTE: {"DataType": "String", "StringValue": level},
-            }
-            encoded = EncodedMessage(encoded.body, attributes)
+            encoded = _with_attribute(encoded, PRIORITY_ATTRIBUTE, "String", level)
+        if item.max_attempts is not None:
+            check_attempts(item.max_attempts, self._max_receives(level), self.channel)
+            encoded = _with_attribute(encoded, MAX_ATTEMPTS_ATTRIBUTE, "Number",
+                                      str(item.max_attempts))
         offloaded = 0
         if encoded.size > self.threshold:
             encoded = self._offload(encoded)
             offloaded = 1
         outgoing = OutgoingMessage(encoded, group_id, dedup_id)
         return PreparedItem(index, outgoing, message_id, level), offloaded
+
+    def _max_receives(self, level: str | None) -> int:
+        """The highest `max_attempts` of a push: an exchange's queues each have their own
+        max_receives (each consumer caps the attempts at its own), so SQS's largest."""
+        return SQS_MAX_RECEIVE_COUNT
 
     def _record_queued(self, message_ids: list[str], sent_at: float) -> None:
         """Record QUEUED for messages SQS accepted, stamped `sent_at`: when their request went
@@ -408,6 +427,11 @@ class _BaseProducer:
                 time.sleep(min(2.0, 0.05 * 2**attempt))
 
 
+def _with_attribute(encoded: EncodedMessage, name: str, kind: str, value: str) -> EncodedMessage:
+    attributes = {**encoded.attributes, name: {"DataType": kind, "StringValue": value}}
+    return EncodedMessage(encoded.body, attributes)
+
+
 def _failure_code(error: BaseException) -> str:
     return error_code(error) or type(error).__name__
 
@@ -430,6 +454,28 @@ class Producer(_BaseProducer):
                 )
             queue = self.provisioner.ensure_channel(spec).queue
         return QueueTarget(self.clients.client("sqs", validate_params=False), queue.url)
+
+    def _max_receives(self, level: str | None) -> int:
+        """The queue's max_receives (its redrive policy's maxReceiveCount), read once per level
+        and only for pushes that give `max_attempts`."""
+        with self._lock:
+            known = self._receives.get(level)
+        if known is not None:
+            return known
+        budget = self.settings.retry_budget_seconds
+        target = call_with_budget(
+            lambda: self._get_target(level), budget, f"locating channel {self.channel!r}")
+        assert isinstance(target, QueueTarget)
+        attributes = call_with_budget(
+            lambda: target.sqs.get_queue_attributes(
+                QueueUrl=target.url, AttributeNames=["RedrivePolicy"]),
+            budget, f"reading the redrive policy of {self.channel!r}",
+        ).get("Attributes", {})
+        redrive = json.loads(attributes.get("RedrivePolicy") or "{}")
+        known = int(redrive.get("maxReceiveCount") or SQS_MAX_RECEIVE_COUNT)
+        with self._lock:
+            self._receives[level] = known
+        return known
 
 
 class MultiProducer(_BaseProducer):
