@@ -55,7 +55,7 @@ from messenger.consume.lifecycle import (
     hook_arity,
     log_event,
 )
-from messenger.consume.mailbox import Mailbox, ReceivedMessage
+from messenger.consume.mailbox import Mailbox, ReceivedMessage, Stage
 from messenger.consume.protection import TaskProtection
 from messenger.consume.runtime import ProcessingTimeout, Runtime
 from messenger.consume.settings import RETRY_DELAY_SECONDS, ConsumerSettings
@@ -63,6 +63,7 @@ from messenger.consume.tracking import StatusTracker
 from messenger.errors import InvalidChannelSpec, InvalidSettings
 from messenger.jobs.priority import PriorityPolicy
 from messenger.jobs.status import StatusStore
+from messenger.jobs.workers import WorkerRegistry
 from messenger.offload import PayloadStore
 from messenger.provision import ChannelResources, Provisioner
 from messenger.settings import Settings
@@ -163,6 +164,9 @@ class Consumer:
         if self.spec.track_status:
             self.status = StatusTracker(StatusStore(
                 self.clients, self.settings, retention_seconds=self.spec.retention_seconds))
+        #: This process's entry in the worker registry (`messenger workers`).
+        self.workers = WorkerRegistry(self.clients, self.settings, self.spec.name,
+                                      f"{type(self).__module__}.{type(self).__qualname__}")
         self.hooks = collect_hooks(type(self))
         self.health = HealthFile(self.runtime.health_file or default_health_file(
             f"{type(self).__module__}.{type(self).__qualname__}"))
@@ -290,6 +294,7 @@ class Consumer:
         """Report one lifecycle event (see `on_event`); record it in the status store when the
         channel tracks status (also when a subclass's `on_event` does not call super)."""
         event = LifecycleEvent(name, self.spec.name, message_id, duration, fields)
+        self.workers.count(name)
         try:
             self.on_event(event)
         except Exception:
@@ -341,6 +346,13 @@ class Consumer:
                                            or HEALTH_LAG_SECONDS) / 4)
             if time.monotonic() - self._health_written_at >= lag:
                 self._write_health()
+
+    def beat(self) -> None:
+        """The watchdog's tick: refresh the worker-registry entry when an interval is due."""
+        if self.workers.due() and self.state is not None:
+            runtime = self._runtime
+            in_flight = len(runtime.held(*Stage)) if runtime is not None else 0
+            self.workers.beat(self.state.value, in_flight)
 
     def health_timeout(self, state: ConsumerState) -> float | None:
         """How long the consumer may stay in `state` before the health check fails."""
@@ -431,6 +443,7 @@ class Consumer:
                 return 0
             self.resources = resources
             self.transition(ConsumerState.INITIALIZED)
+            self.workers.start(ConsumerState.INITIALIZED.value)
             mailbox, poller = self._mailboxes(self.resources)
             runtime = self.runtime_class(
                 self, mailbox, PayloadStore(self.clients.client("s3"), ""), poller=poller,
@@ -453,6 +466,7 @@ class Consumer:
             self.transition(ConsumerState.EXITING)
             if self.status is not None:
                 self.status.close()
+            self.workers.stop()
             self.transition(ConsumerState.EXITED)
             self._health_stop.set()  # a process still up later reads as stale: not healthy
             hold_lines(0.0)  # writes what is held; lines after the run are written at once

@@ -250,6 +250,20 @@ class Requeuer:
         logger.info("requeue: %s", report.summary())
         return report
 
+    def move(self, messages: list[dict[str, Any]]) -> RequeueReport:
+        """Move these received messages (their receipt handles held) to the destination, each
+        deleted from the source only after the destination accepted it (`messenger dlq
+        requeue`: chosen dead letters); what failed stays in the source."""
+        report = RequeueReport(self.source.name, self.destination_channel)
+        target = self._target()
+        try:
+            for start in range(0, len(messages), MAX_BATCH_ENTRIES):
+                self._move(target, messages[start : start + MAX_BATCH_ENTRIES], report)
+        finally:
+            if self.status is not None:
+                self.status.close()
+        return report
+
     def _invisible(self) -> int:
         """Messages in the source that a receive cannot see now (in flight or delayed)."""
         attributes = call_with_budget(

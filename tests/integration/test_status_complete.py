@@ -113,9 +113,9 @@ def test_a_duplicate_ordered_push_shows_in_the_timeline(settings, clients):
     producer.status.close()
     assert first == again
     timeline = StatusStore(clients, settings).timeline(first)
-    assert [r.event for r in timeline] == [E.QUEUED, E.QUEUED]
+    assert [r.event for r in timeline] == [E.QUEUED, E.DUPLICATE]
     lines = render_timeline(first, timeline).splitlines()
-    assert "duplicate" not in lines[1] and "pushed again under the same id (duplicate)" in lines[2]
+    assert "DUPLICATE" not in lines[1] and "DUPLICATE" in lines[2]
 
 
 def test_a_consumer_dead_letter_reason_is_shown():
