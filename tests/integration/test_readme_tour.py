@@ -86,14 +86,14 @@ def test_the_tour_pushes_and_consumes_from_the_users_own_folder(
 
 
 def _other_commands() -> list[list[str]]:
-    """The README's `messenger` commands besides the tour's (top, requeue, --help)."""
+    """The README's `messenger` commands besides the tour's (top, dlq, requeue, --help)."""
     commands = []
     for block in code_blocks(doc_text("README.md"), "bash"):
         for line in block.splitlines():
             words = shlex.split(line, comments=True)
-            if words[:1] == ["messenger"] and words[1] in ("top", "requeue", "--help"):
+            if words[:1] == ["messenger"] and words[1] in ("top", "dlq", "requeue", "--help"):
                 commands.append(words)
-    assert {words[1] for words in commands} == {"top", "requeue", "--help"}, commands
+    assert {words[1] for words in commands} == {"top", "dlq", "requeue", "--help"}, commands
     return commands
 
 
