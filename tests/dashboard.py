@@ -27,7 +27,7 @@ REQUIRE_VARIABLE = "MESSENGER_REQUIRE_BROWSER"
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--window-size=1200,760",
+    "--window-size=1200,900",
 )
 
 
