@@ -161,3 +161,42 @@ def test_cli_says_in_one_line_when_the_extra_is_missing_and_checks_its_port():
     bad_port = subprocess.run([sys.executable, "-m", "messenger", "dashboard", "--port", "0"],
                               capture_output=True, text=True, timeout=60)
     assert bad_port.returncode == 2 and "--port must be 1 to 65535" in bad_port.stderr
+
+
+def test_pages_show_workers_the_status_timeline_and_find_a_job(settings, clients, orders):
+    from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
+    from messenger.jobs.workers import WorkerRegistry
+
+    auto = settings.with_changes(provisioning="auto")
+    # Given a live worker of 'orders' that processed 7 and failed 2, holding 1
+    registry = WorkerRegistry(clients, auto, "orders", "app.Charge")
+    registry.processed, registry.failed = 7, 2
+    registry.start("RUNNING")
+    registry.beat("RUNNING", 1, force=True)
+    # And a status timeline for job-2 (in the DLQ) and job-77 (done, in no DLQ)
+    store = StatusStore(clients, auto)
+    store.ensure_table()
+    store.record(StatusRecord("job-2", StatusEvent.FAILED, "orders", error_class="ValueError",
+                              error="card declined", receive_count=3))
+    store.record(StatusRecord("job-77", StatusEvent.COMPLETED, "orders", duration=0.25))
+    store.close()
+    with served(settings, clients) as dash:
+        def get(path):
+            response = requests.get(dash.url + path, timeout=60)
+            assert response.status_code == 200, (path, response.text[-300:])
+            return response.text
+
+        overview = get("/")
+        assert re.search(r'data-field="workers">1<', overview)
+        page = get("/channels/orders")
+        assert registry.entry.worker_id in page
+        assert re.search(r"<td>RUNNING</td>.*?<td class=\"n\">1</td>\s*<td class=\"n\">7</td>\s*"
+                         r"<td class=\"n\">2</td>", page, re.S)
+        # Found by id alone (its timeline names the channel): the letter page with its timeline
+        found = get("/job?id=job-2")
+        assert "Dead letter job-2" in found and 'id="timeline"' in found
+        assert "ValueError: card declined" in found
+        # A job in no DLQ: its timeline and where it was looked for
+        done = get("/job?id=job-77")
+        assert "completed" in done.lower() and "not in the dead letters of orders" in done
+    registry.stop()
