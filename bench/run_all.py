@@ -100,6 +100,14 @@ BENCHES = (
         Figure("dedup off: extra requests per message",
                ("dedup", "extra_requests_per_message_off"), 0.0),
     )),
+    Bench("dashboard.py", "Dashboard on a 10,000-letter DLQ (one page, not the whole queue)", (
+        Figure("channel page: ReceiveMessage calls (50 letters)", ("channel_page", "receives"),
+               6),
+        Figure("channel page (s)", ("channel_page", "seconds")),
+        Figure("channel page of 100 (s)", ("channel_page_100", "seconds")),
+        Figure("letter found mid-DLQ (s)", ("letter_deep", "seconds")),
+        Figure("overview refresh: requests", ("overview_fragment", "requests")),
+    )),
     Bench("consumer_image.py", "Consumer image with podman (skipped without an engine)", (
         Figure("build (s)", ("build_s",)),
         Figure("image (MB)", ("image_mb",)),

@@ -10,8 +10,6 @@ import os
 import shutil
 import socket
 import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,26 +45,11 @@ def free_port() -> int:
 
 @contextmanager
 def served(settings: Settings, clients: ClientFactory, refresh: float = 5.0) -> Iterator[Served]:
-    import uvicorn
+    from messenger.tools.dashboard.app import Dashboard, running
 
-    from messenger.tools.dashboard.app import Dashboard, build_app
-
-    port = free_port()
-    dashboard = Dashboard(settings, clients, port, refresh)
-    server = uvicorn.Server(uvicorn.Config(build_app(dashboard), host="127.0.0.1", port=port,
-                                           log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise AssertionError("the dashboard did not start")
-        time.sleep(0.02)
-    try:
-        yield Served(f"http://127.0.0.1:{port}", port, dashboard.token, dashboard)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    dashboard = Dashboard(settings, clients, free_port(), refresh)
+    with running(dashboard) as url:
+        yield Served(url, dashboard.port, dashboard.token, dashboard)
 
 
 class BrowserUnavailable(Exception):

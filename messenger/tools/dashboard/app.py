@@ -15,7 +15,10 @@ from __future__ import annotations
 import hmac
 import json
 import secrets
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,6 +265,28 @@ def _int_param(raw: str | None, name: str, default: int, maximum: int) -> int:
     if not 1 <= value <= maximum:
         raise InvalidSettings(f"{name} must be 1 to {maximum}, got {raw!r}")
     return value
+
+
+@contextmanager
+def running(dashboard: Dashboard, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve `dashboard` from a thread of this process for the block (tests, benchmarks);
+    yields its URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(build_app(dashboard), host=host, port=dashboard.port,
+                                           log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="messenger-dashboard", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:  # uvicorn offers no event to wait on
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the dashboard did not start on {host}:{dashboard.port}")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{dashboard.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def serve(host: str, port: int, refresh_seconds: float = 5.0) -> int:
