@@ -40,6 +40,7 @@ from messenger.jobs.workers import list_workers
 from messenger.settings import Settings
 from messenger.tools.dlq import DeadLetterWorkbench
 from messenger.tools.dlq import _age as age_text
+from messenger.tools.top import _serves as serves
 from messenger.tools.top import channel_dlq_rows, requeue_rows, snapshot
 
 HERE = Path(__file__).parent
@@ -129,7 +130,9 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         limit = _int_param(request.query_params.get("limit"), "limit", PAGE_SIZE, MAX_LETTERS)
         bench = dashboard.workbench(name)
         listing = bench.list(limit=limit)
-        workers = list_workers(dashboard.clients, dashboard.settings, name)
+        # A priority channel's workers register under its name and serve every level's queue.
+        workers = [w for w in list_workers(dashboard.clients, dashboard.settings)
+                   if serves(w.channel, name)]
         return render(request, "channel.html", channel=name, listing=listing, workers=workers,
                       limit=limit, next_limit=min(MAX_LETTERS, limit + PAGE_SIZE),
                       max_letters=MAX_LETTERS, now=time.time())
