@@ -129,8 +129,8 @@ class WorkerRegistry:
         self.processed = 0
         self.failed = 0
         self.write_failures = 0
-        #: False when the table is not deployed (verify mode): no writes at all.
-        self.enabled = True
+        #: False until `start`, and when the table is not deployed (verify mode): no writes.
+        self.enabled = False
         self._next = 0.0
         self._dynamodb: Any = None
 
@@ -158,6 +158,7 @@ class WorkerRegistry:
         """Make sure the table exists (auto) and write the first entry (with the ECS task's ARN
         when on ECS)."""
         self.entry = replace(self.entry, task_arn=ecs_task_arn(self.environ))
+        self.enabled = True
         try:
             ensure_table(self.clients, self.settings, self.table, "worker registry", "channel",
                          "worker_id", dynamodb=self._client())
