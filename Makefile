@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: test demo bench lint synth clean consumer-image consumer-image-engine emr-env browser
+.PHONY: test test-plain-botocore demo bench lint synth clean consumer-image consumer-image-engine \
+	emr-env browser
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +22,15 @@ $(NODE_STAMP): package.json
 
 test: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m pytest
+
+# The integration tests that exercise the wire (producer, offload, consumer, requeue) again with
+# plain botocore (MESSENGER_FAST_BOTOCORE=0: messenger/fastboto off), the path every process on
+# an unverified botocore takes (docs/fast-botocore.md). CI runs it after `make test`.
+PLAIN_BOTOCORE_TESTS := tests/integration/test_producer.py tests/integration/test_push_partial.py \
+	tests/integration/test_consumer_runtime.py tests/integration/test_requeue.py
+
+test-plain-botocore: $(STAMP)
+	MESSENGER_FAST_BOTOCORE=0 $(BIN)/python -m pytest $(PLAIN_BOTOCORE_TESTS)
 
 demo: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m examples.demo

@@ -16,7 +16,11 @@ counting the log lines) are not counted. `messages_per_second` is timed from the
 same start (messenger: LISTENING) to the last message handled.
 
 - messenger: `Consumer` as deployed: concurrency 10, JSON event log on (to a file, as a
-  container's stderr would be), health file on.
+  container's stderr would be), health file on, messenger.fastboto's fast botocore paths on
+  (the verified botocore).
+- messenger_plain: the same with plain botocore (MESSENGER_FAST_BOTOCORE=0), as it runs on any
+  other botocore: `cpu_ratio_plain_botocore`, and `fast_paths_cpu_saving` (the share of the
+  plain drain's CPU the fast paths save).
 - peer: `aws_sqs_consumer.Consumer` with `batch_size=10` (its cheapest setting: one receive and
   one delete batch per 10 messages), one thread, its default of asking SQS for no attributes.
   The goal is judged against it.
@@ -53,7 +57,10 @@ sys.path.insert(0, ROOT)
 
 CPU_RATIO_GOAL = 1.0
 REQUESTS_GOAL = 0.22
-CONSUMERS = ("messenger", "peer", "peer_attributes")
+CONSUMERS = ("messenger", "messenger_plain", "peer", "peer_attributes")
+#: MESSENGER_FAST_BOTOCORE in each consumer's child (None: unset, as deployed: messenger's fast
+#: botocore paths on for the verified botocore), whatever the developer's shell has.
+FAST_BOTOCORE_SWITCH = {"messenger_plain": "0"}
 
 
 # -- the children ---------------------------------------------------------------------------
@@ -124,7 +131,7 @@ def drain_messenger(queue: str, namespace: str, messages: int,
     stopped = time.process_time()
     lines = sum(1 for _ in open(log.name))
     os.unlink(log.name)
-    return {"cpu_seconds": drain_cpu - listening[0],
+    return {"cpu_seconds": drain_cpu - listening[0], "fast_botocore": clients.fast_paths.on,
             "startup_cpu_seconds": listening[0] - cpu, "shutdown_cpu_seconds": stopped - stopping,
             "deleted": deleted[0], "wall_seconds": drained - listening[1],
             "handled": handled[0], "requests": counter.total, "log_lines": lines,
@@ -202,9 +209,12 @@ def backlog(namespace: str, channel: str, messages: int) -> str:
     return str(sqs.get_queue_url(QueueName=queue_name_for(channel, namespace))["QueueUrl"])
 
 
-def run_child(args: list[str]) -> dict[str, Any]:
+def run_child(args: list[str], fast_botocore: str | None = None) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "MESSENGER_FAST_BOTOCORE"}
+    if fast_botocore is not None:
+        env["MESSENGER_FAST_BOTOCORE"] = fast_botocore
     result = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
-                            timeout=900)
+                            timeout=900, env=env)
     if result.returncode != 0:
         raise RuntimeError(result.stderr[-2000:])
     return dict(json.loads(result.stdout.strip().splitlines()[-1]))
@@ -218,15 +228,16 @@ def measure(rounds: int, messages: int) -> dict[str, Any]:
         for name in order:
             channel = f"drain_{name}_{round_number}"
             url = backlog(namespace, channel, messages)
-            if name == "messenger":
-                args = ["--drain", "messenger", channel, namespace]
+            if name.startswith("messenger"):
+                args = ["--drain", name, channel, namespace]
             else:
                 args = ["--drain", name, url, namespace]
-            runs[name].append(run_child([*args, str(messages)]))
+            runs[name].append(run_child([*args, str(messages)], FAST_BOTOCORE_SWITCH.get(name)))
     summary: dict[str, Any] = {}
     for name, found in runs.items():
         assert all(r["handled"] >= messages for r in found), (name, found)
         assert all(r.get("deleted", messages) >= messages for r in found), (name, found)
+        assert name != "messenger_plain" or not any(r["fast_botocore"] for r in found)
         cpu = [r["cpu_seconds"] * 1000 / messages for r in found]
         summary[name] = {
             "cpu_seconds_per_1000": round(statistics.median(cpu), 4),
@@ -243,6 +254,8 @@ def measure(rounds: int, messages: int) -> dict[str, Any]:
             "threads_first_round": found[0].get("threads", {}),
             "by_operation": found[0]["by_operation"],
         }
+        if "fast_botocore" in found[0]:  # (off with an unverified botocore: see the docs)
+            summary[name]["fast_botocore"] = found[0]["fast_botocore"]
     ratio = summary["messenger"]["cpu_seconds_per_1000"] / summary["peer"]["cpu_seconds_per_1000"]
     same = (summary["messenger"]["cpu_seconds_per_1000"]
             / summary["peer_attributes"]["cpu_seconds_per_1000"])
@@ -250,11 +263,15 @@ def measure(rounds: int, messages: int) -> dict[str, Any]:
     stopped = statistics.median(
         (r["cpu_seconds"] + r["shutdown_cpu_seconds"]) * 1000 / messages
         for r in runs["messenger"])
+    plain = summary["messenger_plain"]["cpu_seconds_per_1000"]
     requests = summary["messenger"]["requests_per_message"]
     return {
         "messages": messages, "rounds": rounds, **summary,
         "cpu_ratio": round(ratio, 3), "cpu_ratio_goal": CPU_RATIO_GOAL,
         "cpu_ratio_same_attributes": round(same, 3),
+        "cpu_ratio_plain_botocore": round(plain / summary["peer"]["cpu_seconds_per_1000"], 3),
+        "fast_paths_cpu_saving": round(1 - summary["messenger"]["cpu_seconds_per_1000"] / plain,
+                                       3),
         "cpu_ratio_with_shutdown": round(stopped / summary["peer"]["cpu_seconds_per_1000"], 3),
         "requests_goal": REQUESTS_GOAL,
         "meets_goal": ratio <= CPU_RATIO_GOAL and requests <= REQUESTS_GOAL,
@@ -270,7 +287,7 @@ def main() -> None:
     if args.drain:
         who, target, namespace, count = args.drain
         os.environ["MESSENGER_NAMESPACE"] = namespace
-        result = (drain_messenger(target, namespace, int(count)) if who == "messenger"
+        result = (drain_messenger(target, namespace, int(count)) if who.startswith("messenger")
                   else drain_peer(target, int(count), attributes=who == "peer_attributes"))
         print(json.dumps(result))
         return

@@ -61,6 +61,10 @@ BENCHES = (
         Figure("CPU ratio to the peer reading the same attributes",
                ("cpu_ratio_same_attributes",)),
         Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),
+        Figure("CPU ratio messenger/peer, plain botocore (MESSENGER_FAST_BOTOCORE=0)",
+               ("cpu_ratio_plain_botocore",)),
+        Figure("CPU the fast botocore paths save (share of the plain drain)",
+               ("fast_paths_cpu_saving",)),
     )),
     Bench("spark_publish.py", "Spark publish from executors", (
         Figure("requests per message", ("conditions", "network_10ms", "requests_per_message"),
@@ -85,6 +89,12 @@ BENCHES = (
         Figure("10 channels (s)", ("channels_10_s",)),
         Figure("100 channels (s)", ("channels_100_s",), 90),
         Figure("ratio 100/10", ("ratio",), 6),
+    )),
+    Bench("timeouts.py", "Processing timeouts under load: 1,000 handlers blocking 3 s on a 1 s "
+                         "timeout, concurrency 200", (
+        Figure("completed (deleted as success)", ("completed",), 0),
+        Figure("marked timed out, s after the deadline, p90", ("marked_late_seconds", "p90")),
+        Figure("timed out to dead-lettered, s, p90", ("forward_seconds", "p90")),
     )),
     Bench("status.py", "Status tracking on vs off, same run", (
         Figure("throughput ratio on/off", ("throughput_ratio",)),

@@ -15,7 +15,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -239,20 +238,11 @@ def step_lambdas(ctx: DemoContext) -> str:
 
     ReportsProducer(settings=ctx.settings, clients=ctx.clients).push_many(
         [{"report": n} for n in range(12)])
-    # SQS publishes queue depth to CloudWatch by itself; the local endpoint does not, so the
-    # demo publishes what SQS would: the queue's real depth and the age of its oldest message.
+    # No metric is written here: the local endpoint publishes SQS's own (depth, age, sends...)
     sqs = ctx.clients.client("sqs")
     url = sqs.get_queue_url(QueueName=backlog.queue_name)["QueueUrl"]
     depth = int(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
         "ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"])
-    dimensions = [{"Name": "QueueName", "Value": backlog.queue_name}]
-    at = datetime.now(UTC) - timedelta(seconds=30)  # SQS reports each minute
-    ctx.clients.client("cloudwatch").put_metric_data(Namespace="AWS/SQS", MetricData=[
-        {"MetricName": "ApproximateNumberOfMessagesVisible", "Value": depth,
-         "Dimensions": dimensions, "Timestamp": at},
-        {"MetricName": "ApproximateAgeOfOldestMessage", "Value": 95, "Dimensions": dimensions,
-         "Timestamp": at},
-    ])
     sink = WebhookSink()
     try:
         ctx.clients.client("secretsmanager").create_secret(

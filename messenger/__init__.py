@@ -32,6 +32,8 @@ from messenger.errors import (
     PayloadTooLarge,
     ProvisioningError,
     PublishFailed,
+    QueueCallFailed,
+    RetryBudgetExhausted,
 )
 from messenger.message import Message
 from messenger.settings import Settings
@@ -92,7 +94,9 @@ __all__ = [
     "PublishFailed",
     "PushItem",
     "PushManyResult",
+    "QueueCallFailed",
     "ReceivedMessage",
+    "RetryBudgetExhausted",
     "Settings",
     "register_hook",
 ]

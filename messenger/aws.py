@@ -13,12 +13,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import urlencode
 
 import boto3
 import botocore.session
 from botocore.config import Config
-from botocore.context import get_context
 from botocore.exceptions import (
     ClientError,
     ConnectionClosedError,
@@ -27,10 +25,8 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from messenger.errors import PublishFailed
-from messenger.responses import FastParserFactory
-from messenger.serialize import use_planned_serializer
-from messenger.signing import use_fast_signing
+from messenger import fastboto
+from messenger.errors import PublishFailed, RetryBudgetExhausted
 
 T = TypeVar("T")
 
@@ -99,50 +95,6 @@ def _stop_retrying_past_the_budget(caught_exception: BaseException | None = None
         raise caught_exception
 
 
-def _encode_form_once(request: Any = None, **_: Any) -> None:
-    """botocore `before-sign` hook: url-encode a query-protocol body (SNS) here, once. botocore
-    otherwise encodes the parameters twice per attempt (for the payload hash, then to send),
-    which is a fifth of a 10-entry PublishBatch's client CPU. The bytes are botocore's own
-    (`AWSRequestPreparer._prepare_body`); other bodies (JSON, XML, streams) are left alone."""
-    data = request.data
-    if isinstance(data, dict):
-        request.data = urlencode([(_utf8(k), _utf8(v)) for k, v in data.items()], doseq=True)
-
-
-def _utf8(value: Any) -> Any:
-    return value.encode("utf-8") if isinstance(value, str) else value
-
-
-#: Distinct feature sets whose User-Agent string a client keeps (a client sees a handful).
-_USER_AGENTS_KEPT = 64
-
-
-def _reuse_user_agent(client: Any) -> None:
-    """Build a client's User-Agent header once per set of feature ids instead of twice per
-    request. botocore rebuilds the whole string on every request (once for the request, again
-    after the request registered its feature ids, e.g. the retry mode): ~8% of an SQS call's
-    client CPU. Everything in it but those feature ids is fixed when the client is made, so
-    the string is kept per feature set: the header sent is the one botocore builds. A botocore
-    without the attribute is left alone."""
-    creator = getattr(client, "_user_agent_creator", None)
-    build = getattr(creator, "to_string", None)
-    if creator is None or not callable(build):
-        return
-    built: dict[frozenset[str], str] = {}
-
-    def to_string() -> str:
-        context = get_context()
-        features = frozenset(context.features) if context is not None else frozenset()
-        found = built.get(features)
-        if found is None:
-            found = build()
-            if len(built) < _USER_AGENTS_KEPT:
-                built[features] = found
-        return found
-
-    creator.to_string = to_string
-
-
 def _genuine_session_class() -> type[boto3.session.Session]:
     """boto3's own `Session` class, also after another package replaced `boto3.session.Session`
     process-wide: AWS's `sqs_extended_client` does on import, and the SQS clients of its session
@@ -155,9 +107,11 @@ def _genuine_session_class() -> type[boto3.session.Session]:
 
 
 class ClientFactory:
-    """Makes one boto3 client per service on first use; thread-safe. Its clients parse
-    ReceiveMessage responses faster (`messenger.responses`), build their User-Agent once and
-    sign with botocore's SigV4 made cheaper (`messenger.signing`).
+    """Makes one boto3 client per service on first use; thread-safe. Its clients take the
+    fast paths of `messenger.fastboto` (cheaper signing, parsing, request bodies and
+    User-Agent) when the installed botocore is the one they were verified against or
+    MESSENGER_FAST_BOTOCORE=1, and are plain botocore otherwise (`fast_paths` says which and
+    why; MESSENGER_FAST_BOTOCORE is read when the factory is made).
 
     Hooks registered with `register` (botocore event name, handler) apply to every client
     made before or after, which is how benchmarks count requests and tests inject faults.
@@ -178,6 +132,8 @@ class ClientFactory:
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, bool, float | None, bool], Any] = {}
         self._hooks: list[tuple[str, Callable[..., Any]]] = []
+        #: Whether the clients take `messenger.fastboto`'s fast paths, and why.
+        self.fast_paths = fastboto.FastPaths.from_env()
 
     def client(
         self, service: str, long_poll: bool = False, read_timeout: float | None = None,
@@ -188,14 +144,15 @@ class ClientFactory:
         this read timeout (seconds), e.g. for lease renewals that must answer within a lease;
         `validate_params=False`: a client of its own that skips botocore's check of every
         parameter, for callers that build requests only from values they checked themselves
-        (and writes plain JSON request bodies in one step: `messenger.serialize`)."""
+        (and, on the fast paths, writes plain JSON request bodies in one step)."""
         key = (service, long_poll, read_timeout, validate_params)
         with self._lock:
             existing = self._clients.get(key)
             if existing is not None:
                 return existing
             core = botocore.session.get_session()
-            core.register_component("response_parser_factory", FastParserFactory())
+            if self.fast_paths.on:
+                fastboto.prepare_session(core)
             session = _genuine_session_class()(botocore_session=core, region_name=self.region)
             timeout = self.call_timeout if read_timeout is None else read_timeout
             timeout += LONG_POLL_SECONDS if long_poll else 0
@@ -205,11 +162,8 @@ class ClientFactory:
             )
             made.meta.events.register_first("needs-retry", _stop_retrying_past_the_budget)
             made.meta.events.register_first("before-call", self._start_call_clock)
-            made.meta.events.register("before-sign", _encode_form_once)
-            _reuse_user_agent(made)
-            use_fast_signing(made)
-            if not validate_params:
-                use_planned_serializer(made)
+            if self.fast_paths.on:
+                fastboto.speed_up(made, planned_bodies=not validate_params)
             for event, handler in self._hooks:
                 made.meta.events.register(event, handler)
             self._clients[key] = made
@@ -278,9 +232,11 @@ def call_with_budget(
     budget_seconds: float,
     what: str,
     sleep: Callable[[float], None] = time.sleep,
+    error: type[RetryBudgetExhausted] = PublishFailed,
 ) -> T:
     """Run `call`, retrying transient errors with capped exponential backoff and full jitter
-    until `budget_seconds` have passed; then raise PublishFailed naming `what`.
+    until `budget_seconds` have passed; then raise `error` (default PublishFailed) naming
+    `what`.
     Non-transient errors propagate at once. Wall time is bounded by the budget plus one attempt
     (connect + call timeout), also against an endpoint that never answers."""
     deadline = time.monotonic() + budget_seconds
@@ -290,16 +246,16 @@ def call_with_budget(
         _budget.deadline = deadline if outer is None else min(outer, deadline)
         try:
             return call()
-        except Exception as error:
-            if not is_transient(error):
+        except Exception as failure:
+            if not is_transient(failure):
                 raise
             attempt += 1
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PublishFailed(
+                raise error(
                     f"{what} failed after {attempt} attempts within the {budget_seconds:g} s "
-                    f"retry budget: {error}"
-                ) from error
+                    f"retry budget: {failure}"
+                ) from failure
             sleep(min(remaining, random.uniform(0, min(2.0, 0.05 * 2**attempt))))
         finally:
             _budget.deadline = outer

@@ -35,8 +35,18 @@ class PayloadMissing(MessengerError):
     """An offloaded payload pointed to by a message is not in the bucket any more."""
 
 
-class PublishFailed(MessengerError):
+class RetryBudgetExhausted(MessengerError):
+    """A call to AWS kept failing transiently (throttling, 5xx, a dropped connection) until
+    its retry budget was spent; the subclass says which side's call it was."""
+
+
+class PublishFailed(RetryBudgetExhausted):
     """A push could not be completed within the retry budget."""
+
+
+class QueueCallFailed(RetryBudgetExhausted):
+    """A consumer's call on its queue or DLQ (delete, forward to the DLQ, visibility change)
+    could not be completed within the retry budget; the message names the call."""
 
 
 class ProvisioningError(MessengerError):

@@ -314,7 +314,7 @@ class Provisioner:
         """The queue's subscription to the topic with raw delivery, the spec's filter policy and
         the channel's DLQ as its RedrivePolicy (undeliverable messages are kept, not dropped)."""
         sns = self.clients.client("sns")
-        existing = self._find_subscription(topic_arn, queue.arn)
+        existing = self.find_subscription(topic_arn, queue.arn)
         policy = spec.filter_policy_json()
         redrive = json.dumps(spec.subscription_redrive_policy(dlq.arn))
         if existing is None:
@@ -351,7 +351,8 @@ class Provisioner:
                 )
         return existing
 
-    def _find_subscription(self, topic_arn: str, queue_arn: str) -> str | None:
+    def find_subscription(self, topic_arn: str, queue_arn: str) -> str | None:
+        """The ARN of the topic's subscription delivering to the queue, or None."""
         paginator = self.clients.client("sns").get_paginator("list_subscriptions_by_topic")
         for page in paginator.paginate(TopicArn=topic_arn):
             for subscription in page.get("Subscriptions", []):
@@ -462,6 +463,12 @@ class Provisioner:
         )
 
     def describe_missing(self, what: str) -> str:
+        """Why `what` is missing and what to do, for an error message."""
+        if self.auto:  # auto creates it only where its owner starts: not here
+            return (
+                f"{what} does not exist, and only its owner creates it (provisioning=auto): "
+                f"check the name, or start that channel's consumer (or deploy the CDK app) first"
+            )
         return (
             f"{what} does not exist (provisioning={self.settings.provisioning}; deploy it with "
             f"the CDK app, or set MESSENGER_PROVISIONING=auto to create it at first use)"

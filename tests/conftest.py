@@ -19,6 +19,12 @@ for _name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
 os.environ.update(LOCAL_CREDENTIALS)
 
 
+def pytest_report_header() -> str:
+    """Which botocore paths this run's clients take (`make test-plain-botocore`: plain)."""
+    paths = ClientFactory("us-east-1").fast_paths
+    return f"messenger: {paths.reason}"
+
+
 @pytest.fixture(scope="session")
 def local_endpoint() -> Iterator[LocalProcess]:
     """The moto server (`messenger local`: SQS with messenger's index, cost per request flat in

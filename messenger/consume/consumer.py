@@ -27,6 +27,7 @@ import os
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -40,7 +41,7 @@ from messenger.channel import (
     ChannelTags,
     MessageFilter,
 )
-from messenger.consume.health import HealthFile, HealthRecord
+from messenger.consume.health import HealthFile, HealthRecord, default_health_file, health_clock
 from messenger.consume.lease import renewal_read_timeout
 from messenger.consume.levels import LevelPoller
 from messenger.consume.lifecycle import (
@@ -71,6 +72,8 @@ logger = logging.getLogger("messenger.consumer")
 #: States between which the health file may lag (at most HEALTH_LAG_SECONDS).
 RUNNING_STATES = frozenset({ConsumerState.LISTENING, ConsumerState.IDLE, ConsumerState.PROCESSING})
 HEALTH_LAG_SECONDS = 1.0
+#: How often the main thread looks for a shutdown request while the channel is resolved.
+STARTUP_POLL_SECONDS = 0.05
 
 MIN_PROCESSING_TIMEOUT = 1
 MAX_PROCESSING_TIMEOUT = 1800
@@ -135,6 +138,7 @@ class Consumer:
         runtime: ConsumerSettings | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
+        self.check_runtime_defaults()
         self.runtime = runtime or ConsumerSettings.from_env(
             concurrency=self.concurrency, shutdown_timeout=self.shutdown_timeout
         )
@@ -151,7 +155,17 @@ class Consumer:
         self.workers = WorkerRegistry(self.clients, self.settings, self.spec.name,
                                       f"{type(self).__module__}.{type(self).__qualname__}")
         self.hooks = collect_hooks(type(self))
-        self.health = HealthFile(self.runtime.health_file)
+        self.health = HealthFile(self.runtime.health_file or default_health_file(
+            f"{type(self).__module__}.{type(self).__qualname__}"))
+        try:
+            self.health.check_directory()
+        except FileNotFoundError:
+            raise InvalidSettings(
+                f"health_file (MESSENGER_HEALTH_FILE) {self.health.path}: directory "
+                f"{self.health.directory} does not exist; create it or name another file"
+            ) from None
+        self._health_error: str | None = None  # the last write's error, logged once
+        self._health_stop = threading.Event()
         #: ECS task scale-in protection while PROCESSING (a no-op outside ECS).
         self.protection = TaskProtection.from_env(os.environ, float(self.processing_timeout))
         self.state: ConsumerState | None = None
@@ -200,6 +214,23 @@ class Consumer:
         """The longest `processing_timeout` of a long-running consumer: its last renewal must
         end within SQS's 12 hours in flight."""
         return SQS_MAX_IN_FLIGHT_SECONDS - int(cls.visibility_timeout) - LONG_RUNNING_MARGIN
+
+    @classmethod
+    def check_runtime_defaults(cls) -> None:
+        """The class's `concurrency` and `shutdown_timeout` (the defaults of ConsumerSettings),
+        checked as class attributes, so that an error names the class, not the environment."""
+        name = cls.__name__
+        concurrency = cls.concurrency
+        if concurrency is not None and (isinstance(concurrency, bool)
+                                        or not isinstance(concurrency, int) or concurrency < 1):
+            raise InvalidSettings(f"{name}.concurrency must be a whole number >= 1, or None "
+                                  f"(MESSENGER_CONCURRENCY, else 1), got {concurrency!r}")
+        timeout = cls.shutdown_timeout
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, int | float)
+                                    or not 0 < timeout < float("inf")):
+            raise InvalidSettings(f"{name}.shutdown_timeout must be a number of seconds > 0, or "
+                                  f"None (MESSENGER_SHUTDOWN_TIMEOUT, else 30), got {timeout!r}")
 
     def _validate(self) -> None:
         name = type(self).__name__
@@ -252,7 +283,7 @@ class Consumer:
             if previous is ConsumerState.EXITING and state is not ConsumerState.EXITED:
                 return
             self.state = state
-            self._state_since = time.time()
+            self._state_since = health_clock()
             if previous in RUNNING_STATES and state in RUNNING_STATES:
                 self._health_dirty = True  # written within HEALTH_LAG_SECONDS (flush_health)
             else:
@@ -268,7 +299,7 @@ class Consumer:
         """Progress while PROCESSING: restart the state's clock in the health file."""
         with self.transition_lock:
             if self.state is ConsumerState.PROCESSING:
-                self._state_since = time.time()
+                self._state_since = health_clock()
                 self._health_dirty = True
 
     def flush_health(self) -> None:
@@ -311,15 +342,32 @@ class Consumer:
             state=self.state.value, since=self._state_since,
             timeout_seconds=self.health_timeout(self.state), pid=os.getpid(),
             consumer=f"{type(self).__module__}.{type(self).__qualname__}",
+            written_at=health_clock(), refresh_seconds=self.runtime.health_refresh,
         )
         try:
             self.health.write(record)
         except Exception as error:  # a full disk must not stop message processing
-            logger.error("writing health file %s failed: %s", self.health.path, error)
+            # The check sees it (the file goes stale, and its own write fails): logged once.
+            text = f"{type(error).__name__}: {error}"
+            if text != self._health_error:
+                logger.error("writing health file %s failed: %s", self.health.path, text)
+            self._health_error = text
+        else:
+            self._health_error = None
+
+    def _refresh_health(self) -> None:
+        """Rewrite the health file every `health_refresh` seconds until the consumer has
+        EXITED (a thread of its own: provisioning, a busy runtime or a shutdown never delay
+        it; a hung process stops it, and the check sees the file go stale)."""
+        while not self._health_stop.wait(self.runtime.health_refresh):
+            with self.transition_lock:
+                if self.state is not None:
+                    self._write_health()
 
     def run_hooks(self, hook: LifecycleHooks, *args: Any) -> None:
-        """Call the hooks registered for `hook`; one that raises (anything but Ctrl-C) is logged
-        and skipped. A hook gets as many of `args` as its signature takes, so seed-style hooks
+        """Call the hooks registered for `hook`; one that raises (anything, `SystemExit` and
+        `KeyboardInterrupt` included: a real signal goes to the signal handler) is logged and
+        skipped. A hook gets as many of `args` as its signature takes, so seed-style hooks
         such as `def hook(self)` on MSG_PROCESSING_END run too."""
         if not self.hooks:  # (twice per message: no lookup when the class has none)
             return
@@ -327,8 +375,6 @@ class Consumer:
             method = getattr(self, name)
             try:
                 method(*args[: hook_arity(method, len(args))])
-            except KeyboardInterrupt:
-                raise
             except BaseException as error:  # SystemExit in a hook must not kill the worker
                 message = args[0] if args and isinstance(args[0], ReceivedMessage) else None
                 self.emit("hook_failed", message.message_id if message else None, fields={
@@ -351,20 +397,20 @@ class Consumer:
             self._runtime.stop()
 
     def run(self) -> int:
-        """Consume until SIGTERM/SIGINT or `request_shutdown()`; returns 0. Raises the fatal error
-        (e.g. ProcessingTimeout when a timed-out message cannot be dead-lettered) after a
-        graceful shutdown."""
+        """Consume until SIGTERM/SIGINT or `request_shutdown()`; returns 0, also when asked to
+        stop while the channel is still being resolved (however long the endpoint takes to
+        answer). Raises the fatal error (e.g. ProcessingTimeout when a timed-out message cannot
+        be dead-lettered) after a graceful shutdown."""
         previous = self._install_signal_handlers()
-        hold_lines(self.runtime.log_hold)
+        self._health_stop.clear()
+        threading.Thread(target=self._refresh_health, name="messenger-health",
+                         daemon=True).start()
         try:
             self.transition(ConsumerState.INITIALIZING)
-            provisioner = Provisioner(self.clients, self.settings)
-            self.resources = call_with_budget(
-                lambda: provisioner.ensure_channel(self.spec),
-                self.settings.retry_budget_seconds, f"resolving channel {self.spec.name!r}",
-            )
-            if self.status is not None:
-                self.status.start()
+            resources = self._start_up()
+            if resources is None:  # SIGTERM while provisioning: nothing is held yet
+                return 0
+            self.resources = resources
             self.transition(ConsumerState.INITIALIZED)
             self.workers.start(ConsumerState.INITIALIZED.value)
             mailbox, poller = self._mailboxes(self.resources)
@@ -377,6 +423,9 @@ class Consumer:
             if self._stop_requested.is_set():  # SIGTERM while initializing
                 runtime.stop()
             self.transition(ConsumerState.LISTENING)
+            # Lines are held only while the watchdog runs to write them: a line logged while
+            # provisioning (which can take a while) is written at once.
+            hold_lines(self.runtime.log_hold)
             runtime.start()
             runtime.wait()
             if runtime.fatal is not None:
@@ -388,9 +437,41 @@ class Consumer:
                 self.status.close()
             self.workers.stop()
             self.transition(ConsumerState.EXITED)
+            self._health_stop.set()  # a process still up later reads as stale: not healthy
             hold_lines(0.0)  # writes what is held; lines after the run are written at once
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _start_up(self) -> ChannelResources | None:
+        """Resolve (auto: provision) the channel and start status tracking on a thread of
+        their own; None when a shutdown is requested first. A hung endpoint holds that thread
+        in a socket read that a signal cannot end: the main thread waits for it or for the
+        shutdown request, whichever comes first (the thread is left to the process's exit)."""
+        done = threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def resolve() -> None:
+            try:
+                provisioner = Provisioner(self.clients, self.settings)
+                outcome["resources"] = call_with_budget(
+                    lambda: provisioner.ensure_channel(self.spec),
+                    self.settings.retry_budget_seconds, f"resolving channel {self.spec.name!r}",
+                )
+                if self.status is not None:
+                    self.status.start()
+            except BaseException as error:  # raised on the main thread
+                outcome["error"] = error
+            finally:
+                done.set()
+
+        threading.Thread(target=resolve, name="messenger-startup", daemon=True).start()
+        while not done.wait(STARTUP_POLL_SECONDS):
+            if self._stop_requested.is_set():
+                return None
+        if "error" in outcome:
+            raise outcome["error"]
+        resources: ChannelResources = outcome["resources"]
+        return resources
 
     def _mailboxes(self, resources: ChannelResources) -> tuple[Mailbox, LevelPoller | None]:
         """The default level's mailbox, and a poller over every level's (prioritized channel)."""
@@ -433,12 +514,22 @@ def load_consumer(target: str) -> type[Consumer]:
         raise InvalidSettings(f"consumer {target!r} must be 'package.module:ClassName'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise InvalidSettings(f"cannot import {module_name!r} for consumer {target!r}: {error}") \
-            from None
+    except Exception as error:  # whatever the module raises on import: one line, not a traceback
+        where = ""
+        frames = traceback.extract_tb(error.__traceback__)
+        if frames and not isinstance(error, ModuleNotFoundError):
+            where = f" (at {frames[-1].filename}:{frames[-1].lineno})"
+        raise InvalidSettings(f"cannot import {module_name!r} for consumer {target!r}: "
+                              f"{type(error).__name__}: {error}{where}") from None
     found = getattr(module, class_name, None)
+    if found is None:
+        defined = sorted(n for n, v in vars(module).items() if isinstance(v, type)
+                         and issubclass(v, Consumer) and v is not Consumer)
+        raise InvalidSettings(f"module {module_name!r} has no {class_name!r} (its Consumer "
+                              f"subclasses: {', '.join(defined) or 'none'})")
     if not isinstance(found, type) or not issubclass(found, Consumer):
-        raise InvalidSettings(f"{target!r} is not a Consumer subclass")
+        kind = "a class" if isinstance(found, type) else f"a {type(found).__name__}"
+        raise InvalidSettings(f"{target!r} is {kind}, not a Consumer subclass")
     return found
 
 
@@ -446,6 +537,7 @@ def run_cli(args: argparse.Namespace) -> int:
     """`messenger consume package.module:Class`: run one consumer until SIGTERM (exit 0)."""
     configure_json_logging(logging.DEBUG if getattr(args, "verbose", False) else logging.INFO)
     cls = load_consumer(args.consumer)
+    cls.check_runtime_defaults()
     overrides = {
         name: value for name, value in (
             ("concurrency", args.concurrency), ("shutdown_timeout", args.shutdown_timeout),

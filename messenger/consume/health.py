@@ -1,16 +1,35 @@
 """The consumer's health file and `check_consumer_health`, the container's health check.
 
-On every state transition (and, while PROCESSING, whenever a message finished since the last write)
-the consumer writes `{"state", "since", "timeout_seconds", "pid", "consumer"}` to the health file
-(`MESSENGER_HEALTH_FILE`, default /tmp/messenger-health.json) under a `filelock` lock, atomically.
-`check_consumer_health` exits 1 when the consumer has been in a state with a limit
-(INITIALIZING, INITIALIZED, PROCESSING, EXITING) for longer than `timeout_seconds`, or when the
-file is unreadable; 0 otherwise, and 0 when there is no file yet (the consumer is starting).
+The consumer writes `{"state", "since", "timeout_seconds", "pid", "consumer", "written_at",
+"refresh_seconds"}` to its health file atomically, under a `filelock` lock: on every state
+transition (between LISTENING, IDLE and PROCESSING within a second), and every `refresh_seconds`
+(default DEFAULT_REFRESH_SECONDS) whatever it is doing, from a thread of its own, from
+INITIALIZING until it has EXITED. Times are seconds on the host's boot clock (`health_clock`:
+CLOCK_BOOTTIME on Linux, CLOCK_MONOTONIC elsewhere): every process of the host reads the same
+clock, and wall-clock steps (NTP, a manual `date`) do not move it.
+
+`check_consumer_health` exits 0 only when it can tell the consumer is fine, else 1 with one line
+saying why:
+- the file exists and is well-formed (no file: not started yet, or it cannot write there; the
+  ECS health check's start period covers a consumer's start);
+- the process that wrote it (`pid`, in the checker's PID namespace: the container's) is alive;
+- it was written within STALE_REFRESHES refresh intervals: a hung process, one that stays up
+  after EXITED, or a consumer whose writes keep failing leave it stale;
+- a file can be written in its directory (the checker tries: a full or read-only filesystem
+  fails the check at once);
+- the state is within its limit: INITIALIZING/INITIALIZED, PROCESSING and EXITING have one
+  (`timeout_seconds`), LISTENING and IDLE have none.
+
+The file is `MESSENGER_HEALTH_FILE` when set, else one per consumer class in the temporary
+directory (`default_health_file`): two consumers on one host do not share one. Without `--file`
+and without the variable, the check looks at every such default file there.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import glob
 import json
 import math
 import os
@@ -23,26 +42,57 @@ from typing import Any
 
 from filelock import FileLock
 
-DEFAULT_HEALTH_FILE = "/tmp/messenger-health.json"
 HEALTH_FILE_VARIABLE = "MESSENGER_HEALTH_FILE"
+#: Name of a consumer's default health file in the temporary directory; `{}`: module.Class.
+DEFAULT_HEALTH_NAME = "messenger-health-{}.json"
 #: States in which a consumer can be stuck; the others have no limit.
 LIMITED_STATES = frozenset({"INITIALIZING", "INITIALIZED", "PROCESSING", "EXITING"})
 #: Every state a consumer writes (`ConsumerState` values, exactly as written).
 KNOWN_STATES = LIMITED_STATES | {"LISTENING", "IDLE", "EXITED"}
-#: How far `since` may lie in the future (clock steps) before the file counts as corrupt.
+#: How far `since` or `written_at` may lie in the future before the file counts as corrupt.
 CLOCK_SKEW_SECONDS = 5.0
 LOCK_TIMEOUT_SECONDS = 5.0
+#: How often a consumer rewrites its health file by default, and the limits of that setting.
+DEFAULT_REFRESH_SECONDS = 5.0
+MIN_REFRESH_SECONDS = 0.1
+MAX_REFRESH_SECONDS = 60.0
+#: A file not rewritten for this many refresh intervals is stale: its writer is gone or hung.
+STALE_REFRESHES = 3
+
+_CLOCK_ID = getattr(time, "CLOCK_BOOTTIME", getattr(time, "CLOCK_MONOTONIC", None))
+
+
+def health_clock() -> float:
+    """Seconds on the host's boot clock: the same in every process, unmoved by wall-clock
+    steps (CLOCK_BOOTTIME on Linux, CLOCK_MONOTONIC elsewhere)."""
+    if _CLOCK_ID is None:  # no clock_gettime (Windows): this process's monotonic clock
+        return time.monotonic()
+    return time.clock_gettime(_CLOCK_ID)
+
+
+def default_health_file(consumer: str) -> str:
+    """The health file of consumer class `consumer` ('module.Class') when none is set."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in consumer)
+    return os.path.join(tempfile.gettempdir(), DEFAULT_HEALTH_NAME.format(safe))
+
+
+def default_health_files() -> str:
+    """The glob pattern of every consumer's default health file."""
+    return os.path.join(tempfile.gettempdir(), DEFAULT_HEALTH_NAME.format("*"))
 
 
 @dataclass(frozen=True)
 class HealthRecord:
-    """What the consumer last wrote: its state, since when, and how long that state may last."""
+    """What the consumer last wrote: its state, since when, how long that state may last, and
+    when it wrote it (times on `health_clock`)."""
 
     state: str
     since: float
     timeout_seconds: float | None
     pid: int
     consumer: str
+    written_at: float
+    refresh_seconds: float
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -51,6 +101,8 @@ class HealthRecord:
             "timeout_seconds": self.timeout_seconds,
             "pid": self.pid,
             "consumer": self.consumer,
+            "written_at": self.written_at,
+            "refresh_seconds": self.refresh_seconds,
         }
 
 
@@ -61,16 +113,24 @@ class HealthVerdict:
 
 
 class HealthFile:
-    """Reads and writes one health file; writes are atomic (temp file + rename) under a lock."""
+    """Reads and writes one health file; writes are atomic (temp file + rename) under a lock.
+    Nothing creates its directory: a directory that does not exist is an error."""
 
-    def __init__(self, path: str = DEFAULT_HEALTH_FILE) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
+        self.directory = os.path.dirname(os.path.abspath(path))
         self._lock = FileLock(path + ".lock", timeout=LOCK_TIMEOUT_SECONDS)
 
+    def check_directory(self) -> None:
+        """Raise FileNotFoundError when the file's directory does not exist (filelock would
+        create it)."""
+        if not os.path.isdir(self.directory):
+            raise FileNotFoundError(errno.ENOENT, "directory does not exist", self.directory)
+
     def write(self, record: HealthRecord) -> None:
-        directory = os.path.dirname(os.path.abspath(self.path))
+        self.check_directory()
         with self._lock:
-            handle, temp = tempfile.mkstemp(prefix=".health-", dir=directory)
+            handle, temp = tempfile.mkstemp(prefix=".health-", dir=self.directory)
             try:
                 with os.fdopen(handle, "w") as out:
                     json.dump(record.as_dict(), out)
@@ -84,6 +144,7 @@ class HealthFile:
         """The record, or None when there is no file. Raises ValueError when it is malformed."""
         if not os.path.exists(self.path):
             return None
+        self.check_directory()
         with self._lock:
             try:
                 with open(self.path) as source:
@@ -98,19 +159,53 @@ class HealthFile:
             raise ValueError(f"health file {self.path} is malformed: {error}") from None
         return record
 
+    def probe_write(self) -> str | None:
+        """Try writing a file next to the health file as its writer would (then remove it):
+        the error, or None when that works."""
+        try:
+            handle, temp = tempfile.mkstemp(prefix=".health-probe-", dir=self.directory)
+        except OSError as error:
+            return f"{error.strerror or error}"
+        try:
+            with os.fdopen(handle, "w") as out:
+                out.write(" " * 512)  # a record's size: a full filesystem refuses the data
+                out.flush()
+            return None
+        except OSError as error:
+            return f"{error.strerror or error}"
+        finally:
+            os.unlink(temp)
+
     def check(self, now: float | None = None) -> HealthVerdict:
-        """Whether the consumer is healthy now (see the module docstring)."""
+        """Whether the consumer is healthy now (see the module docstring); `now` on
+        `health_clock` (default: read it)."""
         try:
             record = self.read()
         except (ValueError, OSError) as error:
             return HealthVerdict(False, str(error))
         if record is None:
-            return HealthVerdict(True, f"no health file at {self.path} yet: starting")
-        now = time.time() if now is None else now
+            return HealthVerdict(False, f"no health file at {self.path}: the consumer has not "
+                                        f"written one (not started, or it cannot write there)")
+        now = health_clock() if now is None else now
+        name = record.consumer
+        if not process_alive(record.pid):
+            return HealthVerdict(False, f"{name} (pid {record.pid}) is not running; it last "
+                                        f"wrote {record.state}")
+        age = now - record.written_at
+        stale_after = STALE_REFRESHES * record.refresh_seconds
+        if age > stale_after:
+            return HealthVerdict(False, f"{name} has not refreshed {self.path} for {age:.1f} s "
+                                        f"(every {record.refresh_seconds:g} s expected): hung, "
+                                        f"or its writes fail; it last wrote {record.state}")
+        problem = self.probe_write()
+        if problem is not None:
+            return HealthVerdict(False, f"{name} cannot write its health file: {self.directory}: "
+                                        f"{problem}")
         elapsed = now - record.since
-        if elapsed < -CLOCK_SKEW_SECONDS:  # a future `since` would never run out
+        if min(elapsed, age) < -CLOCK_SKEW_SECONDS:  # a future time would never run out
             return HealthVerdict(
-                False, f"health file {self.path} is malformed: since lies {-elapsed:.1f} s ahead"
+                False, f"health file {self.path} is malformed: its times lie "
+                       f"{-min(elapsed, age):.1f} s ahead of the boot clock"
             )
         if (
             record.state in LIMITED_STATES
@@ -119,10 +214,25 @@ class HealthFile:
         ):
             return HealthVerdict(
                 False,
-                f"{record.consumer} stuck in {record.state} for {elapsed:.1f} s "
+                f"{name} stuck in {record.state} for {elapsed:.1f} s "
                 f"(limit {record.timeout_seconds:g} s)",
             )
-        return HealthVerdict(True, f"{record.consumer} {record.state} for {elapsed:.1f} s")
+        return HealthVerdict(True, f"{name} {record.state} for {elapsed:.1f} s")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (in this PID namespace)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (not Linux): kill(0) said it exists
+        return True
 
 
 def _parse(data: Any) -> HealthRecord:
@@ -136,9 +246,16 @@ def _parse(data: Any) -> HealthRecord:
     timeout = None if raw_timeout is None else _finite("timeout_seconds", raw_timeout)
     if state in LIMITED_STATES and (timeout is None or timeout <= 0):
         raise ValueError(f"state {state} needs timeout_seconds > 0, got {raw_timeout!r}")
+    pid = data["pid"]
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        raise ValueError(f"pid must be a process id, got {pid!r}")
+    refresh = _finite("refresh_seconds", data["refresh_seconds"])
+    if refresh <= 0:
+        raise ValueError(f"refresh_seconds must be > 0, got {refresh!r}")
     return HealthRecord(
-        state=state, since=since, timeout_seconds=timeout,
-        pid=int(data.get("pid", 0)), consumer=str(data.get("consumer", "")),
+        state=state, since=since, timeout_seconds=timeout, pid=pid,
+        consumer=str(data.get("consumer", "")),
+        written_at=_finite("written_at", data["written_at"]), refresh_seconds=refresh,
     )
 
 
@@ -152,19 +269,26 @@ def _finite(name: str, value: Any) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`check_consumer_health [--file F]`: exit 0 when healthy, 1 when stuck or unreadable."""
+    """`check_consumer_health [--file F]`: exit 0 when healthy, 1 when not or when it cannot
+    tell. Without --file: $MESSENGER_HEALTH_FILE, else every consumer's default file."""
     parser = argparse.ArgumentParser(
         prog="check_consumer_health", description="health check of a messenger consumer"
     )
     parser.add_argument(
-        "--file",
-        default=os.environ.get(HEALTH_FILE_VARIABLE, DEFAULT_HEALTH_FILE),
-        help=f"health file (default ${HEALTH_FILE_VARIABLE} or {DEFAULT_HEALTH_FILE})",
+        "--file", default=os.environ.get(HEALTH_FILE_VARIABLE) or None,
+        help=f"health file (default ${HEALTH_FILE_VARIABLE}, else every "
+             f"{default_health_files()})",
     )
     args = parser.parse_args(argv)
-    verdict = HealthFile(args.file).check()
-    print(("healthy: " if verdict.healthy else "unhealthy: ") + verdict.reason)
-    return 0 if verdict.healthy else 1
+    paths = [args.file] if args.file else sorted(glob.glob(default_health_files()))
+    if not paths:
+        print(f"unhealthy: no health file at {default_health_files()}: no consumer has "
+              f"written one (not started, or it cannot write there)")
+        return 1
+    verdicts = [HealthFile(path).check() for path in paths]
+    for verdict in verdicts:
+        print(("healthy: " if verdict.healthy else "unhealthy: ") + verdict.reason)
+    return 0 if all(verdict.healthy for verdict in verdicts) else 1
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """The consumer's lease keeper: a thread that does nothing but keep held messages invisible.
 
-It extends the lease of the messages this process holds (waiting for a worker or running) with
-one `ChangeMessageVisibilityBatch` per 10, once a third of their lease is gone, waking when the
-next renewal is due (at least once a second). It
+It extends the lease of the messages this process holds (waiting for a worker, running, past
+their timeout until forwarded to the DLQ, completed until SQS confirms their delete) with one
+`ChangeMessageVisibilityBatch` per 10, once a third of their lease is gone, waking when the next
+renewal is due (at least once a second). A lease that runs out all the same (its renewals kept
+failing) is logged as `lease_lapsed` at once: SQS may hand that message out again. It
 is the first thread the runtime starts and it does no other work: deletes, dead-lettering, hooks,
 `on_event` and status records run elsewhere (its events are handed to the watchdog), and it has
 its own SQS client, with its own connections and a read timeout of a third of the lease, so a
@@ -36,6 +38,8 @@ STALL_SECONDS = 1.0
 SAFETY_SECONDS = 0.5
 #: Shortest budget a renewal gets, however close its lease is to running out.
 MIN_BUDGET_SECONDS = 1.0
+#: The stages in which a message is leased: every stage but DONE.
+LEASED_STAGES = (Stage.QUEUED, Stage.RUNNING, Stage.TIMED_OUT, Stage.DELETING)
 
 
 class Leased(Protocol):
@@ -103,13 +107,13 @@ class LeaseKeeper:
     def sleep_for(self, now: float) -> float:
         """Seconds until the next renewal is due (MIN_SLEEP_SECONDS to MAX_SLEEP_SECONDS)."""
         lease = self.runtime.visibility
-        held = self.runtime.held(Stage.QUEUED, Stage.RUNNING)
+        held = self.runtime.held(*LEASED_STAGES)
         due = min((d.lease_until - lease * 2 / 3 for d in held), default=now + MAX_SLEEP_SECONDS)
         return min(MAX_SLEEP_SECONDS, max(MIN_SLEEP_SECONDS, due - now))
 
     def stalled(self, seconds: float, now: float) -> None:
         """The thread could not run for `seconds`: say so, and name every lease that ran out."""
-        held = self.runtime.held(Stage.QUEUED, Stage.RUNNING)
+        held = self.runtime.held(*LEASED_STAGES)
         lapsed = [d for d in held if lease_lapsed(d, now)]
         self.events.put(("stalled", None, {
             "seconds": round(seconds, 3), "held": len(held), "leases_lapsed": len(lapsed),
@@ -119,10 +123,14 @@ class LeaseKeeper:
 
     def renew(self, now: float) -> None:
         """Extend every held lease of which a third is gone; a message stays leased as long as
-        this process holds it (waiting, running, or past its timeout until dead-lettered)."""
+        this process holds it (waiting, running, past its timeout until dead-lettered,
+        completed until its delete is confirmed). Report the leases that ran out."""
         lease = self.runtime.visibility
-        due = [d for d in self.runtime.held(Stage.QUEUED, Stage.RUNNING)
-               if d.lease_until <= now + lease * 2 / 3]
+        held = self.runtime.held(*LEASED_STAGES)
+        for delivery in held:
+            if delivery.lease_until <= now and lease_lapsed(delivery, now):
+                self.events.put(lapse_event(delivery, now, lease))
+        due = [d for d in held if d.lease_until <= now + lease * 2 / 3]
         if not due:
             return
         soonest = min(d.lease_until for d in due)
@@ -130,13 +138,15 @@ class LeaseKeeper:
         try:
             errors = self.runtime.mailbox.extend(due, lease, budget=budget, sqs=self.sqs)
         except Exception as error:
-            errors = [EntryError(d, type(error).__name__, str(error)) for d in due]
+            errors = EntryError.of_call(due, error)
         failed = {id(e.delivery) for e in errors}
         for delivery in due:
             if id(delivery) not in failed:
                 delivery.lease_until = now + lease
         self.renewals += 1
         for entry in errors:
+            if entry.delivery.stage is Stage.DONE:
+                continue  # deleted or released meanwhile: nothing left to renew
             self.events.put(("heartbeat_failed", entry.delivery.log_id,
                              {"code": entry.code, "error": entry.message}))
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from messenger.aws import call_with_budget
+from messenger.aws import call_with_budget, is_transient
 from messenger.channel import MAX_BATCH_ENTRIES
+from messenger.errors import QueueCallFailed, RetryBudgetExhausted
 from messenger.message import (
     DEAD_LETTER_REASON_ATTRIBUTE,
     decode_envelope,
@@ -23,6 +24,9 @@ from messenger.message import (
 )
 from messenger.offload import OffloadPointer, PayloadStore
 
+#: A delete that failed (throttled past the retry budget, an SQS error) is tried again this long
+#: later, while the message's lease is kept.
+DELETE_RETRY_SECONDS = 1.0
 #: Longest dead-letter reason kept in the attribute.
 MAX_REASON_LENGTH = 1024
 #: The system attributes a delivery reads (`Delivery`, `Delivery.decode`); SQS sends only these.
@@ -32,8 +36,11 @@ SYSTEM_ATTRIBUTES = ("ApproximateReceiveCount", "SentTimestamp", "MessageGroupId
 class Stage(enum.Enum):
     QUEUED = "queued"  # received, waiting for a worker (only behind its group on ordered channels)
     RUNNING = "running"
+    #: The handler returned: its delete is pending or being retried. Still leased (the lease
+    #: keeper renews it) until SQS confirms the delete, or the delete fails for good.
+    DELETING = "deleting"
     DONE = "done"  # finished: deleted, retried, released or dead-lettered
-    TIMED_OUT = "timed_out"
+    TIMED_OUT = "timed_out"  # past its processing timeout, until forwarded to the DLQ
 
 
 @dataclass(frozen=True, init=False)
@@ -163,11 +170,19 @@ class Delivery:
 
 @dataclass(frozen=True)
 class EntryError:
-    """A batch entry SQS refused."""
+    """A batch entry SQS refused. transient: worth trying again (SQS's fault, throttling or a
+    spent retry budget; False for the sender's faults, e.g. a receipt handle no longer valid)."""
 
     delivery: Delivery
     code: str
     message: str
+    transient: bool = False
+
+    @classmethod
+    def of_call(cls, deliveries: Iterable[Delivery], error: Exception) -> list[EntryError]:
+        """Every entry of a batch call that raised `error`."""
+        transient = isinstance(error, RetryBudgetExhausted) or is_transient(error)
+        return [cls(d, type(error).__name__, str(error), transient) for d in deliveries]
 
 
 def _chunks(items: Sequence[Delivery]) -> Iterable[Sequence[Delivery]]:
@@ -203,7 +218,7 @@ class Mailbox:
         return groups
 
     def _call(self, what: str, call: Callable[[], Any]) -> Any:
-        return call_with_budget(call, self.budget, what)
+        return call_with_budget(call, self.budget, what, error=QueueCallFailed)
 
     def receive(self, count: int, wait_seconds: int, visibility: int) -> list[dict[str, Any]]:
         response = self.sqs.receive_message(
@@ -232,7 +247,7 @@ class Mailbox:
                 ]
                 response = call_with_budget(
                     partial(call, QueueUrl=home.queue_url, Entries=entries),
-                    home.budget if budget is None else budget, what,
+                    home.budget if budget is None else budget, what, error=QueueCallFailed,
                 )
                 errors.extend(_entry_errors(chunk, response))
         return errors
@@ -311,7 +326,8 @@ class Mailbox:
 def _entry_errors(chunk: Sequence[Delivery], response: dict[str, Any]) -> list[EntryError]:
     return [
         EntryError(
-            chunk[int(failed["Id"])], str(failed.get("Code", "")), str(failed.get("Message", ""))
+            chunk[int(failed["Id"])], str(failed.get("Code", "")), str(failed.get("Message", "")),
+            transient=not failed.get("SenderFault", False),
         )
         for failed in response.get("Failed", [])
     ]
@@ -323,8 +339,10 @@ class DeleteBatcher:
     A batch goes out when it holds 10 entries, or when its oldest entry has waited `linger`
     seconds, or on `flush()` (shutdown; an ordered channel before each poll). Once `start()`ed,
     batches go out on the batcher's own thread: a worker that finishes a message never waits
-    for a delete, and a throttled delete delays nothing else. Entries SQS refuses are reported
-    through `on_failure` (the message may then be delivered again).
+    for a delete, and a throttled delete delays nothing else. Entries SQS deleted are reported
+    through `on_deleted`, entries it refused (or a call that failed) through `on_failure`; when
+    that returns True the entry is tried again DELETE_RETRY_SECONDS later, by the thread (the
+    runtime keeps its lease meanwhile), else it is dropped. `close()` tries them once more.
 
     The thread is woken by a batch's first entry (to start its linger) and by a full batch.
     Inside `deferred_wakes` (the receiver running a poll's messages back to back, ~1 ms) a first
@@ -333,11 +351,15 @@ class DeleteBatcher:
     """
 
     def __init__(
-        self, mailbox: Mailbox, linger: float, on_failure: Callable[[EntryError], None]
+        self, mailbox: Mailbox, linger: float, on_failure: Callable[[EntryError], bool | None],
+        on_deleted: Callable[[Sequence[Delivery]], None] | None = None,
     ) -> None:
         self.mailbox = mailbox
         self.linger = linger
         self.on_failure = on_failure
+        self.on_deleted = on_deleted
+        #: Entries whose delete failed and is tried again: (when, delivery), oldest first.
+        self._retrying: list[tuple[float, Delivery]] = []
         self._lock = threading.RLock()  # `_cond`'s: `add` takes it directly (cheaper)
         self._cond = threading.Condition(self._lock)
         self._send_lock = threading.Lock()
@@ -364,6 +386,9 @@ class DeleteBatcher:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
+        with self._cond:
+            self._pending.extend(d for _, d in self._retrying)
+            self._retrying.clear()
         self.flush()
 
     def add(self, delivery: Delivery) -> None:
@@ -385,7 +410,10 @@ class DeleteBatcher:
     @contextmanager
     def deferred_wakes(self) -> Iterator[None]:
         """Entries added meanwhile wake the thread only for a full batch; a first entry's wake
-        is given at the end (its linger still counts from when it came in)."""
+        is given at the end (its linger still counts from when it came in).
+
+        CPU optimisation: the plain path wakes the deleter at a batch's first entry (`add`
+        outside this block); each wake costs both threads a GIL hand-over."""
         with self._lock:
             self._deferring += 1
         try:
@@ -406,7 +434,17 @@ class DeleteBatcher:
     @property
     def pending(self) -> int:
         with self._cond:
-            return len(self._pending)
+            return len(self._pending) + len(self._retrying)
+
+    def _retry_due(self) -> float | None:
+        """Move the retries that are due into the pending batch (under `_cond`); seconds until
+        the next one is due (None: no retry waits)."""
+        now = time.monotonic()
+        while self._retrying and self._retrying[0][0] <= now:
+            if not self._pending:
+                self._oldest = now
+            self._pending.append(self._retrying.pop(0)[1])
+        return self._retrying[0][0] - now if self._retrying else None
 
     def _run(self) -> None:
         while True:
@@ -414,8 +452,9 @@ class DeleteBatcher:
                 while True:
                     if self._closed:
                         return
+                    next_retry = self._retry_due()
                     if not self._pending:
-                        self._cond.wait()
+                        self._cond.wait(next_retry)
                         continue
                     wait = self._oldest + self.linger - time.monotonic()
                     if wait <= 0 or len(self._pending) >= MAX_BATCH_ENTRIES:
@@ -438,7 +477,14 @@ class DeleteBatcher:
                     return
                 try:
                     errors = self.mailbox.delete_batch(batch)
-                except Exception as error:  # the budget is spent: report, the lease runs out
-                    errors = [EntryError(d, type(error).__name__, str(error)) for d in batch]
+                except Exception as error:  # the budget is spent: report, maybe retry
+                    errors = EntryError.of_call(batch, error)
+                refused = {id(e.delivery) for e in errors}
+                if self.on_deleted is not None and len(refused) < len(batch):
+                    self.on_deleted([d for d in batch if id(d) not in refused])
                 for failed in errors:
-                    self.on_failure(failed)
+                    if self.on_failure(failed):
+                        with self._cond:
+                            self._retrying.append(
+                                (time.monotonic() + DELETE_RETRY_SECONDS, failed.delivery))
+                            self._cond.notify_all()  # the thread waits for the retry

@@ -12,9 +12,17 @@
   worker for each chain. A receiver still running a poll's messages RESCUE_SECONDS later (a
   surprise slow handler) is replaced at the watchdog's next tick: idle workers take the rest of
   the poll, a new receiver thread polls, the old one exits when its handler returns.
+  CPU optimisation: the plain path is receive → a worker per chain → handler → delete; running
+  fast polls on the receiver (`workers_to_wake`, `_run_here`, `rescue_receiver`) and waking the
+  deleter once per batch meanwhile (`DeleteBatcher.deferred_wakes`) only save CPU.
 - A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
   for deletion (success), makes it visible again after `retry_delay` (error) or forwards it to the
-  DLQ (undecodable, payload missing).
+  DLQ (undecodable, payload missing). A handler that returns past its deadline timed out: its
+  message is dead-lettered, never deleted as a success.
+- A completed message stays leased until SQS confirms its delete: a delete that fails
+  transiently (throttled past the retry budget, an SQS error) is tried again while the lease
+  keeper renews the lease; one SQS refuses for good (the receipt handle is no longer valid)
+  is reported as `delete_failed` and dropped.
 - The lease keeper (`messenger.consume.lease`) extends leases on its own thread, started first.
 - The watchdog (`messenger.consume.watchdog`) times out handlers; the delete batcher sends
   deletes on its own thread.
@@ -61,6 +69,9 @@ HANDOFF_SECONDS = 0.001
 RESCUE_SECONDS = 0.05
 #: Weight of the newest chain in that running average.
 CHAIN_TIME_WEIGHT = 0.2
+#: The last calls of a shutdown (releases, pending deletes) get at least this long, even when
+#: in-flight handlers used up the shutdown timeout.
+WIND_DOWN_SECONDS = 1.0
 
 
 class Runtime:
@@ -85,6 +96,9 @@ class Runtime:
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._held: dict[str, Delivery] = {}  # receipt handle → delivery, until finished
+        #: Completed messages whose delete SQS has not confirmed yet (Stage.DELETING): leased,
+        #: but no longer holding a worker.
+        self._deleting: dict[str, Delivery] = {}
         self._stuck: dict[int, float] = {}  # handler threads past their timeout → since
         self._last_poll_empty = False
         self._progress = 0
@@ -95,7 +109,8 @@ class Runtime:
         self._inline_since: float | None = None
         #: Recent average wall time a worker spends on a chain (None before the first).
         self._chain_seconds: float | None = None
-        self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed)
+        self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed,
+                                     self._deleted)
         self._threads: list[threading.Thread] = []
         self.leases = LeaseKeeper(self, lease_sqs)
         self.watchdog = Watchdog(self)
@@ -113,9 +128,13 @@ class Runtime:
             return ConsumerState.IDLE if self._last_poll_empty else ConsumerState.LISTENING
 
     def held(self, *stages: Stage) -> list[Delivery]:
-        """The messages held now, in the given stages."""
+        """The messages held now, in the given stages (Stage.DELETING: waiting for their
+        delete)."""
         with self._cond:
-            return [d for d in self._held.values() if d.stage in stages]
+            found = [d for d in self._held.values() if d.stage in stages]
+            if Stage.DELETING in stages:
+                found += [d for d in self._deleting.values() if d.stage is Stage.DELETING]
+            return found
 
     def mark_stuck(self, thread_id: int, since: float) -> None:
         """A handler thread timed out: its worker counts as lost until the thread returns."""
@@ -186,7 +205,10 @@ class Runtime:
 
     def shutdown(self) -> None:
         """No new message starts; in-flight work finishes up to the shutdown timeout; what is
-        left is released; pending deletes go out."""
+        left is released; pending deletes go out. The whole takes at most the shutdown timeout
+        (at least WIND_DOWN_SECONDS for the last calls): against an endpoint that does not
+        answer, the last calls are left behind (`shutdown_incomplete`; their messages come
+        back when their leases end) rather than outliving ECS's stop timeout."""
         self.stop()
         self.refresh_state()
         deadline = time.monotonic() + self.config.shutdown_timeout
@@ -198,6 +220,19 @@ class Runtime:
         # Claim from the stage seen: a handler that finished meanwhile keeps its delete.
         abandoned = [d for d in left
                      if d.claim(Stage.QUEUED, Stage.DONE) or d.claim(Stage.RUNNING, Stage.DONE)]
+        finish = threading.Thread(target=self._guarded(lambda: self._wind_down(abandoned)),
+                                  name="messenger-shutdown", daemon=True)
+        finish.start()
+        finish.join(max(WIND_DOWN_SECONDS, deadline - time.monotonic()))
+        if finish.is_alive():
+            self.consumer.emit("shutdown_incomplete", fields={
+                "unconfirmed_deletes": len(self._deleting), "abandoned": len(abandoned),
+                "shutdown_timeout": self.config.shutdown_timeout,
+            })
+
+    def _wind_down(self, abandoned: list[Delivery]) -> None:
+        """Release what was not finished, send the pending deletes, stop the threads (leases
+        last: a message stays leased until its delete went out)."""
         if abandoned:
             self._release(abandoned, reason="shutdown_timeout")
         self._work.close()
@@ -299,7 +334,10 @@ class Runtime:
 
     def _run_here(self) -> None:
         """Run the queued chains on the receiver's thread, until none is left or the watchdog
-        has replaced this receiver (`rescue_receiver`: the workers take the rest)."""
+        has replaced this receiver (`rescue_receiver`: the workers take the rest).
+
+        CPU optimisation: the plain path is the workers taking the chains `_dispatch` queued
+        (woken one per chain); this saves those wakes for polls of fast messages."""
         me = threading.current_thread()
         with self._lock:
             self._inline_since = time.monotonic()
@@ -316,7 +354,8 @@ class Runtime:
     def rescue_receiver(self, now: float) -> bool:
         """Replace a receiver that has been running a poll's messages for RESCUE_SECONDS or
         more (a handler slower than the recent ones): idle workers take the rest of its poll, a
-        new receiver thread polls. The watchdog calls this every tick; True when replaced."""
+        new receiver thread polls. The watchdog calls this every tick; True when replaced.
+        Part of the CPU optimisation of `_run_here` (a plain receiver never runs handlers)."""
         with self._cond:
             since = self._inline_since
             if since is None or now - since < RESCUE_SECONDS or self.stopping.is_set():
@@ -402,12 +441,18 @@ class Runtime:
         failure = self._call_handler(delivery, message)
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
         self._check_lease(delivery)
+        if self.watchdog.expire(delivery, time.monotonic()):
+            # Past its deadline before the watchdog's tick saw it: a timeout all the same.
+            self.watchdog.timed_out(delivery)
+            return False
         if failure is not None:
             return self._failed(delivery, message, failure)
-        if not delivery.claim(Stage.RUNNING, Stage.DONE):
+        if not delivery.claim(Stage.RUNNING, Stage.DELETING):
             return False  # timed out meanwhile: the watchdog dead-lettered it
         consumer.emit("completed", delivery.log_id, duration=delivery.running_for(),
                       fields={"receive_count": delivery.receive_count})
+        with self._lock:
+            self._deleting[delivery.receipt_handle] = delivery
         self.deleter.add(delivery)
         self._finish(delivery, progress=True)
         return True
@@ -417,8 +462,10 @@ class Runtime:
     ) -> BaseException | None:
         """Run the handler: what it raised, or None (also on a timeout: the watchdog has it).
 
-        Anything but Ctrl-C counts as the handler's failure, `SystemExit` included: the message
-        is retried (or dead-lettered by redrive) with that reason and the worker lives on."""
+        Anything it raises counts as the handler's failure, `SystemExit` and `KeyboardInterrupt`
+        included (a real SIGINT reaches the main thread's signal handler, never a worker): the
+        message is retried (or dead-lettered by redrive) with that reason and the worker lives
+        on."""
         try:
             with delivery.lock:
                 if delivery.stage is not Stage.RUNNING:  # timed out in a START hook
@@ -433,8 +480,6 @@ class Runtime:
                         interrupt(threading.get_ident(), None)
         except ProcessingTimeout:
             return None
-        except KeyboardInterrupt:
-            raise
         except BaseException as error:
             return error
         return None
@@ -528,17 +573,32 @@ class Runtime:
             self._cond.notify_all()
         self.refresh_state()
 
-    def _delete_failed(self, failed: EntryError) -> None:
+    def _delete_failed(self, failed: EntryError) -> bool:
+        """A delete SQS refused or that failed: True to try it again (a transient failure; the
+        lease keeper keeps the message leased meanwhile), False to give it up (SQS refused it
+        for good: the receipt handle is no longer valid, the message may come back)."""
+        delivery = failed.delivery
+        retry = failed.transient
         self.consumer.emit(
-            "delete_failed", failed.delivery.log_id,
-            fields={"code": failed.code, "error": failed.message},
+            "delete_failed", delivery.log_id,
+            fields={"code": failed.code, "error": failed.message, "retry": retry},
         )
+        if not retry:
+            self._deleted([delivery])
+        return retry
+
+    def _deleted(self, deliveries: Sequence[Delivery]) -> None:
+        """Deletes SQS confirmed (or gave up): the messages are no longer leased."""
+        with self._lock:
+            for delivery in deliveries:
+                delivery.stage = Stage.DONE
+                self._deleting.pop(delivery.receipt_handle, None)
 
 
 def workers_to_wake(chain_seconds: float | None, chains: int) -> int:
     """How many idle workers a poll of `chains` chains wakes: none when they would take at most
     HANDOFF_SECONDS at `chain_seconds` each (the recent average; None: not known yet), since
-    the receiver runs them itself; else one per chain."""
+    the receiver runs them itself (a CPU optimisation); else one per chain (the plain path)."""
     if chain_seconds is not None and chain_seconds * chains <= HANDOFF_SECONDS:
         return 0
     return chains

@@ -9,7 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from messenger.consume.health import DEFAULT_HEALTH_FILE
+from messenger.consume.health import (
+    DEFAULT_REFRESH_SECONDS,
+    MAX_REFRESH_SECONDS,
+    MIN_REFRESH_SECONDS,
+)
 from messenger.errors import InvalidSettings
 
 LONG_POLL_SECONDS = 20
@@ -37,7 +41,10 @@ class ConsumerSettings:
     concurrency: worker threads, >= 1 (MESSENGER_CONCURRENCY; default the class's, else 1).
     shutdown_timeout: seconds in-flight work may take after SIGTERM, > 0; keep it below the ECS
     stopTimeout (MESSENGER_SHUTDOWN_TIMEOUT; default 30).
-    health_file: path (MESSENGER_HEALTH_FILE; default /tmp/messenger-health.json).
+    health_file: path; its directory must exist (MESSENGER_HEALTH_FILE; default None: one per
+    consumer class in the temporary directory, `messenger.consume.health.default_health_file`).
+    health_refresh: seconds between rewrites of the health file, 0.1-60; the check fails when it
+    is 3 intervals old (MESSENGER_HEALTH_REFRESH_SECONDS; 5).
     startup_timeout: seconds INITIALIZING/INITIALIZED may last (MESSENGER_STARTUP_TIMEOUT; 120).
     health_grace: seconds added to processing/shutdown timeouts in the health file
     (MESSENGER_HEALTH_GRACE; 30). stuck_grace: seconds a timed-out handler thread may keep
@@ -48,7 +55,8 @@ class ConsumerSettings:
 
     concurrency: int = 1
     shutdown_timeout: float = 30.0
-    health_file: str = DEFAULT_HEALTH_FILE
+    health_file: str | None = None
+    health_refresh: float = DEFAULT_REFRESH_SECONDS
     startup_timeout: float = 120.0
     health_grace: float = 30.0
     stuck_grace: float | None = None
@@ -77,6 +85,14 @@ class ConsumerSettings:
                 f"log_hold (MESSENGER_LOG_HOLD_SECONDS) must be from 0 to "
                 f"{MAX_LOG_HOLD_SECONDS:g} seconds, got {self.log_hold!r}"
             )
+        _check_seconds("health_refresh", "MESSENGER_HEALTH_REFRESH_SECONDS",
+                       self.health_refresh, MIN_REFRESH_SECONDS)
+        if self.health_refresh > MAX_REFRESH_SECONDS:
+            raise InvalidSettings(
+                f"health_refresh (MESSENGER_HEALTH_REFRESH_SECONDS) must be from "
+                f"{MIN_REFRESH_SECONDS:g} to {MAX_REFRESH_SECONDS:g} seconds, got "
+                f"{self.health_refresh!r}"
+            )
         if self.stuck_grace is not None:
             _check_seconds("stuck_grace", None, self.stuck_grace, 0.0)
         if not 0 <= self.wait_time_seconds <= LONG_POLL_SECONDS:
@@ -100,6 +116,7 @@ class ConsumerSettings:
             ("health_file", "MESSENGER_HEALTH_FILE", str),
             ("startup_timeout", "MESSENGER_STARTUP_TIMEOUT", float),
             ("health_grace", "MESSENGER_HEALTH_GRACE", float),
+            ("health_refresh", "MESSENGER_HEALTH_REFRESH_SECONDS", float),
             ("log_hold", "MESSENGER_LOG_HOLD_SECONDS", float),
         ):
             raw = env.get(variable)

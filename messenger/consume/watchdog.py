@@ -1,10 +1,15 @@
 """The consumer's watchdog thread: processing timeouts, delete batches, progress, lease events.
 
-Every 0.25 s it
-- times out handlers past `processing_timeout`: the message goes to the DLQ with the reason, the
-  handler thread gets `ProcessingTimeout` raised at its next Python instruction, and its worker
-  counts as lost until the thread returns; a thread still running `stuck_after` seconds later
-  (blocked in C code) makes the consumer exit non-zero, so that ECS replaces the task;
+Every 0.25 s, and when the next handler's deadline comes, it
+- times out handlers past `processing_timeout`: every message past its deadline is marked timed
+  out in one pass (its handler's success no longer counts: a worker whose handler returns late
+  finds it timed out, and a worker that sees its own deadline passed first marks it itself),
+  the handler thread gets `ProcessingTimeout` raised at its next Python instruction, and its
+  worker counts as lost until the thread returns; the messages then go to the DLQ with the
+  reason, up to FORWARD_THREADS at a time on threads of their own (many timeouts at once do not
+  queue behind each other, nor delay the next tick); a thread still running `stuck_after`
+  seconds later (blocked in C code) makes the consumer exit non-zero, so that ECS replaces the
+  task;
 - replaces a receiver still running a fast-looking poll's messages itself after
   `runtime.RESCUE_SECONDS` (`Runtime.rescue_receiver`: workers take the rest of the poll);
 - restarts the PROCESSING clock of the health file when messages finished since the last tick
@@ -19,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from messenger.consume.host import RuntimeHost
@@ -28,8 +34,10 @@ from messenger.consume.mailbox import DeleteBatcher, Delivery, Mailbox, Stage
 from messenger.consume.settings import ConsumerSettings
 from messenger.errors import MessengerError
 
-#: Processing timeouts are enforced within this long.
+#: The watchdog's tick; it also wakes at the next handler's deadline.
 TICK_SECONDS = 0.25
+#: Timed-out messages forwarded to the DLQ at the same time, at most.
+FORWARD_THREADS = 8
 
 
 class ProcessingTimeout(MessengerError):
@@ -78,18 +86,32 @@ class Watchdog:
         self.runtime = runtime
         self.consumer = runtime.consumer
         self._stop = threading.Event()
+        #: Forwards timed-out messages to the DLQ (threads start on first use).
+        self._forwarder = ThreadPoolExecutor(FORWARD_THREADS, thread_name_prefix="messenger-dlq")
 
     def stop(self) -> None:
+        """Stop ticking (the runtime has waited for the forwards under way)."""
         self._stop.set()
+        self._forwarder.shutdown(wait=False)
+
+    def next_wait(self, now: float) -> float:
+        """Seconds until the next tick: TICK_SECONDS, or less when a deadline comes sooner."""
+        deadlines = [d.deadline for d in self.runtime.held(Stage.RUNNING)
+                     if d.deadline is not None]
+        soonest = min(deadlines, default=now + TICK_SECONDS)
+        return min(TICK_SECONDS, max(0.0, soonest - now))
 
     def run(self) -> None:
         written_progress = 0
-        while not self._stop.wait(TICK_SECONDS):
+        wait = TICK_SECONDS
+        while not self._stop.wait(wait):
             try:
                 now = time.monotonic()
                 self.report_lease_events()
                 self.time_out(now)
                 self.check_stuck(now)
+                # CPU optimisations' safety nets: a receiver stuck running a poll inline is
+                # replaced, a deferred deleter wake is given
                 self.runtime.rescue_receiver(now)
                 self.runtime.deleter.wake_if_due()
                 progress = self.runtime.progress
@@ -99,28 +121,50 @@ class Watchdog:
                 self.consumer.flush_health()
                 self.consumer.beat()
                 write_held_lines(TICK_SECONDS)
+                wait = self.next_wait(time.monotonic())
             except Exception as error:  # keep watching; the error is logged
                 self.consumer.emit("watchdog_error", fields={"error": repr(error)})
+                wait = TICK_SECONDS
 
     def time_out(self, now: float) -> None:
-        for delivery in self.runtime.held(Stage.RUNNING):
-            with delivery.lock:
-                if delivery.stage is not Stage.RUNNING or delivery.deadline is None:
-                    continue
-                if now < delivery.deadline:
-                    continue
-                delivery.stage = Stage.TIMED_OUT
-                if delivery.in_handler and delivery.thread_id is not None:
-                    interrupt(delivery.thread_id, ProcessingTimeout)
-                    self.runtime.mark_stuck(delivery.thread_id, now)
-            timeout = self.consumer.processing_timeout
-            self.consumer.emit(
-                "timed_out", delivery.log_id, duration=delivery.running_for(),
-                fields={"processing_timeout": timeout, "receive_count": delivery.receive_count},
-            )
+        """Mark every handler past its deadline timed out, then have them dead-lettered."""
+        expired = [d for d in self.runtime.held(Stage.RUNNING) if self.expire(d, now)]
+        for delivery in expired:
+            self.timed_out(delivery)
+
+    def expire(self, delivery: Delivery, now: float) -> bool:
+        """Mark a running message past its deadline as timed out (interrupting its handler if
+        it still runs); False when it is not running or not past its deadline."""
+        with delivery.lock:
+            if delivery.stage is not Stage.RUNNING or delivery.deadline is None \
+                    or now < delivery.deadline:
+                return False
+            delivery.stage = Stage.TIMED_OUT
+            if delivery.in_handler and delivery.thread_id is not None:
+                interrupt(delivery.thread_id, ProcessingTimeout)
+                self.runtime.mark_stuck(delivery.thread_id, now)
+        return True
+
+    def timed_out(self, delivery: Delivery) -> None:
+        """Report a message `expire` marked, and forward it to the DLQ on a forwarder thread
+        (its lease is kept until then)."""
+        timeout = self.consumer.processing_timeout
+        self.consumer.emit(
+            "timed_out", delivery.log_id, duration=delivery.running_for(),
+            fields={"processing_timeout": timeout, "receive_count": delivery.receive_count},
+        )
+        try:
+            self._forwarder.submit(self._forward, delivery, timeout)
+        except RuntimeError:  # shut down already: forward it here
+            self._forward(delivery, timeout)
+
+    def _forward(self, delivery: Delivery, timeout: float) -> None:
+        try:
             self.consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
             reason = f"processing_timeout: exceeded {timeout:g} s"
             self.runtime.dead_letter(delivery, reason, Stage.TIMED_OUT)
+        except Exception as error:  # a bug: the message stays held until shutdown releases it
+            self.consumer.emit("watchdog_error", delivery.log_id, fields={"error": repr(error)})
 
     def report_lease_events(self) -> None:
         for name, message_id, fields in self.runtime.leases.drain():

@@ -241,7 +241,9 @@ class StatusStore:
                 f"status table {self.table!r} does not exist: no channel in namespace "
                 f"{self.settings.namespace or '(none)'!r} has track_status on"
             ) from None
-        return sorted(records, key=lambda r: r.at)
+        # Oldest first; records stamped in the same instant in lifecycle order.
+        order = {event: position for position, event in enumerate(StatusEvent)}
+        return sorted(records, key=lambda r: (r.at, order[r.event]))
 
     def exists(self) -> bool:
         return table_exists(self.clients, self.table)

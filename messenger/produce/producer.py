@@ -186,8 +186,9 @@ class _BaseProducer:
         if isinstance(verdict, Duplicate):
             logger.info("push to %s: message %s is a duplicate (not sent)", self.channel,
                         prepared.message_id)
-            self._record_queued([prepared.message_id], StatusEvent.DUPLICATE)
+            self._record_queued([prepared.message_id], time.time(), StatusEvent.DUPLICATE)
             return PushedId(prepared.message_id, duplicate=True)
+        sent_at = time.time()  # SQS accepts it after this: a consumer's RECEIVED comes later
         try:
             self._with_target(prepared.level, lambda target: target.send(prepared.outgoing),
                               "push")
@@ -196,7 +197,7 @@ class _BaseProducer:
                 self.dedup_store.release(verdict)  # not sent: a retry is not a duplicate
             raise
         self._remember([prepared])
-        self._record_queued([prepared.message_id])
+        self._record_queued([prepared.message_id], sent_at)
         return PushedId(prepared.message_id)
 
     def push_many(self, items: Iterable[PushItem | Any]) -> PushManyResult:
@@ -228,7 +229,7 @@ class _BaseProducer:
             by_level.setdefault(prepared.level, []).append(prepared)
         for level, entries in by_level.items():
             for batch in self._batches(entries):
-                self._send_batch(level, batch, result)
+                self._send_batch(level, batch, result)  # records each batch's QUEUED
         for index, claim in claims.items():
             if result.message_ids[index] is None:  # not sent: a retry is not a duplicate
                 self.dedup_store.release(claim)
@@ -236,9 +237,8 @@ class _BaseProducer:
                         if result.message_ids[p.index] is not None])
         duplicates = set(result.duplicates)
         self._record_queued([i for n, i in enumerate(result.message_ids)
-                             if i is not None and n not in duplicates])
-        self._record_queued([i for n, i in enumerate(result.message_ids)
-                             if i is not None and n in duplicates], StatusEvent.DUPLICATE)
+                             if i is not None and n in duplicates], time.time(),
+                            StatusEvent.DUPLICATE)
         if result.duplicates:
             logger.info("push_many to %s: %d duplicate(s) not sent", self.channel,
                         len(result.duplicates))
@@ -357,12 +357,15 @@ class _BaseProducer:
         if self.recent_ids is not None:
             self.recent_ids.add([p.outgoing.dedup_id for p in sent if p.outgoing.dedup_id])
 
-    def _record_queued(self, message_ids: list[str],
+    def _record_queued(self, message_ids: list[str], sent_at: float,
                        event: StatusEvent = StatusEvent.QUEUED) -> None:
+        """Record `event` (QUEUED for messages SQS accepted) stamped `sent_at`: when their
+        request went out (they may be received before its answer is back, never before it
+        went out)."""
         if self.status is None:
             return
         for message_id in message_ids:
-            self.status.record(StatusRecord(message_id, event, self.channel))
+            self.status.record(StatusRecord(message_id, event, self.channel, at=sent_at))
 
     def _fifo_fields(self, item: PushItem) -> tuple[str | None, str | None]:
         if not self.ordered:
@@ -463,6 +466,7 @@ class _BaseProducer:
         deadline = time.monotonic() + self.settings.retry_budget_seconds
         attempt = 0
         while pending:
+            sent_at = time.time()
             try:
                 failures = self._with_target(level, send, "push_many")
             except Exception as error:  # reported per item, never raised
@@ -474,16 +478,19 @@ class _BaseProducer:
                 return
             failed = {failure.index: failure for failure in failures}
             retry = []
+            accepted = []
             for position, entry in enumerate(pending):
                 failure = failed.get(position)
                 if failure is None:
                     result.message_ids[entry.index] = entry.message_id
+                    accepted.append(entry.message_id)
                 elif failure.sender_fault or time.monotonic() >= deadline:
                     result.failures.append(
                         PushFailure(entry.index, failure.code, failure.message)
                     )
                 else:
                     retry.append(entry)
+            self._record_queued(accepted, sent_at)
             pending = retry
             if pending:
                 attempt += 1

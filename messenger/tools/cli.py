@@ -110,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("--shutdown-timeout", type=float, default=None,
                          help="seconds for in-flight work after SIGTERM (default 30)")
     consume.add_argument("--health-file", default=None,
-                         help="health file (default $MESSENGER_HEALTH_FILE or "
-                              "/tmp/messenger-health.json)")
+                         help="health file, in a directory that exists (default "
+                              "$MESSENGER_HEALTH_FILE, else one per consumer class in the "
+                              "temporary directory)")
     consume.set_defaults(run=_consume)
 
     emr = commands.add_parser("emr", help="run PySpark jobs as EMR steps")

@@ -10,7 +10,9 @@ destination accepted it: a crash in between leaves at worst a duplicate, never a
 destination drops that duplicate: its deduplication id is the source copy's MessageId).
 
 A destination `exchange.queue` is that consumer's own queue, not the exchange: the exchange's other
-consumers do not get a second copy. A run is done only when the source holds nothing: messages
+consumers do not get a second copy. A destination whose messages would flow back into the source
+(the source queue itself, or an exchange the source queue subscribes to) is refused before anything
+moves: such a run would never end. A run is done only when the source holds nothing: messages
 still in flight there (a killed run's, hidden for `visibility_timeout` seconds) are reported in
 `RequeueReport.in_flight`, and `wait_seconds` waits for them to come back and moves them too.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 from messenger.aws import ClientFactory, call_with_budget
 from messenger.channel import (
+    DLQ_SUFFIX,
     FIFO_SUFFIX,
     MAX_BATCH_ENTRIES,
     ROUTING_KEY_ATTRIBUTE,
@@ -167,14 +170,31 @@ class Requeuer:
         )
 
     def _target(self) -> QueueTarget | TopicTarget:
+        """The destination; raises InvalidSettings when its messages would flow back into the
+        source (the run would move them round forever)."""
         if self.destination_type is SubscriberTypes.MultiConsumer:
             arn = self.provisioner.ensure_exchange(self.destination_channel, self.ordered)
+            if self.provisioner.find_subscription(arn, self.source.arn) is not None:
+                raise self._loop(f"exchange {self.destination_channel!r} delivers to it")
             return TopicTarget(self.clients.client("sns"), arn)
         name = consumer_queue_name(
             self.destination_channel, self.settings.namespace, self.ordered
         )
+        self._check_not_source(name)
         queue = self.provisioner.require_queue(name, f"channel {self.destination_channel!r}")
         return QueueTarget(self.sqs, queue.url)
+
+    def _check_not_source(self, queue_name: str) -> None:
+        if queue_name == self.source.name:
+            fifo = FIFO_SUFFIX if queue_name.endswith(FIFO_SUFFIX) else ""
+            dlq = queue_name.removesuffix(FIFO_SUFFIX) + DLQ_SUFFIX + fifo
+            raise self._loop(f"it is the destination's own queue; did you mean its DLQ {dlq}?")
+
+    def _loop(self, why: str) -> InvalidSettings:
+        return InvalidSettings(
+            f"destination {self.destination_channel!r} would send the messages back into the "
+            f"source queue {self.source.name!r}, forever ({why})"
+        )
 
     def estimate(self) -> int:
         attributes = self.sqs.get_queue_attributes(
@@ -185,7 +205,13 @@ class Requeuer:
     def start(self) -> RequeueReport:
         """Move (or count, in a dry run) the messages; returns the report."""
         report = RequeueReport(self.source.name, self.destination_channel, dry_run=self.dry_run)
-        target = None if self.dry_run else self._target()
+        if self.dry_run:  # nothing is resolved (or created), but a loop is still refused
+            target = None
+            if self.destination_type is SubscriberTypes.SingleConsumer:
+                self._check_not_source(consumer_queue_name(
+                    self.destination_channel, self.settings.namespace, self.ordered))
+        else:
+            target = self._target()
         total = self.estimate()
         held: list[str] = []  # receipt handles kept invisible during a dry run
         deadline = time.monotonic() + self.wait_seconds
@@ -278,6 +304,7 @@ class Requeuer:
         outgoing = [self._outgoing(message) for message in messages]
         try:
             self._refresh_payloads(messages)
+            sent_at = time.time()  # the destination's consumer receives them after this
             failures = call_with_budget(
                 lambda: target.send_batch(outgoing),
                 self.settings.retry_budget_seconds,
@@ -295,7 +322,7 @@ class Requeuer:
         report.moved += len(sent)
         if sent:
             self._delete(sent)
-            self._record_requeued(sent)
+            self._record_requeued(sent, sent_at)
         # Failed ones stay in the source, hidden until the visibility timeout ends (released now,
         # this run would take them again at once); the report counts them as in flight.
 
@@ -326,7 +353,9 @@ class Requeuer:
             dedup_id = message["MessageId"]
         return OutgoingMessage(EncodedMessage(message["Body"], attributes), group_id, dedup_id)
 
-    def _record_requeued(self, messages: list[dict[str, Any]]) -> None:
+    def _record_requeued(self, messages: list[dict[str, Any]], sent_at: float) -> None:
+        """Record REQUEUED stamped `sent_at`, when the send went out: before the destination's
+        consumer can receive them, so the timeline reads in order."""
         if self.status is None:
             return
         for message in messages:
@@ -334,7 +363,7 @@ class Requeuer:
             message_id = attributes.get(MESSAGE_ID_ATTRIBUTE, {}).get("StringValue")
             self.status.record(
                 StatusRecord(message_id or message["MessageId"], StatusEvent.REQUEUED,
-                             self.destination_channel)
+                             self.destination_channel, at=sent_at)
             )
 
     def _delete(self, messages: list[dict[str, Any]]) -> None:

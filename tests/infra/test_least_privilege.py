@@ -19,12 +19,32 @@ from tests.infra.conftest import ACCOUNT, NAMESPACE, REGION, CloudAssembly, as_l
 
 REPO = Path(__file__).resolve().parents[2]
 CONTEXT = json.loads((REPO / "cdk.json").read_text())["context"]
-DESTRUCTIVE = {"sqs:DeleteQueue", "sns:DeleteTopic", "sns:Unsubscribe"}
+DESTRUCTIVE = {"sqs:DeleteQueue", "sns:DeleteTopic"}
+#: From the Service Authorization Reference (Amazon SNS): actions with no resource types and no
+#: condition keys. A statement naming ARNs, or conditioned on a service or aws:ResourceTag key,
+#: never allows them on AWS; only Resource "*" with global condition keys does.
+NO_RESOURCE_TYPES = {"sns:Unsubscribe"}
+GLOBAL_KEYS = {"aws:RequestedRegion", "aws:SourceIp", "aws:SourceVpce", "aws:PrincipalTag"}
 
 
 def _destructive(statements: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [s for s in statements if s["Effect"] == "Allow"
             and DESTRUCTIVE & set(as_list(s["Action"]))]
+
+
+def _assert_evaluable_by_aws(statements: list[dict[str, Any]]) -> None:
+    """Every action without resource types is granted on "*" with global keys only, in a
+    statement of its own (mixed with scoped actions, it would be refused)."""
+    for action in NO_RESOURCE_TYPES:
+        granting = [s for s in statements if action in as_list(s["Action"])]
+        assert len(granting) == 1, action
+        (statement,) = granting
+        assert as_list(statement["Action"]) == [action]
+        assert statement["Resource"] == "*"
+        keys = {key for operator in statement.get("Condition", {}).values() for key in operator}
+        assert keys <= GLOBAL_KEYS, keys
+        assert statement["Condition"] == {"StringEquals": {"aws:RequestedRegion": {
+            "Ref": "AWS::Region"}}}
 
 
 def _cleaner_statements(template: dict[str, Any]) -> list[dict[str, Any]]:
@@ -47,8 +67,9 @@ def test_the_cleaner_deletes_only_resources_tagged_in_its_namespace(
         }}
     # Only the guarded statements may destroy anything
     others = [s for s in statements if s not in deletes]
-    assert not any("Delete" in a or "Unsubscribe" in a
-                   for s in others for a in as_list(s["Action"]))
+    assert not any("Delete" in a for s in others for a in as_list(s["Action"]))
+    # sns:Unsubscribe (no resource types, no condition keys) in a form AWS evaluates
+    _assert_evaluable_by_aws(statements)
 
 
 def test_with_the_default_namespace_the_cleaner_still_deletes_only_its_own(
@@ -74,6 +95,7 @@ def test_with_the_default_namespace_the_cleaner_still_deletes_only_its_own(
     # Then every right to delete names every queue/topic by pattern but requires the platform's
     # tag and the absence of a namespace tag: another namespace's or a foreign resource is safe
     deletes = _destructive(_cleaner_statements(template))
+    _assert_evaluable_by_aws(_cleaner_statements(template))
     assert {a for s in deletes for a in as_list(s["Action"])} == DESTRUCTIVE
     for statement in deletes:
         assert statement["Condition"] == {

@@ -48,3 +48,30 @@ def test_a_dead_endpoint_gives_one_line_and_an_exit_code(command: list[str]) -> 
     assert len(lines) == 1 and lines[0].startswith("messenger: "), result.stderr
     assert "Traceback" not in result.stderr
     assert "Found credentials" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("target,env,expected", [
+    # a module that raises on import: the module, the exception and where, not a traceback
+    ("tests.integration.consumer_apps.broken:ZeroConcurrency", {"BROKEN_CONSUMER_RAISES": "1"},
+     ["cannot import 'tests.integration.consumer_apps.broken'",
+      "RuntimeError: DATABASE_URL is not set", "broken.py:"]),
+    # a class that does not exist: says so, and lists what the module has
+    ("tests.integration.consumer_apps.broken:ZeroConcurency", {},
+     ["has no 'ZeroConcurency'", "ZeroConcurrency"]),
+    # concurrency = 0 on the class: the class attribute, not the environment variable
+    ("tests.integration.consumer_apps.broken:ZeroConcurrency", {},
+     ["ZeroConcurrency.concurrency must be a whole number >= 1", "got 0"]),
+    ("os:path", {}, ["'os:path' is a module, not a Consumer subclass"]),
+], ids=["import-error", "missing-class", "class-concurrency", "not-a-class"])
+def test_a_bad_consumer_target_gives_one_line_and_exit_2(target, env, expected) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "messenger", "consume", target],
+        env={**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", **env},
+        capture_output=True, text=True, timeout=60,
+    )
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("messenger: "), result.stderr
+    for text in expected:
+        assert text in lines[0]
+    assert "MESSENGER_CONCURRENCY)" not in lines[0]

@@ -22,6 +22,7 @@ import pytest
 from messenger import Producer, Settings
 from messenger.aws import ClientFactory
 from messenger.channel import physical_name
+from messenger.fastboto import VERIFIED_BOTOCORE
 from messenger.provision import Provisioner
 from messenger.tools.local import LOCAL_CREDENTIALS
 from tests.integration.consumer_apps.apps import SleepyConsumer
@@ -185,8 +186,11 @@ def test_the_image_holds_the_library_and_the_service_code_only(engine):
     assert lines["build"].strip() == ""
     assert lines["junk"].strip() == ""
     assert lines["library"] == "/usr/local/lib/python3.11/site-packages/messenger/__init__.py"
-    installed = {p["name"].lower() for p in json.loads(lines["packages"])}
+    versions = {p["name"].lower(): p["version"] for p in json.loads(lines["packages"])}
+    installed = set(versions)
     assert {"messenger", "boto3", "filelock", "rich"} <= installed
+    # botocore is the verified one: the consumer takes messenger.fastboto's fast paths
+    assert versions["botocore"] == VERIFIED_BOTOCORE
     # The service's own requirements.txt is installed too
     assert "slack_sdk" in installed or "slack-sdk" in installed
     # Nothing the tests, the CDK app or the tools need: they would only grow the image
@@ -222,7 +226,8 @@ def test_a_consumer_in_the_container_processes_a_message_pushed_from_the_host(
 
 @pytest.mark.timeout(120)
 def test_the_health_check_fails_on_a_corrupt_health_file(run_consumer, engine):
-    container = run_consumer("SleepyConsumer")
+    # (refreshed every 60 s: the consumer's next rewrite, which repairs the file, comes later)
+    container = run_consumer("SleepyConsumer", MESSENGER_HEALTH_REFRESH_SECONDS="60")
     container.wait_for_state("LISTENING")
     assert container.health_check().exit_code == 0
     # When the health file is torn (a consumer that died mid-write, a full disk)

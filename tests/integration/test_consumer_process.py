@@ -229,3 +229,116 @@ def test_health_check_fails_for_a_consumer_stuck_in_processing(start, producer, 
     result = subprocess.run(health, capture_output=True, text=True)
     assert result.returncode == 1, result.stdout
     assert "stuck in PROCESSING" in result.stdout
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_while_provisioning_against_a_hung_endpoint_exits_0_in_time(start):
+    from tests.faults import Blackhole
+
+    # Given a consumer resolving its channel against an endpoint that accepts and never answers
+    hung = Blackhole()
+    try:
+        consumer = start("SleepyConsumer", AWS_ENDPOINT_URL=hung.url,
+                         MESSENGER_PROVISIONING="auto")
+        deadline = time.monotonic() + 10
+        while not hung.connections and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hung.connections, "the consumer never called the endpoint"
+        assert json.loads(consumer.health_path.read_text())["state"] == "INITIALIZING"
+        # When ECS stops the task
+        stopped_at = time.monotonic()
+        consumer.process.send_signal(signal.SIGTERM)
+        # Then it exits 0 within its shutdown timeout (10 s; ECS kills it at 30 s)
+        code = consumer.process.wait(timeout=15)
+        took = time.monotonic() - stopped_at
+    finally:
+        hung.close()
+    assert code == 0, consumer.log_path.read_text()[-2000:]
+    assert took < 10, f"took {took:.1f} s, the shutdown timeout is 10 s"
+    states = [e["state"] for e in consumer.events() if e.get("event") == "state"]
+    assert states == ["INITIALIZING", "EXITING", "EXITED"]
+
+
+def _health(*prefix: str, file: Path | str) -> subprocess.CompletedProcess[str]:
+    """`check_consumer_health --file F`, run after `prefix` (e.g. nsenter into a namespace)."""
+    return subprocess.run([*prefix, sys.executable, "-m", "messenger.consume.health",
+                           "--file", str(file)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=30)
+
+
+def _until_health(expected: int, *prefix: str, file: Path | str, timeout: float = 20.0
+                  ) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = _health(*prefix, file=file)
+        if result.returncode == expected or time.monotonic() > deadline:
+            return result
+        time.sleep(0.2)
+
+
+def _private_tmpfs_works() -> bool:
+    try:
+        return subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_health_check_fails_on_a_full_or_read_only_disk_and_on_a_hung_consumer(
+    settings, tmp_path
+):
+    if not _private_tmpfs_works():
+        pytest.skip("needs a private mount namespace (unshare -m, root) for a small tmpfs")
+    # Given a consumer whose health file lives on a 64 KiB tmpfs of its own mount namespace
+    # (gone with the process: nothing to clean up), rewritten every 0.5 s
+    mount = tmp_path / "health"
+    mount.mkdir()
+    health_file = mount / "health.json"
+    env = {**os.environ, **settings.as_env(), "MESSENGER_HEALTH_FILE": str(health_file),
+           "MESSENGER_HEALTH_REFRESH_SECONDS": "0.5", "CONSUMER_TEST_RECORD": "/dev/null",
+           "PYTHONUNBUFFERED": "1"}
+    log = open(tmp_path / "consumer.log", "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f"mount -t tmpfs -o size=64k tmpfs {mount} && exec {sys.executable} -m messenger "
+         f"consume {APPS}:SleepyConsumer"], cwd=ROOT, env=env, stdout=log,
+        stderr=subprocess.STDOUT)
+    inside = ("nsenter", "-t", str(process.pid), "-m")
+    try:
+        assert _until_health(0, *inside, file=health_file).returncode == 0
+        # When the disk fills up: the check fails at once, naming the error
+        subprocess.run([*inside, "sh", "-c", f"cat /dev/zero > {mount}/fill"],
+                       capture_output=True)
+        full = _health(*inside, file=health_file)
+        assert full.returncode == 1 and "No space left on device" in full.stdout, full.stdout
+        # and passes again once there is room
+        subprocess.run([*inside, "rm", f"{mount}/fill"], check=True)
+        assert _until_health(0, *inside, file=health_file).returncode == 0
+        # When the filesystem turns read-only: it fails
+        subprocess.run([*inside, "mount", "-o", "remount,ro", str(mount)], check=True)
+        read_only = _health(*inside, file=health_file)
+        assert read_only.returncode == 1 and "Read-only file system" in read_only.stdout
+        subprocess.run([*inside, "mount", "-o", "remount,rw", str(mount)], check=True)
+        assert _until_health(0, *inside, file=health_file).returncode == 0
+        # When the process hangs (stopped): the file goes stale within 3 refreshes
+        process.send_signal(signal.SIGSTOP)
+        hung = _until_health(1, *inside, file=health_file, timeout=10)
+        assert hung.returncode == 1 and "has not refreshed" in hung.stdout, hung.stdout
+        process.send_signal(signal.SIGCONT)
+        assert _until_health(0, *inside, file=health_file).returncode == 0
+    finally:
+        process.kill()
+        process.wait()
+        log.close()
+
+
+@pytest.mark.timeout(60)
+def test_health_check_fails_once_the_consumer_is_gone(start, tmp_path):
+    consumer = start("SleepyConsumer")
+    consumer.wait_for_state("LISTENING")
+    assert _until_health(0, file=consumer.health_path).returncode == 0
+    consumer.process.kill()  # kill -9, or os._exit: nothing runs to say goodbye
+    consumer.process.wait()
+    gone = _health(file=consumer.health_path)
+    assert gone.returncode == 1 and "is not running" in gone.stdout, gone.stdout

@@ -522,6 +522,72 @@ def test_a_handler_calling_sys_exit_is_a_failure_and_the_worker_lives_on(setting
 
 
 @pytest.mark.timeout(60)
+def test_a_handler_raising_keyboard_interrupt_is_a_failure_and_the_consumer_lives_on(
+    settings, running
+):
+    # Given a handler that raises KeyboardInterrupt on its first delivery (no signal was sent)
+    class Interrupting(Recording):
+        def handler(self, message: ReceivedMessage) -> None:
+            super().handler(message)
+            if message.body.get("interrupt") and message.receive_count == 1:
+                raise KeyboardInterrupt
+
+    producer = producer_for(settings, "runtime_test")
+    interrupting = producer.push({"interrupt": True})
+    run = running(Interrupting, retry_delay=1, concurrency=1)
+    wait_until(lambda: run.consumer.named("failed"))
+    later = producer.push({"interrupt": False})
+    # Then the consumer runs on: the message is retried with the true reason, the next one runs
+    wait_until(lambda: {e.message_id for e in run.consumer.named("completed")}
+               >= {interrupting, later})
+    run.stop()
+    [failed] = run.consumer.named("failed")
+    assert failed.message_id == interrupting
+    assert failed.fields["error_class"] == "KeyboardInterrupt"
+    assert not run.consumer.named("fatal")
+
+
+@pytest.mark.timeout(90)
+def test_many_timeouts_at_once_are_all_dead_lettered_never_completed(
+    settings, clients, running
+):
+    # Given 24 handlers that block 1.6 s on a 1 s timeout, and a DLQ whose sends take 0.4 s
+    # (a throttled or distant endpoint): forwarded one after another, the last would wait 9 s
+    class Blocking(Recording):
+        processing_timeout = 1
+
+        def handler(self, message: ReceivedMessage) -> None:
+            super().handler(message)
+            time.sleep(1.6)  # C code: the timeout's interruption lands when it returns
+
+    count = 24
+    producer = producer_for(settings, "runtime_test")
+    producer.push_many([{"n": n} for n in range(count)])
+    lock = threading.Lock()
+    in_flight = {"now": 0, "most": 0}
+
+    def slow_forward(**_: Any) -> None:
+        with lock:
+            in_flight["now"] += 1
+            in_flight["most"] = max(in_flight["most"], in_flight["now"])
+        time.sleep(0.4)
+        with lock:
+            in_flight["now"] -= 1
+
+    clients.register("before-call.sqs.SendMessage", slow_forward)
+    run = running(Blocking, concurrency=count, wait_time_seconds=1)
+    wait_until(lambda: len(run.consumer.named("dead_lettered")) +
+               len(run.consumer.named("completed")) >= count, timeout=40)
+    run.stop(timeout=30)
+    # Then every one timed out and went to the DLQ; none was deleted as completed
+    assert not run.consumer.named("completed")
+    assert len({e.message_id for e in run.consumer.named("timed_out")}) == count
+    assert len(dead_letters(clients, run.consumer, expected=count)) == count
+    # and the forwards ran side by side
+    assert in_flight["most"] > 1
+
+
+@pytest.mark.timeout(60)
 def test_a_runtime_thread_dying_of_a_bug_stops_the_consumer_loudly_and_keeps_the_message(
     settings, clients, running, monkeypatch
 ):
@@ -667,3 +733,62 @@ def test_the_json_log_lists_a_polls_messages_in_one_line_and_on_event_gets_each(
     assert sorted(str(e.message_id) for e in run.consumer.named("started")) == ids
     started_lines = [line["message_id"] for line in lines if line.get("event") == "started"]
     assert set(started_lines) <= set(ids) and len(started_lines) < len(ids), started_lines
+
+
+def test_a_consumer_call_that_spends_its_budget_raises_queue_call_failed(clients, endpoint):
+    from messenger import PublishFailed, QueueCallFailed, RetryBudgetExhausted
+    from messenger.consume.mailbox import Delivery, EntryError, Mailbox
+    from tests.faults import Throttle, injected
+
+    sqs = clients.client("sqs")
+    url = sqs.create_queue(QueueName="budget_test")["QueueUrl"]
+    dlq = sqs.create_queue(QueueName="budget_test-dlq")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="1")
+    delivery = Delivery(sqs.receive_message(QueueUrl=url)["Messages"][0], 0.0, 30.0)
+    mailbox = Mailbox(sqs, url, dlq, ordered=False, budget=0.3)
+    # Given SQS throttling every request for longer than the consumer's retry budget
+    with injected(clients, "before-send.sqs", Throttle(1.0)):
+        # Then a forward to the DLQ fails with an error named for the consumer's call
+        with pytest.raises(QueueCallFailed, match="SendMessage to the DLQ failed after") as failed:
+            mailbox.dead_letter(delivery, "undecodable: test")
+        assert isinstance(failed.value, RetryBudgetExhausted)
+        assert not isinstance(failed.value, PublishFailed)
+        with pytest.raises(QueueCallFailed, match="DeleteMessageBatch failed after") as failed:
+            mailbox.delete_batch([delivery])
+    # and a batch that failed so is worth trying again
+    assert [e.transient for e in EntryError.of_call([delivery], failed.value)] == [True]
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_against_a_hung_endpoint_ends_within_the_shutdown_timeout(
+    settings, clients, running
+):
+    # Given a consumer in the middle of a 1 s handler
+    class Slow(Recording):
+        def handler(self, message: ReceivedMessage) -> None:
+            super().handler(message)
+            time.sleep(1)
+
+    producer_for(settings, "runtime_test").push({"n": 1})
+    run = running(Slow, shutdown_timeout=3, wait_time_seconds=1)
+    wait_until(lambda: run.consumer.handled)
+    # When SQS stops answering (every request hangs) and the task is stopped
+    hung = threading.Event()
+
+    def hang(**_: Any) -> None:
+        hung.wait(60)
+
+    clients.register("before-send.sqs", hang)
+    try:
+        stopped_at = time.monotonic()
+        run.consumer.request_shutdown()
+        run.thread.join(10)
+        took = time.monotonic() - stopped_at
+        # Then it ends within its shutdown timeout (3 s), exit 0, saying what it left behind
+        assert not run.thread.is_alive() and run.code == 0, run.error
+        assert took < 3 + 1, f"took {took:.1f} s"
+        [incomplete] = run.consumer.named("shutdown_incomplete")
+        assert incomplete.fields["unconfirmed_deletes"] == 1
+    finally:
+        hung.set()
+        clients.unregister("before-send.sqs", hang)

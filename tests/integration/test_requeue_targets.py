@@ -105,3 +105,47 @@ def test_messages_in_flight_in_the_source_mean_not_done(settings, clients, local
     assert "moved 4 message(s)" in waited.stdout and "NOT DONE" not in waited.stdout
     assert sorted(decode(m).body["n"] for m in drain(sqs, resources.queue.url)) == list(range(20))
     assert drain(sqs, resources.dlq.url) == []
+
+
+def _requeue_cli(settings, local_endpoint, *args):
+    env = {**os.environ, **settings.as_env(), **local_endpoint.env()}
+    return subprocess.run([sys.executable, "-m", "messenger", "requeue", *args],
+                          env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_destination_flowing_back_into_the_source_is_refused(settings, clients, local_endpoint):
+    # Given a channel's queue holding a message, and an exchange's consumer queue
+    orders = Provisioner(clients, settings).ensure_channel(
+        ChannelSpec("orders", namespace=settings.namespace))
+    apple, _ = _exchange(clients, settings)
+    sqs = clients.client("sqs")
+    dead_letter(sqs, orders.queue.url, [{"n": 1}])
+    dead_letter(sqs, apple.queue.url, [{"n": 2}])
+    # When the source is the destination's own queue (`-dlq` forgotten), or a queue of the
+    # exchange it is requeued to, dry run or not
+    runs = [
+        _requeue_cli(settings, local_endpoint, "orders", "orders"),
+        _requeue_cli(settings, local_endpoint, orders.queue.name, "orders", "--dry-run"),
+        _requeue_cli(settings, local_endpoint, apple.queue.name, "shop", "--type", "multi"),
+    ]
+    # Then each is refused in one line naming the loop, exit 2, and nothing moved
+    for run in runs:
+        lines = [line for line in run.stderr.splitlines() if line.strip()]
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert len(lines) == 1 and "back into the source queue" in lines[0], run.stderr
+    assert "did you mean its DLQ" in runs[0].stderr and orders.dlq.name in runs[0].stderr
+    assert "exchange 'shop' delivers to it" in runs[2].stderr
+    assert [decode(m).body for m in drain(sqs, orders.queue.url)] == [{"n": 1}]
+    assert [decode(m).body for m in drain(sqs, apple.queue.url)] == [{"n": 2}]
+
+
+def test_a_missing_destination_under_auto_provisioning_says_what_to_do(
+    settings, clients, local_endpoint
+):
+    orders = Provisioner(clients, settings).ensure_channel(
+        ChannelSpec("orders", namespace=settings.namespace))
+    run = _requeue_cli(settings, local_endpoint, orders.dlq.name, "ordres")
+    assert settings.provisioning == "auto"
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "MESSENGER_PROVISIONING=auto" not in run.stderr
+    assert "check the name" in run.stderr, run.stderr

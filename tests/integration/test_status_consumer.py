@@ -133,3 +133,82 @@ def test_the_log_is_the_same_with_tracking_on_and_off(settings, clients, running
     assert on == off
     names = [name for name, _ in on]
     assert names.count("failed") == 1 and names.count("completed") == 1
+
+
+class Quick(Consumer):
+    channel = "tracked"
+    track_status = True
+
+    def handler(self, message: ReceivedMessage) -> None:
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_push_many_stamps_each_batch_when_it_is_sent_and_timelines_read_in_order(
+    settings, clients, running
+):
+    StatusStore(clients, settings).ensure_table()
+    run = running(Quick, concurrency=4, wait_time_seconds=1)
+    producer = TrackedProducer(settings=settings, clients=clients)
+    wait_until(lambda: run.consumer.state is not None and run.consumer.state.value == "IDLE")
+    # Given SQS taking 1.5 s to accept every batch after the first (throttled, far away)
+    batches = []
+
+    def slow_batches(**_: Any) -> None:
+        batches.append(1)
+        if len(batches) > 1:
+            time.sleep(1.5)
+
+    clients.register("before-call.sqs.SendMessageBatch", slow_batches)
+    # When 30 messages go out in one push_many (3 batches), the first ones consumed meanwhile
+    result = producer.push_many([{"kind": "ok", "n": n} for n in range(30)])
+    clients.unregister("before-call.sqs.SendMessageBatch", slow_batches)
+    ids = [i for i in result.message_ids if i is not None]
+    assert len(ids) == 30
+    wait_until(lambda: run.consumer.status.store.stats.recorded >= 90, timeout=20)
+    run.stop()
+    producer.status.close()
+    # Then every timeline reads QUEUED, RECEIVED, STARTED, COMPLETED, oldest first
+    store = StatusStore(clients, settings)
+    for message_id in ids:
+        records = store.timeline(message_id)
+        assert [r.event for r in records] == [E.QUEUED, E.RECEIVED, E.STARTED, E.COMPLETED], \
+            message_id
+        assert [r.at for r in records] == sorted(r.at for r in records)
+
+
+@pytest.mark.timeout(60)
+def test_requeued_is_stamped_before_the_destination_receives_it(settings, clients, running):
+    from messenger.tools.requeue import Requeuer
+    from tests.integration.helpers import drain
+
+    StatusStore(clients, settings).ensure_table()
+    producer = TrackedProducer(settings=settings, clients=clients)
+    message_id = producer.push({"kind": "ok"})
+    producer.status.close()
+    # Given the message in its DLQ, and the channel's consumer running
+    run = running(Quick, concurrency=2, wait_time_seconds=1)
+    wait_until(lambda: run.consumer.resources)
+    sqs = clients.client("sqs")
+    queue, dlq = run.consumer.resources.queue, run.consumer.resources.dlq
+    run.consumer.request_shutdown()
+    run.thread.join(20)
+    for raw in drain(sqs, queue.url):
+        sqs.send_message(QueueUrl=dlq.url, MessageBody=raw["Body"],
+                         MessageAttributes=raw["MessageAttributes"])
+    run = running(Quick, concurrency=2, wait_time_seconds=1)
+    wait_until(lambda: run.consumer.state is not None and run.consumer.state.value == "IDLE")
+
+    # When the requeuer's delete from the DLQ is slow (the consumer has it by then)
+    def slow_delete(params: dict[str, Any], **_: Any) -> None:
+        if params.get("QueueUrl") == dlq.url:
+            time.sleep(1.5)
+
+    clients.register("before-call.sqs.DeleteMessageBatch", slow_delete)
+    Requeuer(dlq.name, "tracked", settings=settings, clients=clients).start()
+    clients.unregister("before-call.sqs.DeleteMessageBatch", slow_delete)
+    wait_until(lambda: run.consumer.status.store.stats.recorded >= 3, timeout=20)
+    run.stop()
+    # Then the timeline reads in the order things happened
+    events = [r.event for r in StatusStore(clients, settings).timeline(message_id)]
+    assert events == [E.QUEUED, E.REQUEUED, E.RECEIVED, E.STARTED, E.COMPLETED]

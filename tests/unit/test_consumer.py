@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -136,7 +137,7 @@ def test_runtime_settings_from_environment_override_class_defaults():
     assert settings.stuck_after == 25.0
     defaults = ConsumerSettings.from_env({}, concurrency=2, shutdown_timeout=None)
     assert (defaults.concurrency, defaults.shutdown_timeout) == (2, 30.0)
-    assert defaults.health_file == "/tmp/messenger-health.json"
+    assert defaults.health_file is None  # one per consumer class (default_health_file)
     with pytest.raises(InvalidSettings, match="MESSENGER_CONCURRENCY must be a number"):
         ConsumerSettings.from_env({"MESSENGER_CONCURRENCY": "many"})
 
@@ -250,7 +251,7 @@ def test_load_consumer_names_what_is_wrong():
         load_consumer("tests.integration.consumer_apps.apps")
     with pytest.raises(InvalidSettings, match="cannot import 'no_such_module_x'"):
         load_consumer("no_such_module_x:C")
-    with pytest.raises(InvalidSettings, match="is not a Consumer subclass"):
+    with pytest.raises(InvalidSettings, match="is a function, not a Consumer subclass"):
         load_consumer("tests.integration.consumer_apps.apps:record")
 
 
@@ -612,3 +613,37 @@ def test_an_event_defaults_to_no_fields_and_now():
     assert event.fields == {} and event.message_id is None and event.duration is None
     assert before <= event.at <= time.time()
     assert LifecycleEvent("state", "orders").fields is not LifecycleEvent("s", "o").fields
+
+
+def test_a_health_file_in_a_missing_directory_is_an_error_at_start(tmp_path):
+    with pytest.raises(InvalidSettings, match="MESSENGER_HEALTH_FILE.*does not exist"):
+        make(MobileEvents, health_file=str(tmp_path / "absent" / "h.json"))
+    assert not (tmp_path / "absent").exists()
+
+
+def test_two_consumer_classes_do_not_share_a_default_health_file():
+    class Other(MobileEvents):
+        pass
+
+    first, second = make(MobileEvents).health.path, make(Other).health.path
+    assert first != second
+    assert first.endswith("test_consumer.MobileEvents.json") and "messenger-health-" in first
+
+
+def test_the_health_file_is_rewritten_every_refresh_interval(tmp_path):
+    from messenger.consume.health import HealthFile
+
+    consumer = make(MobileEvents, health_file=str(tmp_path / "h.json"), health_refresh=0.1)
+    health = HealthFile(str(tmp_path / "h.json"))
+    consumer.transition(ConsumerState.INITIALIZING)
+    first = health.read().written_at
+    refresher = threading.Thread(target=consumer._refresh_health, daemon=True)
+    refresher.start()
+    deadline = time.monotonic() + 5
+    while health.read().written_at == first and time.monotonic() < deadline:
+        time.sleep(0.02)
+    consumer._health_stop.set()
+    refresher.join(5)
+    record = health.read()
+    assert record.written_at > first and record.state == "INITIALIZING"
+    assert record.refresh_seconds == 0.1

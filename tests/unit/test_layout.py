@@ -159,3 +159,12 @@ def test_the_public_api_is_importable_from_the_package():
         "assert not missing, missing"
     )
     assert "messenger.consume.consumer" in loaded
+
+
+def test_only_the_client_factory_reaches_the_fast_botocore_paths():
+    # messenger.fastboto reaches into botocore's private code: one door (ClientFactory, which
+    # switches it on for the verified botocore only), nothing else depends on it
+    importers = {source for source, targets in graph().items()
+                 if not source.startswith("messenger.fastboto")
+                 and any(target.startswith("messenger.fastboto") for target in targets)}
+    assert importers == {"messenger.aws"}

@@ -13,7 +13,7 @@ import pytest
 from botocore.model import ServiceModel
 from botocore.parsers import JSONParser
 
-from messenger.responses import FAST_SHAPES, FastJsonParser, FastParserFactory, plan_for
+from messenger.fastboto.responses import FAST_SHAPES, FastJsonParser, FastParserFactory, plan_for
 
 HEADERS = {"x-amzn-requestid": "req-1", "content-type": "application/x-amz-json-1.0"}
 
@@ -146,6 +146,7 @@ def test_clients_of_the_factory_use_the_planned_parser(monkeypatch):
     factory = FastParserFactory()
     assert isinstance(factory.create_parser("json"), FastJsonParser)
     assert not isinstance(factory.create_parser("query"), FastJsonParser)
+    monkeypatch.setenv("MESSENGER_FAST_BOTOCORE", "1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     sqs = ClientFactory("us-east-1", endpoint_url="http://127.0.0.1:9").client("sqs")
@@ -155,7 +156,7 @@ def test_clients_of_the_factory_use_the_planned_parser(monkeypatch):
 def test_a_plan_goes_with_its_clients_model():
     import gc
 
-    from messenger import responses
+    from messenger.fastboto import responses
 
     # Each client has a model of its own: a plan is kept only while its shape lives
     session = botocore.session.get_session()

@@ -12,7 +12,7 @@ from botocore.model import ServiceModel, Shape
 from botocore.serialize import JSONSerializer
 
 from messenger.aws import ClientFactory
-from messenger.serialize import PlannedJsonSerializer, is_plain
+from messenger.fastboto.serialize import PlannedJsonSerializer, is_plain
 
 SQS = botocore.session.get_session().get_service_model("sqs")
 
@@ -58,18 +58,22 @@ def test_the_consumers_requests_are_plain_and_binary_ones_are_not():
         assert not is_plain(SQS.operation_model(operation).input_shape), operation
 
 
-def test_renamed_members_timestamps_and_blobs_go_through_botocore():
+def test_renamed_members_timestamps_blobs_and_floats_go_through_botocore():
     model = ServiceModel({
         "metadata": {"protocol": "json", "jsonVersion": "1.0", "targetPrefix": "Made",
                      "apiVersion": "2026-11-23", "serviceId": "Made", "endpointPrefix": "made",
                      "signatureVersion": "v4"},
         "operations": {name: {"name": name, "http": {"method": "POST", "requestUri": "/"},
-                              "input": {"shape": name}} for name in ("Renamed", "Timed", "Plain")},
+                              "input": {"shape": name}}
+                       for name in ("Renamed", "Timed", "Plain", "Floating")},
         "shapes": {
             "Renamed": {"type": "structure", "members": {
                 "Id": {"shape": "Text", "locationName": "id"}}},
             "Timed": {"type": "structure", "members": {
                 "At": {"shape": "Time"}, "Data": {"shape": "Bytes"}}},
+            "Floating": {"type": "structure", "members": {
+                "Ratio": {"shape": "Ratio"}, "Ratios": {"shape": "Ratios"}}},
+            "Ratio": {"type": "double"}, "Ratios": {"type": "list", "member": {"shape": "Ratio"}},
             "Plain": {"type": "structure", "members": {
                 "Items": {"shape": "Items"}, "Count": {"shape": "Number"}}},
             "Items": {"type": "list", "member": {"shape": "Item"}},
@@ -79,17 +83,20 @@ def test_renamed_members_timestamps_and_blobs_go_through_botocore():
             "Time": {"type": "timestamp"}, "Bytes": {"type": "blob"},
         },
     })
-    plain = {"Renamed": False, "Timed": False, "Plain": True}
+    plain = {"Renamed": False, "Timed": False, "Plain": True, "Floating": False}
     for operation, expected in plain.items():
         shape = model.operation_model(operation).input_shape
         assert is_plain(shape) is expected, operation
         params = sample(shape)
+        if operation == "Floating":  # botocore writes these as strings, json.dumps would not
+            params = {"Ratio": float("nan"), "Ratios": [float("inf"), -float("inf"), 0.5]}
         assert PlannedJsonSerializer().serialize_to_request(params, model.operation_model(
             operation)) == JSONSerializer().serialize_to_request(params, model.operation_model(
                 operation))
 
 
 def test_an_unvalidated_client_serializes_through_the_plan(monkeypatch):
+    monkeypatch.setenv("MESSENGER_FAST_BOTOCORE", "1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     planned: list[str] = []

@@ -13,7 +13,7 @@ from botocore.awsrequest import AWSRequest, AWSResponse
 from botocore.credentials import Credentials
 
 from messenger.aws import ClientFactory
-from messenger.signing import FastSigV4Auth, SignedHeaders
+from messenger.fastboto.signing import FastSigV4Auth, SignedHeaders
 
 NOW = datetime.datetime(2026, 11, 23, 23, 59, 58)
 TOMORROW = datetime.datetime(2026, 11, 24, 0, 0, 1)
@@ -127,6 +127,9 @@ def answering(body: bytes, sent: list[Any] | None = None) -> Any:
 
 @pytest.fixture
 def keys_in_env(monkeypatch):
+    """Credentials in the environment, and the fast paths on (whatever botocore is installed:
+    these tests hold them against it)."""
+    monkeypatch.setenv("MESSENGER_FAST_BOTOCORE", "1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEYS.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", KEYS.secret_key)
     monkeypatch.setenv("AWS_SESSION_TOKEN", str(KEYS.token))

@@ -1,7 +1,8 @@
 """A faster parse of SQS's ReceiveMessage (and batch) responses: what botocore's parser gives.
 
 botocore parses a JSON response by walking the operation's output shape member by member, a
-Python call per value: ~12 µs per received message, a tenth of a consumer's receive. The parser
+Python call per value: ~12 µs per received message, a tenth of a consumer's receive (a plan:
+35 instead of 119 µs per 10-message response, measured when this was written). The parser
 here (`FastJsonParser`, the JSON parser of every client `ClientFactory` makes) turns the shape of
 a response named in FAST_SHAPES into one plan, once, and applies it: a structure keeps its
 members (by their JSON names) that are not null, and only the members that need it are
@@ -76,7 +77,7 @@ def every_shape(
 ) -> bool:
     """Whether `shape` and every shape in it (members, list items, map keys and values) pass
     `accept`, with none recursive, a document, a tagged union or an event stream: what a plan
-    here or in `messenger.serialize` can take; the rest is left to botocore."""
+    here or in `messenger.fastboto.serialize` can take; the rest is left to botocore."""
     if id(shape) in seen:  # a recursive shape: left to botocore
         return False
     seen = seen | {id(shape)}

@@ -1,15 +1,15 @@
 """A faster JSON-protocol request body, byte for byte what botocore's serializer writes.
 
 botocore builds a JSON request's body by walking the operation's input shape, a Python call per
-value, then `json.dumps` of what it built: for a plain input shape (strings, numbers, booleans,
-lists and maps of them, structures whose members keep their names; no blobs, timestamps,
-documents or unions) that walk only copies the parameters, so `json.dumps` of the parameters is
-the same body. `PlannedJsonSerializer` (the serializer of a `ClientFactory` client that skips
-parameter validation: its callers build requests from values they checked) skips the walk for
-such shapes, decided once per shape: 23 → 12 µs for a 10-entry DeleteMessageBatch. The rest
-of the request (target header, query-compatible header, host prefix) and every other shape go
-through botocore's own code. tests/unit/test_serialize.py compares both serializers' requests
-for every plain SQS operation.
+value, then `json.dumps` of what it built: for a plain input shape (strings, integers,
+booleans, lists and maps of them, structures whose members keep their names; no blobs,
+timestamps, floats, documents or unions) that walk only copies the parameters, so `json.dumps`
+of the parameters is the same body. `PlannedJsonSerializer` (the serializer of a `ClientFactory`
+client that skips parameter validation: its callers build requests from values they checked)
+skips the walk for such shapes, decided once per shape: 23 → 12 µs for a 10-entry
+DeleteMessageBatch. The rest of the request (target header, query-compatible header, host
+prefix) and every other shape go through botocore's own code. tests/unit/test_serialize.py
+compares both serializers' requests for every plain SQS operation.
 
 botocore has no public way to choose a client's serializer: `use_planned_serializer` replaces
 the client's `_serializer` attribute, which botocore's client reads on every call (a test makes a
@@ -25,10 +25,11 @@ from typing import Any
 from botocore.model import Shape
 from botocore.serialize import JSONSerializer
 
-from messenger.responses import every_shape
+from messenger.fastboto.responses import every_shape
 
-#: Scalar types botocore's JSON serializer copies as they are.
-_PLAIN_SCALARS = frozenset({"string", "integer", "long", "boolean", "float", "double"})
+#: Scalar types botocore's JSON serializer copies as they are (not floats and doubles: it
+#: writes NaN and the infinities as strings and turns a Decimal into a float).
+_PLAIN_SCALARS = frozenset({"string", "integer", "long", "boolean"})
 
 _plain: weakref.WeakKeyDictionary[Shape, bool] = weakref.WeakKeyDictionary()
 _plain_lock = threading.Lock()

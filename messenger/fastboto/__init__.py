@@ -1,0 +1,148 @@
+"""Faster stand-ins for parts of botocore, on only for the botocore they were verified against.
+
+Every client `messenger.aws.ClientFactory` makes can take five CPU shortcuts, each giving what
+botocore gives (tests hold both side by side), together ~13-23% of a consumer's drain
+(docs/fast-botocore.md):
+
+- `signing`: `FastSigV4Auth`, botocore's SigV4 signer with cheaper headers, payload hash and key;
+- `responses`: `FastParserFactory`, planned parses of SQS's receive and batch responses;
+- `serialize`: `PlannedJsonSerializer`, plain JSON request bodies as `json.dumps` of the
+  parameters (clients that skip parameter validation);
+- `user_agent`: the User-Agent header built once per set of feature ids;
+- `form_body`: a query-protocol (SNS) body url-encoded once instead of twice.
+
+They reach into botocore's private code, so they switch on (`FastPaths.from_env`) only when the
+installed botocore is exactly `VERIFIED_BOTOCORE` (the pin in requirements.txt); with any other
+botocore every client is plain botocore and one INFO line says why. `MESSENGER_FAST_BOTOCORE=0`
+turns them off, `=1` on with any botocore. The modules holding them are imported only when they
+are on: a botocore that renamed what they use cannot break an import.
+
+The private botocore names they rely on (tests/unit/test_fastboto_pins.py keeps a hash of the
+source of each function and class, so an upgrade that changes one fails the suite naming it):
+
+- botocore.auth.SigV4Auth.headers_to_sign, botocore.auth.SigV4Auth.payload,
+  botocore.auth.SigV4Auth.signature: replaced by `FastSigV4Auth`'s
+- botocore.auth.SigV4Auth.add_auth, botocore.auth.SigV4Auth.canonical_headers,
+  botocore.auth.SigV4Auth.signed_headers: read what the replaced methods give
+- botocore.auth.SigV4Auth._is_streaming_checksum_payload,
+  botocore.auth.SigV4Auth._should_sha256_sign_payload, botocore.auth._host_from_url: called
+- botocore.auth.SigV4Auth.__init__: sets the `_region_name` and `_service_name` read
+- botocore.auth.SIGNED_HEADERS_BLACKLIST: read
+- botocore.auth.AUTH_TYPE_MAPS: `FastSigV4Auth` registered in it (used only while its `v4` is
+  botocore's `SigV4Auth`: with awscrt installed it is not, and botocore signs)
+- botocore.signers.RequestSigner.get_auth_instance: wrapped per client (through the client's
+  `_request_signer`); botocore.signers.RequestSigner.sign: names the signature version
+- botocore.awsrequest.AWSRequestPreparer._prepare_body: the body the payload hash and
+  `form_body` reproduce
+- botocore.parsers.JSONParser (`_handle_json_body` replaced, `_do_parse`),
+  botocore.parsers.BaseJSONParser (`_handle_structure`, `_handle_map`, `_handle_blob`,
+  `_handle_timestamp`, `_parse_body_as_json`), botocore.parsers.ResponseParser._parse_shape,
+  botocore.parsers.ResponseParser._handle_list, botocore.parsers.ResponseParser._default_handle:
+  what a parse plan reproduces and calls
+- botocore.parsers.ResponseParserFactory (`create_parser`, `_defaults`), registered as the
+  session's `response_parser_factory` component, which botocore.session.Session.create_client
+  reads
+- botocore.serialize.JSONSerializer (`_serialize` replaced, the walk over the input shape that
+  a planned body reproduces), botocore.serialize.Serializer.__init__ (`_timestamp_precision`)
+- botocore.client.BaseClient.__init__ (sets `_request_signer`, `_serializer`,
+  `_user_agent_creator`), botocore.client.BaseClient._convert_to_request_dict (reads
+  `_serializer`, calls `_user_agent_creator.to_string`)
+- botocore.useragent.UserAgentString.to_string: replaced per client;
+  botocore.useragent.UserAgentString._build_feature_metadata,
+  botocore.useragent.UserAgentString.rebuild_and_replace_user_agent_handler: read or call it
+- botocore.context.get_context, botocore.context.ClientContext: the request's feature ids
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import botocore
+
+from messenger.errors import InvalidSettings
+
+#: The botocore the fast paths were verified against: requirements.txt pins the same one
+#: (a test checks), and the source pins hold its code.
+VERIFIED_BOTOCORE = "1.44.5"
+#: '0': plain botocore; '1': the fast paths with any botocore; unset (or empty): on for
+#: VERIFIED_BOTOCORE only.
+ENV_VAR = "MESSENGER_FAST_BOTOCORE"
+SWITCH_VALUES = ("0", "1")
+
+logger = logging.getLogger("messenger.fastboto")
+_told: set[str] = set()
+_told_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class FastPaths:
+    """Whether clients take the fast paths (`on`), and why (`reason`, one line)."""
+
+    on: bool
+    reason: str
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> FastPaths:
+        """Decided from MESSENGER_FAST_BOTOCORE (0, 1 or unset) and the installed botocore;
+        any other value raises `InvalidSettings`. The decision is logged once per process
+        (INFO when off, WARNING when forced on for an unverified botocore)."""
+        env = os.environ if environ is None else environ
+        value = env.get(ENV_VAR, "").strip()
+        installed = botocore.__version__
+        verified = installed == VERIFIED_BOTOCORE
+        if value not in ("", *SWITCH_VALUES):
+            raise InvalidSettings(
+                f"{ENV_VAR} must be 0 (plain botocore) or 1 (the fast paths with any botocore), "
+                f"or unset (the fast paths with botocore {VERIFIED_BOTOCORE} only), "
+                f"got {value!r}")
+        if value == "0":
+            found = cls(False, f"fast botocore paths off: {ENV_VAR}=0")
+        elif value == "1":
+            found = cls(True, f"fast botocore paths on: {ENV_VAR}=1" + (
+                "" if verified else
+                f", with botocore {installed} (verified against {VERIFIED_BOTOCORE} only)"))
+        elif verified:
+            found = cls(True, f"fast botocore paths on: botocore {installed} is the verified one")
+        else:
+            found = cls(False, f"fast botocore paths off: botocore {installed} is installed, "
+                               f"they were verified against {VERIFIED_BOTOCORE} only "
+                               f"({ENV_VAR}=1 forces them on)")
+        found._tell(forced_unverified=value == "1" and not verified)
+        return found
+
+    def _tell(self, forced_unverified: bool) -> None:
+        with _told_lock:
+            if self.reason in _told:
+                return
+            _told.add(self.reason)
+        level = logging.WARNING if forced_unverified else (
+            logging.DEBUG if self.on else logging.INFO)
+        logger.log(level, self.reason)
+
+
+def prepare_session(session: Any) -> None:
+    """Have a botocore session's clients (made after) parse responses with the planned parser."""
+    from messenger.fastboto.responses import FastParserFactory
+
+    session.register_component("response_parser_factory", FastParserFactory())
+
+
+def speed_up(client: Any, planned_bodies: bool) -> None:
+    """Put a botocore client on the fast paths: SNS bodies encoded once, the User-Agent kept,
+    the cheaper signer and (`planned_bodies`: a client that skips parameter validation) planned
+    JSON request bodies. Each one that finds botocore not as it expects leaves it alone."""
+    from messenger.fastboto.form_body import encode_form_once
+    from messenger.fastboto.serialize import use_planned_serializer
+    from messenger.fastboto.signing import use_fast_signing
+    from messenger.fastboto.user_agent import reuse_user_agent
+
+    client.meta.events.register("before-sign", encode_form_once)
+    reuse_user_agent(client)
+    use_fast_signing(client)
+    if planned_bodies:
+        use_planned_serializer(client)
