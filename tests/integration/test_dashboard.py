@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import requests
@@ -200,3 +201,37 @@ def test_pages_show_workers_the_status_timeline_and_find_a_job(settings, clients
         done = get("/job?id=job-77")
         assert "completed" in done.lower() and "not in the dead letters of orders" in done
     registry.stop()
+
+
+def test_the_command_serves_on_loopback_and_stops_on_ctrl_c(settings, clients, orders,
+                                                            local_endpoint):
+    import signal
+
+    from tests.dashboard import free_port
+
+    port = free_port()
+    env = {**os.environ, **local_endpoint.env(), "MESSENGER_NAMESPACE": settings.namespace}
+    process = subprocess.Popen([sys.executable, "-m", "messenger", "dashboard", "--port",
+                                str(port)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert f"at http://127.0.0.1:{port}/" in line and settings.namespace in line
+        page = None
+        deadline = time.monotonic() + 30
+        while page is None:  # the line is printed just before uvicorn binds
+            try:
+                page = requests.get(f"http://127.0.0.1:{port}/", timeout=30)
+            except requests.ConnectionError:
+                assert process.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        assert page.status_code == 200
+        assert 'data-channel="orders"' in page.text
+        # Bound to loopback only: the port does not answer on another local address
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://127.0.0.2:{port}/", timeout=5)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
