@@ -18,9 +18,9 @@ from messenger.channel import (
     SQS_MAX_RETENTION_SECONDS,
     TAG_MANAGED,
     TAG_NAMESPACE,
+    dedup_table_name,
     offload_bucket_name,
     platform_key_alias,
-    dedup_table_name,
     status_table_name,
     workers_table_name,
 )
