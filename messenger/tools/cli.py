@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_dlq(commands)
     add_dashboard(commands)
 
+    from messenger.tools.adopt import add_parser as add_adopt
+
+    add_adopt(commands)
+
     status = commands.add_parser("status", help="print a message's lifecycle timeline")
     status.add_argument("message_id", help="the id push() returned")
     status.set_defaults(run=_status)

@@ -120,7 +120,8 @@ def test_the_state_machine_terminates_only_the_clusters_it_created(
                   and {"Ref": role_id} in r["Properties"]["Roles"]
                   for s in r["Properties"]["PolicyDocument"]["Statement"]]
     # Whatever the CDK tasks allow, TerminateJobFlows is denied on clusters without its tag
-    (deny,) = [s for s in statements if s["Effect"] == "Deny"]
+    (deny,) = [s for s in statements if s["Effect"] == "Deny"
+               and "elasticmapreduce:TerminateJobFlows" in as_list(s["Action"])]
     assert as_list(deny["Action"]) == ["elasticmapreduce:TerminateJobFlows"]
     (tag_value,) = deny["Condition"]["StringNotEquals"].values()
     assert deny["Condition"] == {
@@ -132,3 +133,45 @@ def test_the_state_machine_terminates_only_the_clusters_it_created(
     create = definition["States"]["CreateCluster"]
     assert create["Resource"].endswith("elasticmapreduce:createCluster.sync")
     assert {"Key": PIPELINE_TAG, "Value": tag_value} in create["Parameters"]["Tags"]
+
+
+def test_no_role_may_be_passed_to_any_service(assembly: CloudAssembly) -> None:
+    # iam:PassRole without an iam:PassedToService condition lets the holder hand the role to
+    # any service (a Lambda function or an EC2 instance of its own): every allowed PassRole
+    # is conditioned, or a Deny in the same policy limits each role it names to one service.
+    passing = 0
+    for path, policy in assembly.resources("AWS::IAM::Policy").items():
+        statements = policy["Properties"]["PolicyDocument"]["Statement"]
+        limited = {
+            json.dumps(s["Resource"]): s["Condition"]["StringNotLike"]["iam:PassedToService"]
+            for s in statements
+            if s["Effect"] == "Deny" and "iam:PassRole" in as_list(s["Action"])
+        }
+        for statement in statements:
+            if statement["Effect"] != "Allow" or "iam:PassRole" not in as_list(
+                    statement["Action"]):
+                continue
+            passing += 1
+            conditions = json.dumps(statement.get("Condition", {}))
+            if "iam:PassedToService" in conditions:
+                continue
+            for role in as_list(statement["Resource"]):
+                assert json.dumps(role) in limited, (path, role)
+    assert passing >= 2  # the EMR service role's and the state machine's
+    # The EMR service role passes the job role to EC2 only, in exactly one statement
+    (service_policy,) = [p for k, p in assembly.resources("AWS::IAM::Policy", "pipeline").items()
+                         if "EmrServiceRoleDefaultPolicy" in k]
+    (pass_role,) = [s for s in service_policy["Properties"]["PolicyDocument"]["Statement"]
+                    if "iam:PassRole" in as_list(s["Action"])]
+    assert pass_role["Condition"] == {
+        "StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}}
+    # And the state machine may pass each EMR role only where EMR's own policy passes it
+    (machine_policy,) = [p for k, p in assembly.resources("AWS::IAM::Policy", "pipeline").items()
+                         if "RunSparkJobRoleDefaultPolicy" in k]
+    denies = {json.dumps(s["Resource"]): s["Condition"]["StringNotLike"]["iam:PassedToService"]
+              for s in machine_policy["Properties"]["PolicyDocument"]["Statement"]
+              if s["Effect"] == "Deny" and "iam:PassRole" in as_list(s["Action"])}
+    assert sorted(denies.values()) == [
+        "application-autoscaling.amazonaws.com*", "ec2.amazonaws.com*",
+        "elasticmapreduce.amazonaws.com*"]
+    assert all("Emr" in role for role in denies)
