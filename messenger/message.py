@@ -10,7 +10,13 @@ routing key and the body stays readable by any client:
 | meta_headers   | String | JSON object of string headers             |
 | message_id     | String | id given by the producer (uuid4 hex)      |
 | produced_at    | Number | epoch seconds when the producer encoded it |
+| max_attempts   | Number | attempts the job may take (absent: the consumer's) |
 | dead_letter_reason | String | why a consumer sent it to the DLQ (DLQ only) |
+| dead_letter_failure | String | JSON of what failed (DLQ only; `messenger.consume.failures`) |
+
+A message carries at most 9 of the 10 attributes SQS allows: the first five above, `priority`
+(prioritized exchanges, `messenger.channel`), the offload size (`messenger.offload`) and, in a
+DLQ, the two dead-letter ones.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ PRODUCED_AT_ATTRIBUTE = "produced_at"
 #: the requeuer removes it when it moves the message back.
 DEAD_LETTER_REASON_ATTRIBUTE = "dead_letter_reason"
 DEAD_LETTER_FAILURE_ATTRIBUTE = "dead_letter_failure"
+#: The producer's `max_attempts` of a job (a whole number >= 1; absent: the consumer's).
+MAX_ATTEMPTS_ATTRIBUTE = "max_attempts"
 #: A routing key is at most this long (SNS filter values are compared as strings).
 MAX_ROUTING_KEY_LENGTH = 256
 

@@ -32,6 +32,8 @@ logger = logging.getLogger("messenger.status")
 
 #: BatchWriteItem takes at most 25 items.
 DYNAMODB_MAX_BATCH = 25
+#: The end of a FAILED record's traceback that is kept.
+MAX_TRACEBACK_CHARS = 4096
 #: Records kept in memory at most before new ones are dropped (and counted).
 DEFAULT_MAX_BUFFER = 10_000
 
@@ -66,6 +68,8 @@ class StatusRecord:
     duration: float | None = None
     error_class: str = ""
     error: str = ""
+    #: FAILED: the end of the handler's traceback (at most ~4 KiB).
+    traceback: str = ""
 
     def item(self, retention_seconds: int) -> dict[str, Any]:
         item: dict[str, Any] = {
@@ -85,6 +89,8 @@ class StatusRecord:
             item["error_class"] = {"S": self.error_class}
         if self.error:
             item["error"] = {"S": self.error[:1000]}
+        if self.traceback:
+            item["traceback"] = {"S": self.traceback[-MAX_TRACEBACK_CHARS:]}
         return item
 
     @classmethod
@@ -99,6 +105,7 @@ class StatusRecord:
             duration=float(item["duration"]["N"]) if "duration" in item else None,
             error_class=item.get("error_class", {}).get("S", ""),
             error=item.get("error", {}).get("S", ""),
+            traceback=item.get("traceback", {}).get("S", ""),
         )
 
 
@@ -279,4 +286,8 @@ def render_timeline(message_id: str, records: list[StatusRecord]) -> str:
         lines.append(
             f"  {stamp} +{r.at - start:8.3f}s  {r.event.value:<13} {r.channel}  {' '.join(extra)}"
         )
+    last_trace = next((r.traceback for r in reversed(records) if r.traceback), "")
+    if last_trace:
+        lines.append("last failure's traceback:")
+        lines.extend(f"    {line}" for line in last_trace.rstrip("\n").splitlines())
     return "\n".join(lines)

@@ -13,6 +13,7 @@ everywhere in the process. Infrastructure is checked once, at first use.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -25,6 +26,7 @@ from messenger.channel import (
     PRIORITY_ATTRIBUTE,
     SNS_MAX_MESSAGE_BYTES,
     SQS_MAX_MESSAGE_BYTES,
+    SQS_MAX_RECEIVE_COUNT,
     ChannelSpec,
     default_level,
 )
@@ -44,9 +46,15 @@ from messenger.jobs.dedup import (
     check_window,
 )
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
-from messenger.message import MESSAGE_ID_ATTRIBUTE, EncodedMessage, Message
+from messenger.message import (
+    MAX_ATTEMPTS_ATTRIBUTE,
+    MESSAGE_ID_ATTRIBUTE,
+    EncodedMessage,
+    Message,
+)
 from messenger.offload import PayloadStore, pointer_attributes
 from messenger.produce.checks import (
+    check_attempts,
     check_id,
     check_text,
     content_dedup_id,
@@ -126,6 +134,8 @@ class _BaseProducer:
         self.provisioner = Provisioner(self.clients, self.settings)
         self._lock = threading.Lock()
         self._targets: dict[str | None, QueueTarget | TopicTarget] = {}
+        #: Each level's max_receives, once a push gave max_attempts (`_max_receives`).
+        self._receives: dict[str | None, int] = {}
         self._store: PayloadStore | None = None
         self.status: StatusStore | None = None
         if self.priorities:
@@ -166,6 +176,7 @@ class _BaseProducer:
         meta_headers: Mapping[str, str] | None = None,
         priority: str | None = None,
         message_id: str | None = None,
+        max_attempts: int | None = None,
         dedup: bool | None = None,
     ) -> PushedId:
         """Send one message; returns its message id (a str; `.duplicate` says whether it was
@@ -176,11 +187,13 @@ class _BaseProducer:
         one, so a retry after a crash is recognisable. On an ordered channel the id is derived
         from the deduplication key: a duplicate returns the id of the message it repeats, and a
         deduplication id sent in the last 5 minutes (SQS would drop it) is reported as a
-        duplicate. dedup: check the id against the dedup window first (None: the producer's
+        duplicate. max_attempts: runs the job gets before its consumer dead-letters it, 1 to
+        the channel's max_receives (None: the consumer's `max_attempts`); InvalidMessage
+        otherwise. dedup: check the id against the dedup window first (None: the producer's
         `dedup`); needs a message_id on a standard channel (without one, every push is new).
         """
         item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id,
-                        dedup)
+                        max_attempts, dedup)
         prepared, _ = self._prepare(0, item)
         verdict = self._dedup(prepared, item, set())
         if isinstance(verdict, Duplicate):
@@ -235,11 +248,10 @@ class _BaseProducer:
                 self.dedup_store.release(claim)
         self._remember([p for entries in by_level.values() for p in entries
                         if result.message_ids[p.index] is not None])
-        duplicates = set(result.duplicates)
-        self._record_queued([i for n, i in enumerate(result.message_ids)
-                             if i is not None and n in duplicates], time.time(),
-                            StatusEvent.DUPLICATE)
         if result.duplicates:
+            self._record_queued([i for n, i in enumerate(result.message_ids)
+                                 if i is not None and n in set(result.duplicates)],
+                                time.time(), StatusEvent.DUPLICATE)
             logger.info("push_many to %s: %d duplicate(s) not sent", self.channel,
                         len(result.duplicates))
         result.failures.sort(key=lambda failure: failure.index)
@@ -318,17 +330,22 @@ class _BaseProducer:
                 }
                 encoded = EncodedMessage(encoded.body, attributes)
         if level is not None and self.routes_priority_by_attribute:
-            attributes = {
-                **encoded.attributes,
-                PRIORITY_ATTRIBUTE: {"DataType": "String", "StringValue": level},
-            }
-            encoded = EncodedMessage(encoded.body, attributes)
+            encoded = _with_attribute(encoded, PRIORITY_ATTRIBUTE, "String", level)
+        if item.max_attempts is not None:
+            check_attempts(item.max_attempts, self._max_receives(level), self.channel)
+            encoded = _with_attribute(encoded, MAX_ATTEMPTS_ATTRIBUTE, "Number",
+                                      str(item.max_attempts))
         offloaded = 0
         if encoded.size > self.threshold:
             encoded = self._offload(encoded)
             offloaded = 1
         outgoing = OutgoingMessage(encoded, group_id, dedup_id)
         return PreparedItem(index, outgoing, message_id, level), offloaded
+
+    def _max_receives(self, level: str | None) -> int:
+        """The highest `max_attempts` of a push: an exchange's queues each have their own
+        max_receives (each consumer caps the attempts at its own), so SQS's largest."""
+        return SQS_MAX_RECEIVE_COUNT
 
     def _dedup(self, prepared: PreparedItem, item: PushItem, taken: set[str]
                ) -> Claim | Duplicate | None:
@@ -359,9 +376,9 @@ class _BaseProducer:
 
     def _record_queued(self, message_ids: list[str], sent_at: float,
                        event: StatusEvent = StatusEvent.QUEUED) -> None:
-        """Record `event` (QUEUED for messages SQS accepted) stamped `sent_at`: when their
-        request went out (they may be received before its answer is back, never before it
-        went out)."""
+        """Record QUEUED (or `event`) for messages SQS accepted, stamped `sent_at`: when their
+        request went out (they may be received before its answer is back, never before it went
+        out)."""
         if self.status is None:
             return
         for message_id in message_ids:
@@ -497,6 +514,11 @@ class _BaseProducer:
                 time.sleep(min(2.0, 0.05 * 2**attempt))
 
 
+def _with_attribute(encoded: EncodedMessage, name: str, kind: str, value: str) -> EncodedMessage:
+    attributes = {**encoded.attributes, name: {"DataType": kind, "StringValue": value}}
+    return EncodedMessage(encoded.body, attributes)
+
+
 def _failure_code(error: BaseException) -> str:
     return error_code(error) or type(error).__name__
 
@@ -519,6 +541,28 @@ class Producer(_BaseProducer):
                 )
             queue = self.provisioner.ensure_channel(spec).queue
         return QueueTarget(self.clients.client("sqs", validate_params=False), queue.url)
+
+    def _max_receives(self, level: str | None) -> int:
+        """The queue's max_receives (its redrive policy's maxReceiveCount), read once per level
+        and only for pushes that give `max_attempts`."""
+        with self._lock:
+            known = self._receives.get(level)
+        if known is not None:
+            return known
+        budget = self.settings.retry_budget_seconds
+        target = call_with_budget(
+            lambda: self._get_target(level), budget, f"locating channel {self.channel!r}")
+        assert isinstance(target, QueueTarget)
+        attributes = call_with_budget(
+            lambda: target.sqs.get_queue_attributes(
+                QueueUrl=target.url, AttributeNames=["RedrivePolicy"]),
+            budget, f"reading the redrive policy of {self.channel!r}",
+        ).get("Attributes", {})
+        redrive = json.loads(attributes.get("RedrivePolicy") or "{}")
+        known = int(redrive.get("maxReceiveCount") or SQS_MAX_RECEIVE_COUNT)
+        with self._lock:
+            self._receives[level] = known
+        return known
 
 
 class MultiProducer(_BaseProducer):

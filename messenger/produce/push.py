@@ -23,6 +23,9 @@ class PushItem:
     #: The caller's own id (e.g. an order number): a retry after a crash reuses it. On an
     #: ordered channel it is also the deduplication key unless `dedup_id` is given.
     message_id: str | None = None
+    #: Runs the job gets before its consumer dead-letters it, 1 to the channel's max_receives
+    #: (None: the consumer's `max_attempts`).
+    max_attempts: int | None = None
     #: Dedup on enqueue for this item (None: the producer's `dedup`); see `Producer.push`.
     dedup: bool | None = None
 

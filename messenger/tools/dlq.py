@@ -27,6 +27,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -543,17 +544,22 @@ def _age(seconds: float | None) -> str:
 
 
 def render_listing(listing: DeadLetterListing, width: int = 80) -> str:
-    """Two lines per letter within `width` columns: id, age, attempts, reason; then the error
-    (type and the traceback's last line, or the status table's last error)."""
-    lines = [listing.summary()]
+    """Each letter within `width` columns: id, age, attempts and reason (on lines of its own
+    when too long), then the error (type and the traceback's last line, or the status table's
+    last error), wrapped, never cut."""
+    lines = textwrap.wrap(listing.summary(), width)
     for letter in listing.letters:
         attempts = "-" if letter.attempts is None else str(letter.attempts)
-        head = f"{letter.id[:36]:<36} {_age(letter.age_seconds()):>5} {attempts:>3}x "
-        lines.append((head + letter.reason)[:width])
+        head = f"{letter.id[:32]:<32} {_age(letter.age_seconds()):>5} {attempts:>3}x "
+        if len(head) + len(letter.reason) <= width:
+            lines.append(head + letter.reason)
+        else:
+            lines.append(head.rstrip())
+            lines += textwrap.wrap(letter.reason, width, initial_indent="    ",
+                                   subsequent_indent="    ")
         detail = letter.traceback_line or (f"last recorded error: {letter.last_error}"
                                            if letter.last_error else "")
-        if detail:
-            lines.append(("    " + detail)[:width])
+        lines += textwrap.wrap(detail, width, initial_indent="    ", subsequent_indent="    ")
     return "\n".join(lines)
 
 

@@ -39,6 +39,7 @@ from messenger.channel import (
 from messenger.errors import ChannelNotFound, InvalidSettings, MessageDecodeError
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.message import (
+    DEAD_LETTER_FAILURE_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     MESSAGE_ID_ATTRIBUTE,
     EncodedMessage,
@@ -345,6 +346,7 @@ class Requeuer:
     def _outgoing(self, message: dict[str, Any]) -> OutgoingMessage:
         attributes = sendable_attributes(message.get("MessageAttributes", {}))
         attributes.pop(DEAD_LETTER_REASON_ATTRIBUTE, None)
+        attributes.pop(DEAD_LETTER_FAILURE_ATTRIBUTE, None)
         group_id = dedup_id = None
         if self.ordered:
             system = message.get("Attributes", {})

@@ -320,11 +320,15 @@ def test_no_stack_exports_a_channel(assembly: CloudAssembly) -> None:
     (job_policy,) = [p for k, p in assembly.resources("AWS::IAM::Policy", "pipeline").items()
                      if "EmrJobRoleDefaultPolicy" in k]
     statements = job_policy["Properties"]["PolicyDocument"]["Statement"]
-    publish = {json.dumps(s["Resource"]) for s in statements
-               if {"sns:Publish", "sqs:SendMessage"} & set(s["Action"])}
+    publish: set[str] = set()
+    for s in statements:
+        if {"sns:Publish", "sqs:SendMessage"} & set(s["Action"]):
+            resource = s["Resource"]
+            publish.update(resource if isinstance(resource, list) else [resource])
     arn = f"arn:aws:{{}}:{REGION}:{ACCOUNT}:{NAMESPACE}-{{}}"
-    assert publish == {json.dumps(arn.format("sns", "wishlist_events.fifo")),
-                       json.dumps(arn.format("sqs", "orders"))}
+    # The example exchange and the two example queue channels, each by its deterministic ARN
+    assert publish == {arn.format("sns", "wishlist_events.fifo"), arn.format("sqs", "orders"),
+                       arn.format("sqs", "order_receipts")}
     # And the channel stack deploys first (a dependency, not an export)
     manifest = json.loads((assembly.outdir / "manifest.json").read_text())
     assert f"{NAMESPACE}-MessengerExamples" in \

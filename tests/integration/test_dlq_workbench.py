@@ -20,7 +20,12 @@ from messenger.offload import PayloadStore, pointer_attributes
 from messenger.provision import Provisioner
 from messenger.tools import cli
 from messenger.tools.dlq import REDRIVE_REASON, DeadLetterWorkbench
+from tests.integration import test_consumer_runtime
 from tests.integration.helpers import decode, drain
+
+# The consumer-runtime tests' fixtures: `running(cls, **ConsumerSettings changes)`.
+running = test_consumer_runtime.running
+runtime = test_consumer_runtime.runtime
 
 TRACEBACK = (
     'Traceback (most recent call last):\n  File "app.py", line 3, in handler\n'
@@ -247,3 +252,29 @@ def test_cli_one_line_errors_and_delete_needs_yes(settings, clients, monkeypatch
     assert TRACEBACK.strip() in capsys.readouterr().out
     assert cli.main(["dlq", "delete", "orders", "job-1", "--yes"]) == 0
     assert counts(sqs, resources.dlq.url) == (0, 0)
+
+
+def test_a_consumers_dead_letter_shows_its_traceback_end_to_end(
+    settings, clients, running, monkeypatch, capsys
+):
+    from tests.integration.test_consumer_runtime import wait_until
+    from tests.integration.test_job_failures import Doomed, JobsProducer
+
+    # Given a job pushed with max_attempts=1 and a consumer whose handler raises
+    job = JobsProducer(settings=settings).push({"job": "once"}, max_attempts=1)
+    run = running(Doomed, retry_delay=0)
+    sqs = clients.client("sqs")
+    dlq = sqs.get_queue_url(QueueName=f"{settings.namespace}-failing_jobs-dlq")["QueueUrl"]
+    wait_until(lambda: counts(sqs, dlq)[0] == 1)
+    run.stop()
+    # When an operator lists the DLQ and shows the letter
+    monkeypatch.setenv("MESSENGER_NAMESPACE", settings.namespace)
+    assert cli.main(["dlq", "list", "failing_jobs"]) == 0
+    listed = capsys.readouterr().out
+    assert cli.main(["dlq", "show", "failing_jobs", job]) == 0
+    shown = capsys.readouterr().out
+    # Then the consumer's verdict, the error and the whole traceback are there
+    assert "failed: attempts used up (1 of 1)" in listed
+    assert "ValueError: payment gateway refused" in listed
+    assert "Traceback (most recent call last)" in shown and "in charge" in shown
+    assert counts(sqs, dlq) == (1, 0)
