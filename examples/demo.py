@@ -375,8 +375,8 @@ def run(steps: list[tuple[str, Callable[[DemoContext], str]]]) -> int:
     console.print(
         f"{len(results) - failed} of {len(results)} steps ok in {time.monotonic() - started:.0f} s"
     )
-    console.print(f"logs: {workdir}", soft_wrap=True)
     console.print(dashboard_hint(), markup=False)
+    console.print(f"logs: {workdir}", soft_wrap=True)
     return 1 if failed else 0
 
 
