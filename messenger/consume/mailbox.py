@@ -50,7 +50,8 @@ class ReceivedMessage:
     body: the producer's JSON value. meta_headers: string headers. routing_key: or None.
     message_id: the producer's id (the SQS MessageId for foreign messages). receive_count: 1 on
     the first delivery. produced_at: epoch seconds at the producer (0 when unknown).
-    sent_at: epoch seconds SQS accepted it. group_id: MessageGroupId on ordered channels.
+    sent_at: epoch seconds SQS accepted it. group_id: MessageGroupId (ordered channel: the FIFO
+    group; standard channel: the fair-queue tenant key, or None).
     """
 
     body: Any
@@ -308,6 +309,8 @@ class Mailbox:
                 "MessageGroupId": delivery.group_id or "dead-letter",
                 "MessageDeduplicationId": f"dl-{delivery.sqs_message_id}"[:128],
             }
+        elif delivery.group_id:  # a fair queue's tenant key stays with the message
+            fifo = {"MessageGroupId": delivery.group_id}
         self._call(
             "SendMessage to the DLQ",
             lambda: self.sqs.send_message(

@@ -63,7 +63,8 @@ class _BaseProducer:
     ordered: ClassVar[bool] = False
     #: Offload bodies larger than this many bytes (None: the setting, default 256 KiB).
     offload_threshold: ClassVar[int | None] = None
-    #: Message group of an ordered channel when a push names none (None: the channel name).
+    #: Message group when a push names none. Ordered channel: the FIFO group (None: the
+    #: channel name). Standard channel: the fair-queue tenant key (None: no tenant).
     group_id: ClassVar[str | None] = None
     max_payload_bytes: ClassVar[int] = MAX_OFFLOADED_BYTES
     #: Priority levels, highest first (e.g. ('high', 'default', 'low')); () for none.
@@ -149,6 +150,8 @@ class _BaseProducer:
         """Send one message; returns its message id. Raises InvalidMessage, PayloadTooLarge,
         ChannelNotFound (verify mode) or PublishFailed (transient errors past the budget).
 
+        group_id: ordered channel: the FIFO group (default: the class's, else the channel name);
+        standard channel: the fair-queue tenant key (default: the class's, else none).
         message_id: the caller's own id (1-128 letters, digits, punctuation) instead of a new
         one, so a retry after a crash is recognisable. On an ordered channel the id is derived
         from the deduplication key: a duplicate returns the id of the message it repeats.
@@ -243,7 +246,7 @@ class _BaseProducer:
         encoded = message.encode()
         check_text("body", encoded.body)
         message_id = message.message_id
-        if group_id is not None:
+        if group_id is not None and self.ordered:
             # Ordered: an explicit dedup key (dedup_id, else the caller's message id) or the
             # content's own; the message id follows from it, so a duplicate shows as one.
             dedup_id = dedup_id or item.message_id or content_dedup_id(
@@ -279,17 +282,19 @@ class _BaseProducer:
                 StatusRecord(message_id, StatusEvent.QUEUED, self.channel, at=sent_at))
 
     def _fifo_fields(self, item: PushItem) -> tuple[str | None, str | None]:
-        if not self.ordered:
-            if item.group_id is not None or item.dedup_id is not None:
+        """(MessageGroupId, MessageDeduplicationId) of an item. On a standard channel the group
+        is the fair-queue tenant key (SQS, 2025): optional, never an order; dedup ids are FIFO's."""
+        if item.dedup_id is not None:
+            if not self.ordered:
                 raise InvalidMessage(
-                    f"group_id and dedup_id apply to ordered channels only; {self.channel!r} "
-                    f"is not ordered"
+                    f"dedup_id applies to ordered channels only; {self.channel!r} is not "
+                    f"ordered (group_id on a standard channel is a fair-queue tenant key)"
                 )
-            return None, None
-        for field in ("group_id", "dedup_id"):
-            if getattr(item, field) is not None:
-                check_id(field, getattr(item, field))
-        return item.group_id or self.group_id or self.channel, item.dedup_id
+            check_id("dedup_id", item.dedup_id)
+        if item.group_id is not None:
+            check_id("group_id", item.group_id)
+            return item.group_id, item.dedup_id
+        return self.group_id or (self.channel if self.ordered else None), item.dedup_id
 
     def _offload(self, encoded: EncodedMessage) -> EncodedMessage:
         body_size = len(encoded.body.encode("utf-8"))
