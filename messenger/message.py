@@ -10,7 +10,13 @@ routing key and the body stays readable by any client:
 | meta_headers   | String | JSON object of string headers             |
 | message_id     | String | id given by the producer (uuid4 hex)      |
 | produced_at    | Number | epoch seconds when the producer encoded it |
+| priority       | String | priority level (prioritized exchanges)    |
+| schema_version | String | the body model's version (typed messages) |
+| ExtendedPayloadSize | Number | offloaded body's size (body is a pointer) |
 | dead_letter_reason | String | why a consumer sent it to the DLQ (DLQ only) |
+
+SQS takes at most 10 message attributes (`SQS_MAX_MESSAGE_ATTRIBUTES`): every feature that adds
+one must keep the fullest envelope within it (tests/unit/test_message.py counts them).
 """
 
 from __future__ import annotations

@@ -64,6 +64,7 @@ from messenger.jobs.priority import PriorityPolicy
 from messenger.jobs.status import StatusStore
 from messenger.offload import PayloadStore
 from messenger.provision import ChannelResources, Provisioner
+from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
 from messenger.settings import Settings
 
 logger = logging.getLogger("messenger.consumer")
@@ -127,6 +128,8 @@ class Consumer:
     priority_weights: ClassVar[Mapping[str, int] | None] = None
     priority_mode: ClassVar[str] = "weighted"
     track_status: ClassVar[bool] = False
+    #: pydantic model(s) of the body (see `messenger.schema`): the handler gets the instance.
+    model: ClassVar[Any] = None
     #: The runtime engine; a subclass of `Runtime` may poll other sources (override `poll`).
     runtime_class: ClassVar[type[Runtime]] = Runtime
 
@@ -143,6 +146,7 @@ class Consumer:
         )
         self._validate()
         self.spec = self.channel_spec(self.settings.namespace)
+        self.body_schema = BodySchema.of(type(self).__name__, self.model)
         self.policy = self._priority_policy()
         self.clients = clients or ClientFactory(self.settings.region)
         #: Status tracking (track_status); tests may swap `status.store`.
@@ -177,6 +181,15 @@ class Consumer:
     def handler(self, message: ReceivedMessage) -> None:
         """Handle one message; return to have it deleted, raise to have it retried."""
         raise NotImplementedError(f"{type(self).__name__} must define handler(self, message)")
+
+    def typed_message(self, message: ReceivedMessage, attributes: Mapping[str, Any]
+                      ) -> ReceivedMessage:
+        """The message with its body as the declared model's instance (chosen by routing key
+        and the envelope's schema version); InvalidMessage('invalid: <field>: <error>')."""
+        assert self.body_schema is not None
+        version = attributes.get(SCHEMA_VERSION_ATTRIBUTE, {}).get("StringValue")
+        body = self.body_schema.load(message.body, message.routing_key, version)
+        return replace(message, body=body)
 
     def on_event(self, event: LifecycleEvent) -> None:
         """Every lifecycle event goes through here; the default writes it to the JSON log.

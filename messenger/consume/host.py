@@ -7,11 +7,13 @@ so that imports run one way: consumer → runtime → watchdog → host.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
 from messenger.consume.mailbox import ReceivedMessage
 from messenger.consume.settings import ConsumerSettings
+from messenger.schema import BodySchema
 
 
 class RuntimeHost(Protocol):
@@ -19,6 +21,7 @@ class RuntimeHost(Protocol):
 
     runtime: ConsumerSettings
     transition_lock: threading.RLock
+    body_schema: BodySchema | None
 
     # The consumer class's attributes (class variables): read-only here.
     @property
@@ -41,6 +44,9 @@ class RuntimeHost(Protocol):
     def run_hooks(self, hook: LifecycleHooks, *args: Any) -> None: ...
 
     def check_delay(self, message: ReceivedMessage) -> None: ...
+
+    def typed_message(self, message: ReceivedMessage, attributes: Mapping[str, Any]
+                      ) -> ReceivedMessage: ...
 
     def transition(self, state: ConsumerState) -> None: ...
 

@@ -51,7 +51,7 @@ from messenger.consume.mailbox import (
     Stage,
 )
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog, interrupt
-from messenger.errors import MessageDecodeError, PayloadMissing
+from messenger.errors import InvalidMessage, MessageDecodeError, PayloadMissing
 from messenger.offload import PayloadStore
 
 logger = logging.getLogger(__name__)
@@ -435,6 +435,11 @@ class Runtime:
             return self.dead_letter(delivery, f"{kind}: {bad}", Stage.RUNNING)
         except Exception as unreadable:  # S3 unreachable past the budget: try again later
             return self._failed(delivery, None, unreadable)
+        if consumer.body_schema is not None:  # a body that does not validate never will
+            try:
+                message = consumer.typed_message(message, delivery.raw.get("MessageAttributes", {}))
+            except InvalidMessage as invalid:
+                return self.dead_letter(delivery, str(invalid), Stage.RUNNING)
         delivery.message = message
         consumer.check_delay(message)
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)

@@ -48,6 +48,7 @@ from messenger.produce.checks import (
 from messenger.produce.push import PreparedItem, PushFailure, PushItem, PushManyResult
 from messenger.produce.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, is_missing_resource
+from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
 from messenger.settings import Settings
 
 __all__ = ["MultiProducer", "Producer", "PushFailure", "PushItem", "PushManyResult"]
@@ -73,6 +74,8 @@ class _BaseProducer:
     default_priority: ClassVar[str | None] = None
     #: Record QUEUED in the status table for every message sent.
     track_status: ClassVar[bool] = False
+    #: pydantic model(s) of the body (see `messenger.schema`): validated before sending.
+    model: ClassVar[Any] = None
 
     _instances: ClassVar[dict[type, _BaseProducer]] = {}
     _instances_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -121,6 +124,7 @@ class _BaseProducer:
         if self.track_status:
             self.status = StatusStore(self.clients, self.settings)
         self.threshold = self._threshold()
+        self.body_schema = BodySchema.of(type(self).__name__, self.model)
 
     # -- to override ----------------------------------------------------------------------
     def meta_headers(self) -> dict[str, str]:
@@ -240,7 +244,10 @@ class _BaseProducer:
         if item.message_id is not None:
             check_id("message_id", item.message_id)
         group_id, dedup_id = self._fifo_fields(item)
-        message = Message(body=item.body, routing_key=item.routing_key, meta_headers=headers)
+        body, version = item.body, None
+        if self.body_schema is not None:
+            body, version = self.body_schema.dump(item.body, item.routing_key)
+        message = Message(body=body, routing_key=item.routing_key, meta_headers=headers)
         if item.message_id is not None:
             message = dataclasses.replace(message, message_id=item.message_id)
         encoded = message.encode()
@@ -263,6 +270,12 @@ class _BaseProducer:
             attributes = {
                 **encoded.attributes,
                 PRIORITY_ATTRIBUTE: {"DataType": "String", "StringValue": level},
+            }
+            encoded = EncodedMessage(encoded.body, attributes)
+        if version is not None:
+            attributes = {
+                **encoded.attributes,
+                SCHEMA_VERSION_ATTRIBUTE: {"DataType": "String", "StringValue": version},
             }
             encoded = EncodedMessage(encoded.body, attributes)
         offloaded = 0
