@@ -87,7 +87,7 @@ def build(clients: ClientFactory, all_specs: list[ChannelSpec]) -> None:
                 Tags=[{"Key": k, "Value": v} for k, v in spec.resource_tags("topic").items()],
             )["TopicArn"]
 
-    def one(spec: ChannelSpec) -> None:
+    def one(spec: ChannelSpec) -> str:
         dlq = sqs.create_queue(QueueName=spec.dlq_name, tags=spec.resource_tags("dlq"))
         dlq_arn = sqs.get_queue_attributes(
             QueueUrl=dlq["QueueUrl"], AttributeNames=["QueueArn"]
@@ -96,12 +96,15 @@ def build(clients: ClientFactory, all_specs: list[ChannelSpec]) -> None:
         sqs.create_queue(
             QueueName=spec.queue_name, Attributes=attributes, tags=spec.resource_tags("queue")
         )
-        if spec.topic_name:
-            sns.subscribe(TopicArn=topics[spec.topic_name], Protocol="sqs",
-                          Endpoint=dlq_arn.replace(spec.dlq_name, spec.queue_name))
+        return dlq_arn.replace(spec.dlq_name, spec.queue_name)
 
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(one, all_specs))
+        queue_arns = list(pool.map(one, all_specs))
+    # One at a time: moto answers concurrent Subscribe calls with a 500 now and then (its
+    # subscription list is not thread-safe); 200 calls take about a second.
+    for spec, arn in zip(all_specs, queue_arns, strict=True):
+        if spec.topic_name:
+            sns.subscribe(TopicArn=topics[spec.topic_name], Protocol="sqs", Endpoint=arn)
 
 
 def add_deployment_tags(clients: ClientFactory, all_specs: list[ChannelSpec]) -> None:
@@ -118,8 +121,9 @@ def add_deployment_tags(clients: ClientFactory, all_specs: list[ChannelSpec]) ->
 
 
 def seed(clients: ClientFactory, all_specs: list[ChannelSpec], now: datetime) -> None:
-    """Metrics as SQS/SNS would report them (moto emits none): depth for every queue, 10% over
-    threshold; three days of traffic, mostly busy, a few idle or one-sided queues."""
+    """Metrics as SQS/SNS would report them: depth for every queue, 10% over threshold; three
+    days of traffic, mostly busy, a few idle or one-sided queues. Written by hand: the local
+    endpoint publishes only what happens while it runs (and leaves these queues to them)."""
     data: dict[str, list[dict[str, Any]]] = {"AWS/SQS": [], "AWS/SNS": []}
 
     def point(ns: str, dim: str, name: str, metric: str, value: float, at: datetime) -> None:

@@ -100,6 +100,16 @@ BENCHES = (
         Figure("throughput ratio on/off", ("throughput_ratio",)),
         Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
     )),
+    Bench("lambda_consumer.py", "Lambda consumer runtime, batches of 10, per message", (
+        Figure("function requests, handled", ("handled", "function_requests_per_message"), 0),
+        Figure("function requests, failed (retry delay)",
+               ("failed", "function_requests_per_message"), 1),
+        Figure("function requests, undecodable (to the DLQ)",
+               ("undecodable", "function_requests_per_message"), 2),
+        Figure("CPU µs, handled", ("handled", "cpu_us_per_message")),
+        Figure("CPU µs, Powertools' bare processor", ("handled",
+                                                      "bare_powertools_cpu_us_per_message")),
+    )),
     Bench("consumer_image.py", "Consumer image with podman (skipped without an engine)", (
         Figure("build (s)", ("build_s",)),
         Figure("image (MB)", ("image_mb",)),

@@ -46,5 +46,14 @@ def orders_channel(namespace: str = "") -> ChannelSpec:
     )
 
 
+def receipts_channel(namespace: str = "") -> ChannelSpec:
+    """A single-consumer channel consumed by Lambda (examples/cdk.py): its visibility timeout is
+    at least 6 times the function's timeout (processing_timeout 20 s + 3 s)."""
+    return ChannelSpec(
+        "order_receipts", namespace=namespace, visibility_timeout=150,
+        tags=ChannelTags(owner="orders-team", team="orders"),
+    )
+
+
 def example_channels(namespace: str = "") -> list[ChannelSpec]:
-    return [*wishlist_channels(namespace), orders_channel(namespace)]
+    return [*wishlist_channels(namespace), orders_channel(namespace), receipts_channel(namespace)]

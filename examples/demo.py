@@ -15,7 +15,6 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from examples.channels import WISHLIST_EXCHANGE, example_channels, wishlist_channels
-from examples.wishlist import OrdersProducer, WishlistEventProducer
+from examples.wishlist import OrderReceiptsProducer, OrdersProducer, WishlistEventProducer
 from messenger.aws import ClientFactory
 from messenger.channel import ChannelSpec, ChannelTags
 from messenger.ops.report import render_text
@@ -239,20 +238,11 @@ def step_lambdas(ctx: DemoContext) -> str:
 
     ReportsProducer(settings=ctx.settings, clients=ctx.clients).push_many(
         [{"report": n} for n in range(12)])
-    # SQS publishes queue depth to CloudWatch by itself; the local endpoint does not, so the
-    # demo publishes what SQS would: the queue's real depth and the age of its oldest message.
+    # No metric is written here: the local endpoint publishes SQS's own (depth, age, sends...)
     sqs = ctx.clients.client("sqs")
     url = sqs.get_queue_url(QueueName=backlog.queue_name)["QueueUrl"]
     depth = int(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
         "ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"])
-    dimensions = [{"Name": "QueueName", "Value": backlog.queue_name}]
-    at = datetime.now(UTC) - timedelta(seconds=30)  # SQS reports each minute
-    ctx.clients.client("cloudwatch").put_metric_data(Namespace="AWS/SQS", MetricData=[
-        {"MetricName": "ApproximateNumberOfMessagesVisible", "Value": depth,
-         "Dimensions": dimensions, "Timestamp": at},
-        {"MetricName": "ApproximateAgeOfOldestMessage", "Value": 95, "Dimensions": dimensions,
-         "Timestamp": at},
-    ])
     sink = WebhookSink()
     try:
         ctx.clients.client("secretsmanager").create_secret(
@@ -278,6 +268,24 @@ def step_lambdas(ctx: DemoContext) -> str:
                 f"backlog of {backlog.queue_name} ({depth} > 5), the cleaner's dry-run report")
     finally:
         sink.close()
+
+
+def step_lambda_consumer(ctx: DemoContext) -> str:
+    # The receipts channel's consumer runs in Lambda in the CDK app; here the platform's function
+    # gets one batch as Lambda's SQS event source would hand it over.
+    target = "examples.wishlist:ReceiptsConsumer"
+    OrderReceiptsProducer(settings=ctx.settings, clients=ctx.clients).push_many(
+        [{"order": n} for n in range(3)]).raise_for_failures()
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.invoke_lambda", "consumer", target],
+        env={**os.environ, **ctx.env}, capture_output=True, text=True, timeout=120)
+    check(done.returncode == 0, f"the consumer function ran: {done.stderr[-500:]}")
+    result = json.loads(done.stdout)
+    check(result["received"] == 3, "the event source handed over the 3 receipts")
+    check(result["response"] == {"batchItemFailures": []},
+          "the partial batch response lists no failure: Lambda deletes all 3")
+    return (f"3 receipts through the consumer Lambda ({target.split(':')[-1]}, the class "
+            f"unchanged): partial batch response {json.dumps(result['response'])}")
 
 
 def step_cdk_synth(ctx: DemoContext) -> str:
@@ -314,6 +322,7 @@ STEPS: list[tuple[str, Callable[[DemoContext], str]]] = [
     ("A poison message: DLQ, fix, requeue", step_poison_and_requeue),
     ("Spark job publishing price drops", step_spark),
     ("Ops Lambdas: queue alarm and resource cleaner", step_lambdas),
+    ("A consumer class in Lambda: one SQS batch", step_lambda_consumer),
     ("cdk synth with cdk-nag", step_cdk_synth),
     ("Graceful shutdown (SIGTERM)", step_stop_consumers),
 ]

@@ -27,6 +27,11 @@ LAMBDA_PACKAGES = (
     "filelock",
 )
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo", "tests", "*.dist-info")
+#: Never part of a team's code in a bundle: caches, virtualenvs, build output, version control.
+IGNORE_CODE = shutil.ignore_patterns(
+    "__pycache__", "*.pyc", "*.pyo", ".venv", "venv", ".git", "cdk.out", "node_modules",
+    ".mypy_cache", ".pytest_cache", ".ruff_cache", "*.egg-info",
+)
 _staged: dict[tuple[str, ...], Path] = {}
 _root: Path | None = None
 
@@ -105,3 +110,16 @@ def spark_job_scripts() -> list[Path]:
         path for path in folder.glob("*.py")
         if not path.name.startswith("_") and "__main__" in path.read_text(encoding="utf-8")
     )
+
+
+def consumer_lambda_bundle(code_dir: Path) -> Path:
+    """The consumer function's bundle (`lambda_bundle("consumer")`) plus a team's code folder
+    at its root, where the handler imports the consumer class from (staged once per folder)."""
+    cache_key = ("consumer-lambda", str(code_dir))
+    if cache_key not in _staged:
+        base = lambda_bundle("consumer")
+        target = staging_root() / f"consumer-lambda-{len(_staged)}-{code_dir.name}"
+        shutil.copytree(base, target)
+        shutil.copytree(code_dir, target / code_dir.name, ignore=IGNORE_CODE)
+        _staged[cache_key] = target
+    return _staged[cache_key]

@@ -13,12 +13,12 @@ import re
 from typing import Any
 
 import jsii
-from aws_cdk import RemovalPolicy, Stack, Tags
+from aws_cdk import ArnFormat, RemovalPolicy, Stack, Tags, Token
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
-from constructs import Construct, IValidation
+from constructs import Construct, IConstruct, IValidation
 
 from messenger.channel import ALLOW_TOPIC_DEAD_LETTERS_SID, ALLOW_TOPIC_SID, ChannelSpec
 from stacks.topology import Topology
@@ -79,6 +79,39 @@ def construct_id(name: str, ordered: bool = False) -> str:
     return re.sub(r"[^A-Za-z0-9]", "", name.title()) + ("Fifo" if ordered else "")
 
 
+def channel_arn(scope: IConstruct, owner: IConstruct, service: str, name: str, local: str) -> str:
+    """The ARN of the queue or topic `name` (owned by `owner`) as `scope`'s stack names it:
+    `local` (a reference) in the owner's stack, else built from the deterministic name with
+    that stack's partition, region and account, never a cross-stack export. An export would
+    tie the stacks: the owner could not drop a channel another stack still imports, so
+    removing one would take two deploys."""
+    here, there = Stack.of(scope), Stack.of(owner)
+    if here.node.path == there.node.path:
+        return local
+    for part in ("account", "region"):
+        mine, theirs = getattr(here, part), getattr(there, part)
+        if not Token.is_unresolved(mine) and not Token.is_unresolved(theirs) \
+                and mine != theirs:
+            raise ValueError(
+                f"{service} {name!r} of stack {there.stack_name} ({part} {theirs}) cannot be "
+                f"named from stack {here.stack_name} ({part} {mine}): channels are used from "
+                f"the account and region they are deployed in"
+            )
+    return here.format_arn(service=service, resource=name,
+                           arn_format=ArnFormat.NO_RESOURCE_NAME)
+
+
+def _depend_on(scope: IConstruct, owner: IConstruct, reason: str) -> None:
+    """`scope`'s stack deploys after `owner`'s (a dependency, not an export)."""
+    here, there = Stack.of(scope), Stack.of(owner)
+    if here.node.path != there.node.path:
+        here.add_stack_dependency(there, reason)
+
+
+def _stack_of(grantee: iam.IGrantable) -> IConstruct | None:
+    return grantee if isinstance(grantee, Construct) else None
+
+
 class ExchangeTopic(Construct):
     """The SNS topic of one exchange, shared by every channel of that exchange in the app.
 
@@ -119,6 +152,10 @@ class ExchangeTopic(Construct):
             f"exchange {spec.exchange!r} (namespace {spec.namespace!r})",
         )
 
+    def topic_arn_in(self, scope: IConstruct) -> str:
+        """The topic's ARN as `scope`'s stack names it (no cross-stack export)."""
+        return channel_arn(scope, self, "sns", self.name, self.topic.topic_arn)
+
     @classmethod
     def of(
         cls, scope: Construct, spec: ChannelSpec, key: kms.IKey,
@@ -126,8 +163,9 @@ class ExchangeTopic(Construct):
     ) -> ExchangeTopic:
         """The app's topic for `spec`'s exchange, created in `scope`'s stack on first use.
 
-        Channels of one exchange in other stacks of the app subscribe to that same topic (a
-        cross-stack reference), so an exchange may span stacks without a second topic. The
+        Channels of one exchange in other stacks of the app subscribe to that same topic (by
+        its ARN, built from its name; their stack deploys after the topic's), so an exchange
+        may span stacks without a second topic and without an export. The
         lookup key is the stack's environment, the namespace, the exchange and its ordering: a
         staging channel never finds prod's topic, and a stack in another account or region
         gets its own."""
@@ -180,7 +218,12 @@ class ChannelQueue(Construct):
         self.queue_resource.apply_removal_policy(removal_policy)
         self.queue = self._import_queue("QueueRef", self.queue_resource)
         self.dlq = self._import_queue("DeadLetterQueueRef", self.dlq_resource)
-        topic_arn = exchange.topic.topic_arn if exchange is not None else None
+        topic_arn = None
+        if exchange is not None:
+            # A topic in another stack (an exchange spanning stacks) by its name: that stack
+            # deploys first, and no export ties the two.
+            topic_arn = exchange.topic_arn_in(self)
+            _depend_on(self, exchange, f"channel {spec.name!r} subscribes to its topic")
         # The exchange's topic dead-letters here what it cannot deliver to the queue.
         dlq_policy = self._queue_policy(
             "DeadLetterQueuePolicy", self.dlq_resource, topic_arn, ALLOW_TOPIC_DEAD_LETTERS_SID
@@ -217,6 +260,17 @@ class ChannelQueue(Construct):
         else:
             self._queue_policy("QueuePolicy", self.queue_resource, None, ALLOW_TOPIC_SID)
         self.node.add_validation(_FifoPairValidation(self))
+
+    def queue_arn_in(self, scope: IConstruct | None) -> str:
+        """The queue's ARN as `scope`'s stack names it (no cross-stack export)."""
+        if scope is None:
+            return self.queue.queue_arn
+        return channel_arn(scope, self, "sqs", self.spec.queue_name, self.queue.queue_arn)
+
+    def dlq_arn_in(self, scope: IConstruct | None) -> str:
+        if scope is None:
+            return self.dlq.queue_arn
+        return channel_arn(scope, self, "sqs", self.spec.dlq_name, self.dlq.queue_arn)
 
     # -- helpers ----------------------------------------------------------------------------
     def _import_queue(self, id: str, resource: sqs.CfnQueue) -> sqs.IQueue:
@@ -299,6 +353,13 @@ class Channel(Construct):
         self.queue_resource, self.dlq_resource = first.queue_resource, first.dlq_resource
         self.subscription = first.subscription
 
+    def topic_arn_in(self, scope: IConstruct | None) -> str:
+        """The exchange topic's ARN as `scope`'s stack names it (no cross-stack export)."""
+        assert self.exchange is not None, f"channel {self.spec.name!r} has no topic"
+        if scope is None:
+            return self.exchange.topic.topic_arn
+        return self.exchange.topic_arn_in(scope)
+
     @property
     def queues(self) -> list[sqs.IQueue]:
         return [level.queue for level in self.levels]
@@ -310,33 +371,35 @@ class Channel(Construct):
     # -- grants -----------------------------------------------------------------------------
     def grant_publish(self, grantee: iam.IGrantable) -> iam.Grant:
         """Let `grantee` publish: to the topic of an exchange, else to the queue(s); and the key."""
-        if self.topic is not None:
+        scope = _stack_of(grantee)
+        if self.exchange is not None:
             grant = iam.Grant.add_to_principal(
                 grantee=grantee, actions=list(TOPIC_ACTIONS_PUBLISH),
-                resource_arns=[self.topic.topic_arn],
+                resource_arns=[self.topic_arn_in(scope)],
             )
         else:
             grant = iam.Grant.add_to_principal(
                 grantee=grantee, actions=list(QUEUE_ACTIONS_SEND),
-                resource_arns=[queue.queue_arn for queue in self.queues],
+                resource_arns=[level.queue_arn_in(scope) for level in self.levels],
             )
         self.key.grant(grantee, *KEY_ACTIONS_PUBLISH)
         return grant
 
     def grant_consume(self, grantee: iam.IGrantable) -> iam.Grant:
         """Let `grantee` consume every level, forward to the DLQs and check the channel exists."""
+        scope = _stack_of(grantee)
         grant = iam.Grant.add_to_principal(
             grantee=grantee, actions=list(QUEUE_ACTIONS_CONSUME),
-            resource_arns=[queue.queue_arn for queue in self.queues],
+            resource_arns=[level.queue_arn_in(scope) for level in self.levels],
         )
         iam.Grant.add_to_principal(
             grantee=grantee, actions=list(QUEUE_ACTIONS_SEND),
-            resource_arns=[dlq.queue_arn for dlq in self.dlqs],
+            resource_arns=[level.dlq_arn_in(scope) for level in self.levels],
         )
-        if self.topic is not None:
+        if self.exchange is not None:
             iam.Grant.add_to_principal(
                 grantee=grantee, actions=list(TOPIC_ACTIONS_VERIFY),
-                resource_arns=[self.topic.topic_arn],
+                resource_arns=[self.topic_arn_in(scope)],
             )
         self.key.grant(grantee, *KEY_ACTIONS_CONSUME)
         return grant

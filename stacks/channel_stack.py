@@ -4,6 +4,8 @@
 stack = ChannelStack(app, "Orders", platform=platform, code="orders")  # the team's folder
 orders = stack.add_channel(ChannelSpec("orders"))                       # one line per channel
 stack.add_consumer(orders, "orders.consumers:OrderConsumer")          # one line per consumer
+receipts = stack.add_channel(ChannelSpec("receipts", visibility_timeout=150))
+stack.add_lambda_consumer(receipts, "orders.consumers:ReceiptConsumer")  # a consumer in Lambda
 ```
 
 CloudFormation allows 500 resources per stack. A channel is 5 resources (queue, DLQ, two
@@ -25,17 +27,19 @@ from stacks.channel import Channel, construct_id
 from stacks.consumer_image import ConsumerImage
 from stacks.consumer_service import ConsumerService
 from stacks.dashboard import ChannelDashboard
+from stacks.lambda_consumer import LambdaConsumer
 from stacks.platform_stack import PlatformStack
 
 
 class ChannelStack(Stack):
-    """Channels of one namespace (the platform's), their Fargate consumers and a dashboard.
+    """Channels of one namespace (the platform's), their consumers (Fargate services or Lambda
+    functions) and a dashboard.
 
     platform: the namespace's PlatformStack (key, bucket, cluster). The stack deploys to the
         platform's environment (account and region): it uses the platform's key and cluster,
         which CloudFormation cannot reference across environments. An `env` that differs fails.
     code: the folder of this stack's consumer classes (`ConsumerImage.from_code(code)`), or a
-        `ConsumerImage`; the default image of `add_consumer`.
+        `ConsumerImage`; the default image of `add_consumer` and code of `add_lambda_consumer`.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class ChannelStack(Stack):
         self.code = code
         self.channels: dict[str, Channel] = {}
         self.consumers: dict[str, ConsumerService] = {}
+        self.lambda_consumers: dict[str, LambdaConsumer] = {}
         self.dashboard = ChannelDashboard(
             self, "Dashboard", dashboard_name=f"{self.stack_name}-channels"
         )
@@ -117,6 +122,36 @@ class ChannelStack(Stack):
         )
         self.consumers[channel.spec.name] = service
         return service
+
+    def add_lambda_consumer(
+        self, channel: Channel, consumer_class: str, code: str | Path | None = None,
+        **options: Any
+    ) -> LambdaConsumer:
+        """Run `consumer_class` ('package.module:Class') in Lambda on the channel's queue(s).
+
+        code: the folder of the class (default: the stack's `code`). Its alarms notify the
+        platform's ops alarm topic. options: LambdaConsumer's (timeout, batch_size, ...)."""
+        if code is None and self.code is not None:
+            code = self.code.code_dir
+        if code is None:
+            raise ValueError(
+                f"ChannelStack {self.stack_name!r}: add_lambda_consumer({consumer_class!r}) "
+                f"needs the consumer's code folder: ChannelStack(..., code='path/to/folder') or "
+                f"add_lambda_consumer(..., code='path/to/folder')"
+            )
+        options.setdefault("alarm_topic", self.platform.ops.alarm_topic)
+        function = LambdaConsumer(
+            self,
+            f"LambdaConsumer{construct_id(channel.spec.name, channel.spec.ordered)}",
+            channel=channel,
+            foundation=self.platform.foundation,
+            code=code,
+            consumer_class=consumer_class,
+            namespace=self.namespace,
+            **options,
+        )
+        self.lambda_consumers[channel.spec.name] = function
+        return function
 
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 
-from stacks.bundle import REPO_ROOT, staging_root
+from stacks.bundle import IGNORE_CODE, REPO_ROOT, staging_root
 
 CONSUMER_DOCKERFILE = "consumer_image/Dockerfile"
 #: What the Dockerfile needs from the repository besides the service's folder (only these, so
@@ -34,11 +34,6 @@ CONSUMER_DOCKERFILE = "consumer_image/Dockerfile"
 LIBRARY_FILES = (
     "messenger", "consumer_image/Dockerfile", "consumer_image/entrypoint.sh",
     "pyproject.toml", "requirements.txt", "README.md",
-)
-#: Never part of a service's image: caches, virtualenvs, build output, version control.
-_IGNORE = shutil.ignore_patterns(
-    "__pycache__", "*.pyc", "*.pyo", ".venv", "venv", ".git", "cdk.out", "node_modules",
-    ".mypy_cache", ".pytest_cache", ".ruff_cache", "*.egg-info",
 )
 #: The Docker platform of each Fargate CPU architecture (`ecs.CpuArchitecture.of(name)`).
 PLATFORMS = {"X86_64": ecr_assets.Platform.LINUX_AMD64, "ARM64": ecr_assets.Platform.LINUX_ARM64}
@@ -150,11 +145,11 @@ class ConsumerImage:
         for name in LIBRARY_FILES:
             source = REPO_ROOT / name
             if source.is_dir():
-                shutil.copytree(source, partial / name, ignore=_IGNORE)
+                shutil.copytree(source, partial / name, ignore=IGNORE_CODE)
             elif source.is_file():
                 (partial / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, partial / name)
-        shutil.copytree(self.code_dir, partial / self.package, ignore=_IGNORE)
+        shutil.copytree(self.code_dir, partial / self.package, ignore=IGNORE_CODE)
         if self.requirements is not None:
             shutil.copy2(self.requirements, partial / self.package / "requirements.txt")
         partial.rename(target)

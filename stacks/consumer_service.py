@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from aws_cdk import CfnOutput, Duration, Fn, RemovalPolicy, Stack
-from aws_cdk import aws_applicationautoscaling as autoscaling
-from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import Annotations, CfnOutput, Duration, Fn, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
@@ -16,6 +14,7 @@ from constructs import Construct
 
 from stacks.channel import Channel
 from stacks.consumer_image import DEFAULT_ARCHITECTURE, ConsumerImage
+from stacks.consumer_scaling import BacklogPerTask, FargateCapacity, Scaling
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 from stacks.topology import Topology
@@ -36,13 +35,6 @@ DEFAULT_STOP_TIMEOUT = Duration.seconds(FARGATE_MAX_STOP_TIMEOUT_SECONDS)
 DEFAULT_SHUTDOWN_TIMEOUT = Duration.seconds(30)
 #: The `Consumer.processing_timeout` default.
 DEFAULT_PROCESSING_TIMEOUT = Duration.seconds(60)
-#: Like `QueueProcessingFargateService`: one task fewer when nothing is waiting or in flight,
-#: one more from 100 messages, five more from 500.
-DEFAULT_SCALING_STEPS = (
-    autoscaling.ScalingInterval(upper=0, change=-1),
-    autoscaling.ScalingInterval(lower=100, change=+1),
-    autoscaling.ScalingInterval(lower=500, change=+5),
-)
 
 
 class ConsumerService(Construct):
@@ -67,10 +59,15 @@ class ConsumerService(Construct):
     stop_timeout: seconds ECS waits after SIGTERM before SIGKILL; above `shutdown_timeout`,
         at most 120 (default 120).
     cpu / memory_mib: Fargate task size (256 / 512).
-    min_tasks / max_tasks: scaling bounds on queue depth (1 / 10).
-    scaling_steps: step scaling on the backlog, visible plus in-flight messages (default: -1 at
-        0, +1 from 100, +5 from 500). While a message is processed its task holds ECS scale-in
-        protection (`messenger.consume.protection`; the task role may update it).
+    min_tasks / max_tasks: scaling bounds (1 / 10). The template sets no DesiredCount: a
+        deploy keeps the count autoscaling reached (a new service starts with one task and
+        rises to min_tasks).
+    scaling: `BacklogPerTask(...)` (default: target tracking on messages per running task,
+        see `stacks.consumer_scaling`) or `StepScaling(...)` (steps on the backlog). While a
+        message is processed its task holds ECS scale-in protection
+        (`messenger.consume.protection`; the task role may update it).
+    capacity: 'on-demand' (default), 'spot', or `FargateCapacity.mix(on_demand_base=...,
+        spot_weight=...)`; the cluster needs the Fargate capacity providers (the platform's has).
     environment: extra environment variables (no secrets: they are visible in the task definition).
     """
 
@@ -94,7 +91,8 @@ class ConsumerService(Construct):
         memory_mib: int = 512,
         min_tasks: int = 1,
         max_tasks: int = 10,
-        scaling_steps: Sequence[autoscaling.ScalingInterval] = DEFAULT_SCALING_STEPS,
+        scaling: Scaling | None = None,
+        capacity: str | FargateCapacity = "on-demand",
         subnets: ec2.SubnetSelection | None = None,
         environment: Mapping[str, str] | None = None,
     ) -> None:
@@ -112,6 +110,14 @@ class ConsumerService(Construct):
         container_image = image.container_image(cpu_architecture)  # checks the architecture
         if concurrency < 1:
             raise ValueError(f"ConsumerService {id!r}: concurrency must be >= 1, got {concurrency}")
+        if not 0 <= min_tasks <= max_tasks:
+            raise ValueError(
+                f"ConsumerService {id!r}: need 0 <= min_tasks <= max_tasks, got {min_tasks} "
+                f"and {max_tasks}"
+            )
+        scaling = scaling if scaling is not None else BacklogPerTask()
+        scaling.validate(min_tasks)
+        self.capacity = FargateCapacity.of(capacity)
         self.channel = channel
         self.consumer_class = consumer_class
         self.image = image
@@ -120,8 +126,9 @@ class ConsumerService(Construct):
         self.stop_timeout = stop_timeout
         topology = Topology.of(self)
         if image.code_dir is not None and image.contains(consumer_class):
-            topology.request_consumer(image.code_dir, consumer_class)
-        topology.attach(self, _ClassValidation(self).validate, _TimeoutValidation(self).validate)
+            topology.request_consumer(image.code_dir, consumer_class, image.requirements)
+        topology.attach(self, _ClassValidation(self).validate, _TimeoutValidation(self).validate,
+                        _ClusterValidation(cluster, scaling, self.capacity).validate)
 
         self.log_group = logs.LogGroup(
             self,
@@ -180,7 +187,10 @@ class ConsumerService(Construct):
             "Service",
             cluster=cluster,
             task_definition=self.task_definition,
-            desired_count=min_tasks,
+            # No DesiredCount: CloudFormation would reset a scaled-out service to it on every
+            # update (aws-cdk issue 3919); the scalable target's minimum keeps the floor.
+            desired_count=None,
+            capacity_provider_strategies=self.capacity.strategies(),
             min_healthy_percent=100,
             max_healthy_percent=200,
             circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
@@ -191,12 +201,9 @@ class ConsumerService(Construct):
         self.scaling = self.service.auto_scale_task_count(
             min_capacity=min_tasks, max_capacity=max_tasks
         )
-        self.scaling.scale_on_metric(
-            "QueueDepth",
-            metric=backlog(channel),
-            scaling_steps=list(scaling_steps),
-            adjustment_type=autoscaling.AdjustmentType.CHANGE_IN_CAPACITY,
-            cooldown=Duration.minutes(2),
+        self.scaling_policy = scaling.attach(
+            self, self.scaling, queues=channel.queues, cluster_name=cluster.cluster_name,
+            service_name=self.service.service_name, concurrency=concurrency,
         )
 
         acknowledge(
@@ -228,7 +235,7 @@ class ConsumerService(Construct):
             export = f"{producer.stack_name}:{output_id}"
             if producer.node.try_find_child(output_id) is None:
                 CfnOutput(producer, output_id, value=name, export_name=export)
-            Stack.of(self).add_dependency(producer, "the consumers' cluster name")
+            Stack.of(self).add_stack_dependency(producer, "the consumers' cluster name")
             name = Fn.import_value(export)
         tasks = Stack.of(self).format_arn(
             service="ecs", resource="task", resource_name=f"{name}/*"
@@ -268,24 +275,6 @@ class ConsumerService(Construct):
         return DEFAULT_PROCESSING_TIMEOUT
 
 
-def backlog(channel: Channel) -> cloudwatch.IMetric:
-    """Messages waiting or being processed: visible plus in flight (not visible), summed over
-    the channel's priority levels. In-flight messages count: a task working on one is busy, so
-    the service scales in only when every message is done, never under a working task."""
-    names: dict[str, cloudwatch.IMetric] = {}
-    for index, queue in enumerate(channel.queues):
-        names[f"visible{index}"] = queue.metric_approximate_number_of_messages_visible(
-            period=Duration.minutes(1), statistic="Maximum"
-        )
-        names[f"inflight{index}"] = queue.metric_approximate_number_of_messages_not_visible(
-            period=Duration.minutes(1), statistic="Maximum"
-        )
-    return cloudwatch.MathExpression(
-        expression=" + ".join(names), using_metrics=names,
-        label="backlog: visible + in flight (all levels)", period=Duration.minutes(1),
-    )
-
-
 class _ClassValidation:
     """The consumer class is in the image, importable from its code, and consumes the channel."""
 
@@ -309,10 +298,18 @@ class _ClassValidation:
             return [
                 f"consumer class {target!r} cannot be loaded from {image.code_dir} as the image "
                 f"would load it: {facts['error']}. Fix the module or class name (the class must "
-                f"subclass messenger's Consumer and define handler); packages it needs belong "
-                f"in {image.package}/requirements.txt and must be installed where `cdk synth` "
-                f"runs."
+                f"subclass messenger's Consumer and define handler); a package it needs "
+                f"belongs in {image.package}/requirements.txt (then it may be missing where "
+                f"`cdk synth` runs)."
             ]
+        if "absent" in facts:
+            Annotations.of(service).add_warning_v2(
+                "messenger:consumer-checked-without-packages",
+                f"consumer class {target!r} checked without {', '.join(facts['absent'])} "
+                f"(named in {image.package}'s requirements, not installed where cdk synth "
+                f"runs): its imports stood in by placeholders, its attributes checked as "
+                f"written",
+            )
         deployed = {
             "channel": spec.name, "ordered": spec.ordered,
             "priorities": list(spec.priorities), "default_level": spec.default_level,
@@ -331,7 +328,8 @@ class _ClassValidation:
         declared = facts["processing_timeout"]
         if requested is not None and requested.to_seconds() != declared:
             errors.append(
-                f"ConsumerService processing_timeout ({requested.to_seconds():g} s) differs from "
+                f"{type(service).__name__} processing_timeout ({requested.to_seconds():g} s) "
+                f"differs from "
                 f"{target}.processing_timeout ({declared:g} s), which the consumer enforces; "
                 f"drop the argument (the class's value is used) or make them equal."
             )
@@ -363,5 +361,43 @@ class _TimeoutValidation:
                 f"consumer {service.consumer_class!r}: stop_timeout ({stop:g} s) must be above "
                 f"shutdown_timeout ({shutdown:g} s) and at most "
                 f"{FARGATE_MAX_STOP_TIMEOUT_SECONDS} s"
+            )
+        return errors
+
+
+class _ClusterValidation:
+    """The cluster offers what scaling and capacity need (checked for a cluster built in this
+    app; an imported cluster is the caller's to set up)."""
+
+    def __init__(self, cluster: ecs.ICluster, scaling: Scaling, capacity: FargateCapacity) -> None:
+        self.cluster, self.scaling, self.capacity = cluster, scaling, capacity
+
+    def validate(self) -> list[str]:
+        cluster = self.cluster
+        if not isinstance(cluster, ecs.Cluster):
+            return []
+        errors = []
+        stack = Stack.of(cluster)
+        if isinstance(self.scaling, BacklogPerTask):
+            settings = stack.resolve(cluster.node.default_child.cluster_settings) or []
+            if not any(s.get("name") == "containerInsights" and s.get("value") != "disabled"
+                       for s in settings):
+                errors.append(
+                    f"cluster {cluster.node.path} has Container Insights off, and BacklogPerTask "
+                    f"scaling divides by its RunningTaskCount (ECS/ContainerInsights): without "
+                    f"it the policy has no data and never scales. Create the cluster with "
+                    f"container_insights_v2=ecs.ContainerInsights.ENABLED, or use StepScaling()."
+                )
+        needed = {s.capacity_provider for s in self.capacity.strategies() or []}
+        offered = {
+            name for child in cluster.node.children
+            if isinstance(child, ecs.CfnClusterCapacityProviderAssociations)
+            for name in stack.resolve(child.capacity_providers) or []
+        }
+        if needed - offered:
+            errors.append(
+                f"cluster {cluster.node.path} does not offer the capacity providers "
+                f"{', '.join(sorted(needed - offered))}: create it with "
+                f"enable_fargate_capacity_providers=True (the platform's cluster has them)."
             )
         return errors

@@ -244,7 +244,9 @@ class EmrPipeline(Construct):
             # cluster whose execution was stopped or could not terminate it.
             auto_termination_policy_idle_timeout=self.idle_timeout,
             cluster_role=self.job_role,
-            service_role=self.service_role,
+            # Immutable here: the task would grant the service role an unconditioned
+            # iam:PassRole on the job role (beside our conditioned one, which it voids).
+            service_role=self.service_role.without_policy_updates(),
             auto_scaling_role=self.autoscaling_role,
             log_uri=self.logs_bucket.s3_url_for_object("emr/"),
             visible_to_all_users=True,
@@ -349,6 +351,14 @@ class EmrPipeline(Construct):
             actions=["elasticmapreduce:TerminateJobFlows"], resources=["*"],
             conditions={"StringNotEquals": {f"aws:ResourceTag/{PIPELINE_TAG}": self.node.path}},
         ))
+        # The CDK task lets the state machine pass the three EMR roles to anything: each may go
+        # only where AWS's AmazonEMRFullAccessPolicy_v2 passes its kind of role.
+        for role, service in self._passed_to.items():
+            machine.add_to_role_policy(iam.PolicyStatement(
+                sid=f"Pass{role.node.id}OnlyTo{service.split('.')[0].title().replace('-', '')}",
+                effect=iam.Effect.DENY, actions=["iam:PassRole"], resources=[role.role_arn],
+                conditions={"StringNotLike": {"iam:PassedToService": f"{service}*"}},
+            ))
         policy = machine.role.node.find_child("DefaultPolicy")
         acknowledge_wildcard_resource(
             policy, "*",
@@ -392,6 +402,15 @@ class EmrPipeline(Construct):
                 "AWS maintains this EMR service policy as EMR's API surface changes; a "
                 "hand-written copy would drift. The job role itself is least-privilege.",
             )
+
+    @property
+    def _passed_to(self) -> dict[iam.Role, str]:
+        """The service each EMR role is passed to (AWS's EMR full-access policy)."""
+        return {
+            self.service_role: "elasticmapreduce.amazonaws.com",
+            self.job_role: "ec2.amazonaws.com",
+            self.autoscaling_role: "application-autoscaling.amazonaws.com",
+        }
 
     @property
     def execution_timeout(self) -> Duration:

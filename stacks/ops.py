@@ -52,7 +52,15 @@ CLEANER_TOPIC_ACTIONS = (
 #: and SNS topics support `aws:ResourceTag` conditions): in every configuration, the default
 #: namespace's (no name prefix) included, it can never delete a resource it does not manage.
 CLEANER_QUEUE_DELETE_ACTIONS = ("sqs:DeleteQueue",)
-CLEANER_TOPIC_DELETE_ACTIONS = ("sns:Unsubscribe", "sns:DeleteTopic")
+CLEANER_TOPIC_DELETE_ACTIONS = ("sns:DeleteTopic",)
+#: The Service Authorization Reference lists no resource types and no condition keys for
+#: sns:Unsubscribe: a statement naming ARNs or `aws:ResourceTag` never allows it, so it has a
+#: statement of its own on "*", limited to this region (`aws:RequestedRegion`, a global key).
+#: Safe because it deletes no message and no resource (a channel's subscription is recreated
+#: by the provisioner or the stack), and the cleaner calls it only for subscriptions whose
+#: queue the tag-guarded sqs:DeleteQueue has just let it delete (DeleteTopic removes a topic's
+#: own subscriptions: no Unsubscribe there). See docs/ops-reports.md.
+CLEANER_UNSUBSCRIBE_ACTIONS = ("sns:Unsubscribe",)
 
 
 class OpsFunctions(Construct):
@@ -248,13 +256,22 @@ class OpsFunctions(Construct):
                 actions=list(actions), resources=[self._name_pattern(service)],
                 conditions=self.ownership_condition(),
             ))
+        if guarded_actions:  # the cleaner: see CLEANER_UNSUBSCRIBE_ACTIONS
+            role.add_to_policy(iam.PolicyStatement(
+                sid="UnsubscribeFromDeletedQueues", actions=list(CLEANER_UNSUBSCRIBE_ACTIONS),
+                resources=["*"], conditions={"StringEquals": {"aws:RequestedRegion": Aws.REGION}},
+            ))
         self.secret.grant_read(role)
         policy = role.node.find_child("DefaultPolicy")
         acknowledge(
             policy,
             "AwsSolutions-IAM5[Resource::*]",
             f"{', '.join(unscoped_actions)} and the X-Ray tracing calls support no "
-            "resource-level permissions; every other action is scoped.",
+            "resource-level permissions"
+            + (", nor does sns:Unsubscribe (no resource types, no condition keys: limited to "
+               "this region; called only for subscriptions to queues the tag-guarded "
+               "sqs:DeleteQueue just deleted)" if guarded_actions else "")
+            + "; every other action is scoped.",
         )
         for service in {**(scoped_actions or {}), **(guarded_actions or {})}:
             acknowledge_wildcard_resource(policy, self._name_pattern(service),

@@ -30,6 +30,12 @@ class PipelineStack(Stack):
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, id, **kwargs)
+        # The jobs name their channels' topics and queues by ARN, built from the channel names
+        # (no export ties this stack to theirs); theirs deploy first.
+        owners = {Stack.of(channel).node.path: Stack.of(channel) for channel in channels}
+        for stack in owners.values():
+            if stack.node.path != self.node.path:
+                self.add_stack_dependency(stack, "the jobs publish to its channels")
         # EMR's managed service policy acts only on subnets and security groups with this tag.
         Tags.of(platform.vpc).add(EMR_MANAGED_TAG, "true")
         self.pipeline = EmrPipeline(

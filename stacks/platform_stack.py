@@ -56,8 +56,11 @@ class PlatformStack(Stack):
                 )
             },
         )
+        # Container Insights publishes RunningTaskCount (backlog-per-task scaling); the Fargate
+        # capacity providers let a consumer run on Spot (`ConsumerService(capacity="spot")`).
         self.cluster = ecs.Cluster(
-            self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
+            self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED,
+            enable_fargate_capacity_providers=True,
         )
         self.ops = OpsFunctions(
             self,

@@ -14,11 +14,6 @@ channel never subscribes to prod's topic (`ExchangeTopic.of`).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -32,37 +27,10 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct, IConstruct, IValidation
 
-from stacks.bundle import REPO_ROOT
+from stacks.consumer_check import inspect_consumers
 
 #: (environment, namespace, exchange): one exchange of one namespace in one account and region.
 ExchangeKey = tuple[str, str, str]
-
-#: Seconds the consumer classes of one folder may take to import at synth.
-INSPECT_TIMEOUT = 120
-#: Run in a fresh interpreter with only the image's code on the path, like the container:
-#: imports each class the way `messenger consume` does and prints what the lint compares.
-_INSPECT = """
-import json, sys
-from messenger.consume.consumer import Consumer, load_consumer
-found = {}
-for target in sys.argv[1:]:
-    try:
-        cls = load_consumer(target)
-        if cls.handler is Consumer.handler:
-            raise TypeError(f"{cls.__name__} does not define handler(self, message)")
-        spec = cls.channel_spec("")
-        found[target] = {
-            "channel": spec.name, "ordered": spec.ordered,
-            "processing_timeout": float(cls.processing_timeout),
-            "priorities": list(spec.priorities), "default_level": spec.default_level,
-            "track_status": spec.track_status,
-            "filter_policy": spec.message_filter.policy() if spec.message_filter else None,
-        }
-    except BaseException as error:
-        found[target] = {"error": f"{type(error).__name__}: {error}"}
-print(json.dumps(found))
-"""
-
 
 @dataclass(frozen=True)
 class _Named:
@@ -93,6 +61,7 @@ class Topology:
         self._attached: set[str] = set()
         self._findings: dict[str, list[str]] | None = None
         self._requests: dict[Path, set[str]] = defaultdict(set)
+        self._requirements: dict[Path, Path | None] = {}
         self._inspected: dict[Path, dict[str, dict[str, Any]]] = {}
 
     @classmethod
@@ -137,18 +106,26 @@ class Topology:
         self._exchange_channels[(key, ordered)].append(channel)
 
     # -- consumer classes -------------------------------------------------------------------
-    def request_consumer(self, code_dir: Path, consumer_class: str) -> None:
-        """`consumer_class` will be inspected (with the other classes of `code_dir`, at once)."""
+    def request_consumer(
+        self, code_dir: Path, consumer_class: str, requirements: Path | None = None
+    ) -> None:
+        """`consumer_class` will be inspected (with the other classes of `code_dir`, at once);
+        modules `requirements` provides may be absent where synth runs."""
         self._requests[code_dir].add(consumer_class)
+        self._requirements[code_dir] = requirements
 
     def consumer_facts(self, code_dir: Path, consumer_class: str) -> dict[str, Any]:
         """What the class declares, or {'error': ...} when it cannot be imported from the code."""
         if code_dir not in self._inspected:
             classes = sorted(self._requests[code_dir] | {consumer_class})
-            self._inspected[code_dir] = inspect_consumers(code_dir, classes)
+            self._inspected[code_dir] = inspect_consumers(
+                code_dir, classes, self._requirements.get(code_dir)
+            )
         facts = self._inspected[code_dir].get(consumer_class)
         if facts is None:  # requested after the folder's batch ran
-            facts = inspect_consumers(code_dir, [consumer_class])[consumer_class]
+            facts = inspect_consumers(
+                code_dir, [consumer_class], self._requirements.get(code_dir)
+            )[consumer_class]
         return facts
 
     # -- findings ---------------------------------------------------------------------------
@@ -243,33 +220,3 @@ class _Findings:
         for check in self.extra:
             errors.extend(check())
         return errors
-
-
-def inspect_consumers(code_dir: Path, classes: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Import `classes` ('package.module:Class') in a fresh interpreter that sees only what the
-    image holds: the `messenger` library and `code_dir` as its package. Returns, per class, its
-    channel facts or {'error': ...}."""
-    with tempfile.TemporaryDirectory(prefix="messenger-consumer-check-") as path:
-        (Path(path) / code_dir.name).symlink_to(code_dir, target_is_directory=True)
-        library = Path(path) / "_library"
-        library.mkdir()
-        (library / "messenger").symlink_to(REPO_ROOT / "messenger", target_is_directory=True)
-        environment = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([path, str(library)]),
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        try:
-            result = subprocess.run(
-                [sys.executable, "-c", _INSPECT, *classes], cwd=path, env=environment,
-                capture_output=True, text=True, timeout=INSPECT_TIMEOUT,
-            )
-        except subprocess.TimeoutExpired:
-            error = f"importing the module took more than {INSPECT_TIMEOUT} s (it hangs)"
-            return {target: {"error": error} for target in classes}
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        error = (result.stderr.strip().splitlines() or ["the interpreter died silently"])[-1]
-        return {target: {"error": error} for target in classes}
-    found: dict[str, dict[str, Any]] = json.loads(lines[-1])  # the module may print before
-    return found

@@ -59,6 +59,27 @@ def injected(clients: ClientFactory, event: str, hook: Callable[..., Any]) -> It
         clients.unregister(event, hook)
 
 
+class AccessDenied:
+    """botocore `before-send` hook (register it on 'before-send.sqs.DeleteQueue'): a request
+    naming one of `names` (in its body) is answered with SQS's 403 AccessDenied, as an IAM
+    policy that does not allow it would; `refused` counts those."""
+
+    def __init__(self, *names: str) -> None:
+        self.names, self.refused = names, 0
+
+    def __call__(self, request: Any, **_: Any) -> AWSResponse | None:
+        body = request.body.decode() if isinstance(request.body, bytes) else str(request.body)
+        if not any(f'/{name}"' in body for name in self.names):
+            return None
+        self.refused += 1
+        payload = (b'{"__type":"com.amazonaws.sqs#AccessDenied","message":"User: arn:aws:sts::'
+                   b'123456789012:assumed-role/cleaner is not authorized to perform: '
+                   b'sqs:deletequeue"}')
+        headers = {"Content-Type": "application/x-amz-json-1.0",
+                   "x-amzn-query-error": "AccessDenied;Sender"}
+        return AWSResponse(request.url, 403, headers, _RawBody(payload))
+
+
 class FailOnCall:
     """botocore `before-call` hook: the `nth` call (1-based) fails like a dropped connection
     (EndpointConnectionError, which is not a ClientError)."""

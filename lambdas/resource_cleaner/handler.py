@@ -36,9 +36,13 @@ def runtime() -> OpsRuntime:
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     ops = runtime()
+
+    def remaining() -> float:
+        return context.get_remaining_time_in_millis() / 1000
+
     outcome = run_resource_cleaner(
-        ops.clients, ops.settings, ops.notifier(),
-        remaining=lambda: context.get_remaining_time_in_millis() / 1000, log=logger,
+        ops.clients, ops.settings, ops.notifier(remaining),
+        remaining=remaining, log=logger,
     )
     record_counts(metrics, outcome.metrics())
     logger.info("resource cleaner done", extra=outcome.summary())

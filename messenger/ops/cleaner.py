@@ -14,11 +14,15 @@
 5. Unused queues are deleted with their subscriptions and their (empty) DLQ; an inactive topic
    is deleted once no remaining queue is subscribed to it (else it is reported as kept).
 
-Never deleted: resources of a CloudFormation stack (reported instead), anything in a dry run.
-Every deletion is logged by name as it happens. Any error that is not about one resource (a
-broken connection, a timeout, anything unexpected), or the Lambda's remaining time falling
-under `STOP_MARGIN_SECONDS`, stops the run: the report says why and names what was not checked,
-is posted and logged, and then the invocation fails (`CleanerOutcome.raise_for_failure`).
+Everything is judged before anything is deleted: the plan is logged and posted first (the
+`confirm` callback), and nothing is deleted when it cannot be posted. Never deleted: resources
+of a CloudFormation stack (reported instead), anything in a dry run. Every deletion is logged
+by name as it happens; a refused one (AccessDenied...) is reported under `failed`, naming what
+it leaves behind, and fails the invocation at the end. Any error that is not about one resource
+(a broken connection, a timeout, anything unexpected), or the Lambda's remaining time falling
+under `STOP_MARGIN_SECONDS`, stops the run (while judging: nothing is deleted): the report says
+why and names what was not checked and not deleted, is posted and logged, and then the
+invocation fails (`CleanerOutcome.raise_for_failure`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from messenger.ops.report import (
     Notifier,
     ReportNotDelivered,
     cleaner_messages,
+    counted,
     owner_label,
     post_all,
     short_of_time,
@@ -133,6 +138,10 @@ class CleanerStopped(MessengerError):
     """The clean-up stopped before it judged everything (its report says what it did)."""
 
 
+class CleanupFailed(MessengerError):
+    """A deletion failed (AccessDenied, ...): the run fails so that the Errors alarm pages."""
+
+
 @dataclass(frozen=True)
 class CleanerOutcome:
     report: CleanerReport
@@ -145,7 +154,7 @@ class CleanerOutcome:
             "stale": r.stale, "no_producers": r.no_producers, "no_consumers": r.no_consumers,
             "kept_by_stack": r.kept_by_stack, "kept_topics": r.kept_topics,
             "kept_outside_prefix": r.kept_outside_prefix, "failed": r.failed,
-            "not_checked": r.not_checked,
+            "not_checked": r.not_checked, "not_deleted": r.not_deleted,
         }
         return {
             "dry_run": r.dry_run,
@@ -163,7 +172,7 @@ class CleanerOutcome:
                 f.name: f.detail for group in (
                     r.failed, r.not_checked, r.deleted_topics, r.deleted_queues, r.stale,
                     r.no_producers, r.no_consumers, r.kept_by_stack, r.kept_topics,
-                    r.kept_outside_prefix)
+                    r.kept_outside_prefix, r.not_deleted)
                 for f in group
             },
         }
@@ -179,12 +188,20 @@ class CleanerOutcome:
 
     def raise_for_failure(self) -> None:
         """Fail the invocation (after the report was posted and logged) when the run stopped
-        early or its report could not be delivered."""
+        early, a deletion failed or its report could not be delivered: the function's Errors
+        alarm then pages the ops alarm topic."""
+        posted = f"report {'posted' if self.posted else 'NOT posted'}, full report in the log"
         if self.report.stopped:
             raise CleanerStopped(
                 f"resource cleaner stopped early: {self.report.stopped} "
-                f"({len(self.report.not_checked)} resources not checked; report "
-                f"{'posted' if self.posted else 'NOT posted'}, full report in the log)"
+                f"({len(self.report.not_checked)} resources not checked, "
+                f"{len(self.report.not_deleted)} not deleted; {posted})"
+            )
+        if self.report.failed:
+            names = [f.name for f in self.report.failed]
+            raise CleanupFailed(
+                f"resource cleaner could not clean {counted(len(names), 'resource')}: "
+                f"{', '.join(names[:5])}{' …' if len(names) > 5 else ''} ({posted})"
             )
         if self.report.has_findings and not self.posted:
             raise ReportNotDelivered(
@@ -216,6 +233,10 @@ class _Run:
     log: Any = logger
     unsubscribed: set[str] = field(default_factory=set)
     queues_removed: int = 0
+    #: What the judging found deletable, in the order it is deleted (a queue before its DLQ).
+    plan: list[_Deletion] = field(default_factory=list)
+    #: The deletion being done (when an unexpected error stops the run).
+    current: _Deletion | None = None
 
     def owns(self, resource: PlatformResource) -> bool:
         """Both the tags (the inventory's filter) and the name place it in the namespace, whose
@@ -270,61 +291,52 @@ class _Run:
                 self.unsubscribed.add(arn)
                 self.log.info("unsubscribed", extra={"subscription": arn})
 
-    def remove_queue(self, name: str, url: str, what: str) -> None:
-        """Delete one queue now and log it by name (its DLQ is deleted by its own call)."""
-        self.sqs.delete_queue(QueueUrl=url)
-        self.queues_removed += 1
-        self.log.info(f"deleted {what} {name}", extra={"queue": name, "url": url})
-
     def delete_queue(self, queue: PlatformResource, state: QueueState, why: str) -> None:
-        """Delete an unused queue, its subscriptions and its empty DLQ (or report them)."""
+        """Plan the deletion of an unused queue, its subscriptions and its empty DLQ (or report
+        why they stay)."""
         if queue.stack:
             self.found["kept_by_stack"].append(finding(queue, why, queue.stack))
             return
         if not self.owns(queue):
             self.found["kept_outside_prefix"].append(finding(queue, why))
             return
-        notes = []
-        dlq = self.queues.get(state.dlq_arn or "")
-        if not self.dry_run:
-            self.unsubscribe(self.subscriptions_by_endpoint.get(queue.arn, []))
-            self.remove_queue(queue.name, state.url, "queue")
+        entry = _Deletion(queue, "queue", why, state.url,
+                          self.subscriptions_by_endpoint.get(queue.arn, []))
+        self.plan.append(entry)
         self.removed.add(queue.arn)
-        self.found["deleted_queues"].append(finding(queue, why))
+        dlq = self.queues.get(state.dlq_arn or "")
         if dlq is not None:
-            # The queue is in the report already, should deleting its DLQ fail
-            notes.append(self._delete_dlq(dlq, queue))
-            detail = "; ".join([why, *filter(None, notes)])
-            self.found["deleted_queues"][-1] = finding(queue, detail)
+            note = self._plan_dlq(dlq, queue)
+            if note:
+                entry.notes.append(note)
 
-    def _delete_dlq(self, dlq: PlatformResource, source: PlatformResource) -> str:
+    def _plan_dlq(self, dlq: PlatformResource, source: PlatformResource,
+                  source_gone: bool = False) -> str:
+        """Plan the deletion of the DLQ of an unused (or vanished) queue; else why it stays."""
         dlq_state = self.state(dlq)
         if dlq_state is None:
             return ""
         if dlq.channel != source.channel:
             return f"DLQ {dlq.name} kept: it belongs to channel {dlq.channel or '?'}"
+        of = f"dead-letter queue of {source.name}" + (
+            ", which was already gone (deleted meanwhile)" if source_gone else ", unused")
         if dlq_state.messages > 0:
             self.found["stale"].append(finding(
-                dlq,
-                f"{dlq_state.messages} messages; dead-letter queue of unused {source.name}, kept",
-            ))
+                dlq, f"{counted(dlq_state.messages, 'message')}; {of}, kept"))
             return f"DLQ {dlq.name} kept: it holds messages"
         if dlq.stack:
-            self.found["kept_by_stack"].append(
-                finding(dlq, f"empty DLQ of unused {source.name}", dlq.stack)
-            )
+            self.found["kept_by_stack"].append(finding(dlq, f"empty {of}", dlq.stack))
             return f"DLQ {dlq.name} kept: CloudFormation stack {dlq.stack}"
         if not self.owns(dlq):
-            self.found["kept_outside_prefix"].append(
-                finding(dlq, f"empty DLQ of unused {source.name}"))
+            self.found["kept_outside_prefix"].append(finding(dlq, f"empty {of}"))
             return f"DLQ {dlq.name} kept: named outside the namespace's prefix"
-        if not self.dry_run:
-            self.remove_queue(dlq.name, dlq_state.url, "dead-letter queue")
+        self.plan.append(_Deletion(dlq, "dlq", f"empty {of}", dlq_state.url,
+                                   source=None if source_gone else source))
         self.removed.add(dlq.arn)
-        return f"DLQ {dlq.name} {'would go' if self.dry_run else 'deleted'} too"
+        return ""
 
     def delete_topic(self, topic: PlatformResource) -> None:
-        """Delete an inactive topic once nothing that stays is subscribed to it."""
+        """Plan the deletion of an inactive topic once nothing that stays is subscribed to it."""
         subscriptions = self.subscriptions_by_topic.get(topic.arn, [])
         why = f"nothing published or delivered in {TOPIC_LOOKBACK.days} day"
         staying = sorted({str(s.get("Endpoint", "")).rsplit(":", 1)[-1] for s in subscriptions
@@ -339,15 +351,117 @@ class _Run:
         if not self.owns(topic):
             self.found["kept_outside_prefix"].append(finding(topic, why))
             return
-        if not self.dry_run:
-            self.unsubscribe(subscriptions)
+        self.plan.append(_Deletion(topic, "topic", why, subscriptions=subscriptions))
+
+    def execute(self) -> None:
+        """Delete what the plan holds, in order (a queue before its DLQ), each logged by name as
+        it goes; a refused deletion is listed under `failed` with what it leaves behind."""
+        refused: set[str] = set()
+        for entry in list(self.plan):
+            self.check_time()
+            self.current = entry
+            source = entry.source
+            if source is not None and source.arn in refused:
+                self.plan.remove(entry)  # its queue stays: so does it (said in the queue's row)
+                continue
             try:
-                self.sns.delete_topic(TopicArn=topic.arn)
-                self.log.info(f"deleted topic {topic.name}", extra={"topic": topic.arn})
+                gone = self._delete(entry)
+            except ClientError as error:
+                refused.add(entry.resource.arn)
+                self.found["failed"].append(finding(
+                    entry.resource, f"not deleted: {error_code(error)}: {error}"
+                    + _left_behind(entry, self.plan)))
+                self._note_on_source(entry, f"DLQ {entry.resource.name} NOT deleted (listed "
+                                            f"under could not clean)")
+            else:
+                self._done(entry, "already gone" if gone else "")
+            self.plan.remove(entry)
+        self.current = None
+
+    def _delete(self, entry: _Deletion) -> bool:
+        """Delete one planned resource; True when someone else deleted it first.
+
+        A topic goes with DeleteTopic alone (which deletes its subscriptions). A queue is
+        deleted first and only then unsubscribed from the topics that fed it: sns:Unsubscribe
+        cannot be limited by tag or name in IAM, so the cleaner only unsubscribes what points
+        at a queue that the tag-guarded sqs:DeleteQueue has just let it delete (or that is gone).
+        """
+        if self.dry_run:
+            return False
+        name = entry.resource.name
+        if entry.kind == "topic":
+            try:
+                self.sns.delete_topic(TopicArn=entry.resource.arn)
             except ClientError as error:
                 if error_code(error) not in TOPIC_MISSING_CODES:
                     raise
-        self.found["deleted_topics"].append(finding(topic, why))
+                return True
+            self.log.info(f"deleted topic {name}", extra={"topic": entry.resource.arn})
+            return False
+        gone = False
+        try:
+            self.sqs.delete_queue(QueueUrl=entry.url)
+        except ClientError as error:
+            if error_code(error) not in QUEUE_MISSING_CODES:
+                raise
+            gone = True
+        else:
+            self.queues_removed += 1
+            what = "dead-letter queue" if entry.kind == "dlq" else "queue"
+            self.log.info(f"deleted {what} {name}", extra={"queue": name, "url": entry.url})
+        self.unsubscribe(entry.subscriptions)
+        return gone
+
+    def _done(self, entry: _Deletion, note: str) -> None:
+        detail = "; ".join([entry.why, *entry.notes, *filter(None, [note])])
+        if entry.kind == "topic":
+            self.found["deleted_topics"].append(finding(entry.resource, detail))
+        elif entry.source is not None:  # the DLQ of a queue listed already: a note in its row
+            self._note_on_source(entry, f"DLQ {entry.resource.name} "
+                                        f"{'would go' if self.dry_run else 'deleted'} too")
+        else:
+            self.found["deleted_queues"].append(finding(entry.resource, detail))
+
+    def _note_on_source(self, entry: _Deletion, note: str) -> None:
+        rows = self.found["deleted_queues"]
+        for index, row in enumerate(rows):
+            if entry.source is not None and row.name == entry.source.name:
+                rows[index] = Finding(row.name, f"{row.detail}; {note}", row.stack, row.owner)
+
+    def planned_report_rows(self) -> tuple[list[Finding], list[Finding]]:
+        """(topics, queues) the plan deletes, as report rows (a DLQ in its queue's row)."""
+        topics, queues = [], []
+        for entry in self.plan:
+            if entry.kind == "topic":
+                topics.append(finding(entry.resource, entry.why))
+            elif entry.source is None:
+                dlqs = [d.resource.name for d in self.plan if d.source is entry.resource]
+                queues.append(finding(entry.resource, "; ".join(
+                    [entry.why, *entry.notes, *(f"DLQ {d} too" for d in dlqs)])))
+        return topics, queues
+
+
+@dataclass
+class _Deletion:
+    """One planned deletion: a queue (and the subscriptions to it), a DLQ (after its `source`
+    queue; None: the DLQ stands alone) or a topic (and its subscriptions)."""
+
+    resource: PlatformResource
+    kind: str
+    why: str
+    url: str = ""
+    subscriptions: list[dict[str, Any]] = field(default_factory=list)
+    source: PlatformResource | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _left_behind(entry: _Deletion, plan: list[_Deletion]) -> str:
+    """What a refused deletion leaves: a DLQ without its queue, a queue keeping its DLQ."""
+    if entry.kind == "dlq" and entry.source is not None:
+        return (f"; its queue {entry.source.name} was deleted: this dead-letter queue is "
+                f"orphaned, and the next run deletes it")
+    dlqs = [d.resource.name for d in plan if d.source is entry.resource]
+    return f"; its DLQ {', '.join(dlqs)} kept with it" if dlqs else ""
 
 
 def finding(resource: PlatformResource, detail: str, stack: str | None = None) -> Finding:
@@ -360,14 +474,18 @@ def finding(resource: PlatformResource, detail: str, stack: str | None = None) -
 def clean_resources(
     clients: ClientFactory, namespace: str, dry_run: bool, now: datetime | None = None,
     remaining: Callable[[], float] | None = None, margin: float = STOP_MARGIN_SECONDS,
-    log: Any = None,
+    log: Any = None, confirm: Callable[[CleanerReport], bool] | None = None,
 ) -> CleanerReport:
     """Classify every platform topic and queue of `namespace`; delete the unused ones
     (unless `dry_run` or owned by a CloudFormation stack) and report the rest.
 
-    remaining: seconds the invocation has left (a Lambda context's, in seconds); the run stops
-    with what it did so far when it falls under `margin`, or on any error that is not about
-    one resource (`CleanerReport.stopped`, `not_checked`)."""
+    Two steps: everything is judged first (nothing deleted), then the deletions are done.
+    confirm: called with the plan (a report whose deleted_* are about to be deleted) before
+    the first deletion; when it returns False (the plan could not be posted) nothing is
+    deleted and the run stops. remaining: seconds the invocation has left (a Lambda context's,
+    in seconds); the run stops with what it did so far when it falls under `margin`, or on any
+    error that is not about one resource (`CleanerReport.stopped`, `not_checked`,
+    `not_deleted`)."""
     now = now or datetime.now(UTC)
     inventory: list[PlatformResource] = []
     try:  # nothing is deleted before this is read: a failure here stops with nothing done
@@ -394,6 +512,28 @@ def clean_resources(
         )
     inactive = [t for t in topics if t.arn not in active_topics]
     pending: list[PlatformResource] = [*subjects, *inactive]
+    stopped = _judge_all(run, subjects, inactive, queue_series, fed, pending)
+    if stopped:
+        stopped += "; nothing was deleted"
+    elif run.plan and not dry_run and confirm is not None:
+        topics_planned, queues_planned = run.planned_report_rows()
+        plan = _report(run, topics, queues, [], None, deleted_topics=topics_planned,
+                       deleted_queues=queues_planned, planned=True)
+        if not confirm(plan):
+            stopped = "the plan could not be posted to Slack; nothing was deleted"
+    if not stopped:
+        stopped = _execute(run)
+    # what the plan still holds was not deleted (the run stopped, or the plan was not posted)
+    not_deleted = [finding(d.resource, f"{d.why}; not deleted: the run stopped first")
+                   for d in run.plan]
+    return _report(run, topics, queues, pending, stopped, not_deleted=not_deleted)
+
+
+def _judge_all(run: _Run, subjects: list[PlatformResource], inactive: list[PlatformResource],
+               queue_series: list[list[float]], fed: set[Any],
+               pending: list[PlatformResource]) -> str | None:
+    """Judge every queue, then every inactive topic, filling the run's findings and plan (no
+    deletion); `pending` keeps what was not judged. Why the run stopped, or None."""
     doing = "starting"
     current: PlatformResource | None = None
     try:
@@ -410,30 +550,54 @@ def clean_resources(
         for topic in inactive:
             run.check_time()
             doing, current = f"judging topic {topic.name}", topic
-            try:
-                run.delete_topic(topic)
-            except ClientError as error:
-                run.found["failed"].append(finding(topic, f"{error_code(error)}: {error}"))
+            run.delete_topic(topic)
             pending.remove(topic)
-        stopped = None
     except _Stop as stop:
-        stopped = str(stop)
+        return str(stop)
     except Exception as error:  # a broken connection, a timeout, a bug: stop and report
         stopped = f"{type(error).__name__} while {doing}: {error}"
         run.log.exception(f"resource cleaner stopped: {stopped}")
-        if current is not None and current in pending:  # half done: what is done is listed
+        if current is not None and current in pending:
             pending.remove(current)
             run.found["failed"].append(finding(
                 current, f"{type(error).__name__}: {error}; the run stopped here"))
-    not_checked = tuple(
-        finding(r, "not judged: the run stopped first" + _with_dlq(r, queues))
-        for r in pending
-    ) if stopped else ()
+        return stopped
+    return None
+
+
+def _execute(run: _Run) -> str | None:
+    """Do the plan; why it stopped (the Lambda's time, an unexpected error), or None."""
+    try:
+        run.execute()
+    except _Stop as stop:
+        return str(stop)
+    except Exception as error:  # a broken connection, a timeout, a bug: stop and report
+        entry = run.current
+        stopped = f"{type(error).__name__} while deleting"
+        if entry is not None:
+            stopped += f" {entry.resource.name}"
+            run.plan.remove(entry)
+            run.found["failed"].append(finding(
+                entry.resource, f"{type(error).__name__}: {error}; the run stopped here: "
+                                f"it may or may not be deleted" + _left_behind(entry, run.plan)))
+        stopped += f": {error}"
+        run.log.exception(f"resource cleaner stopped: {stopped}")
+        return stopped
+    return None
+
+
+def _report(run: _Run, topics: list[PlatformResource], queues: dict[str, PlatformResource],
+            pending: list[PlatformResource], stopped: str | None, **fields: Any) -> CleanerReport:
+    found: dict[str, Any] = {key: tuple(rows) for key, rows in run.found.items()}
+    found.update({key: tuple(rows) for key, rows in fields.items() if key != "planned"})
     return CleanerReport(
-        namespace=namespace, dry_run=dry_run, checked_at=now,
+        namespace=run.namespace, dry_run=run.dry_run, checked_at=run.now,
         topics_checked=len(topics), queues_checked=len(queues),
-        stopped=stopped, not_checked=not_checked, queues_removed=run.queues_removed,
-        **{key: tuple(found) for key, found in run.found.items()},
+        stopped=stopped, queues_removed=run.queues_removed, planned=bool(fields.get("planned")),
+        not_checked=tuple(
+            finding(r, "not judged: the run stopped first" + _with_dlq(r, queues))
+            for r in pending) if stopped else (),
+        **found,
     )
 
 
@@ -485,7 +649,8 @@ def _judge_queue(
     if verdict == NO_CONSUMERS:
         source = "delivered by its active exchange" if fed_by_active_topic else "sent"
         run.found["no_consumers"].append(finding(
-            queue, f"{activity.sent:,.0f} messages {source}, none received in {days} days"))
+            queue,
+            f"{counted(activity.sent or 0, 'message')} {source}, none received in {days} days"))
         return
     if verdict == NO_PRODUCERS:
         polls = (activity.received or 0) + (activity.empty_receives or 0)
@@ -505,22 +670,20 @@ def _judge_queue(
         "" if activity.has_data else " (no CloudWatch data)"
     )
     if verdict == STALE:
-        run.found["stale"].append(finding(queue, f"{state.messages} messages; {quiet}"))
+        run.found["stale"].append(finding(queue, f"{counted(state.messages, 'message')}; {quiet}"))
     elif verdict == UNUSED:
         run.delete_queue(queue, state, f"empty; {quiet}")
 
 
 def _orphaned_dlq(run: _Run, queue: PlatformResource) -> None:
     """The queue was deleted by someone else between the inventory and now: its channel's DLQ
-    is judged in its place (else it would be orphaned until the next run)."""
+    is judged in its place, and named (else it would be orphaned, and unnamed, until the next
+    run)."""
     if queue.role != "queue":
         return
     for dlq in run.queues.values():
         if dlq.role == "dlq" and dlq.channel == queue.channel and dlq.arn not in run.removed:
-            note = run._delete_dlq(dlq, queue)
-            if note:
-                run.found["deleted_queues"].append(finding(
-                    queue, f"already gone (deleted meanwhile); {note}"))
+            run._plan_dlq(dlq, queue, source_gone=True)
 
 
 def _subscriptions(clients: ClientFactory) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
@@ -541,14 +704,28 @@ def run_resource_cleaner(
     remaining: Callable[[], float] | None = None,
     log: Any = None,
 ) -> CleanerOutcome:
-    """The Lambda's work: make sure the report can be posted, clean, log and post the report.
-    The caller records metrics, then calls `raise_for_failure` (stopped early, not posted)."""
+    """The Lambda's work: make sure the report can be posted, judge everything, log and post
+    the plan before deleting anything (nothing is deleted when it cannot be posted), delete,
+    then log and post what was done. The caller records metrics, then calls
+    `raise_for_failure` (stopped early, a deletion failed, not posted)."""
     notifier.prepare()  # never delete anything that could then not be reported
     log = log or logger
+    plan_posted = False
+
+    def confirm(plan: CleanerReport) -> bool:
+        nonlocal plan_posted
+        log.info("resource cleaner plan", extra={"report": CleanerOutcome(plan, False)
+                                                  .report_log()})
+        plan_posted = post_all(notifier, cleaner_messages(plan), remaining, log)
+        return plan_posted
+
     report = clean_resources(clients, settings.namespace, settings.dry_run, now,
-                             remaining=remaining, log=log)
+                             remaining=remaining, log=log, confirm=confirm)
     log.info("resource cleaner report", extra={"report": CleanerOutcome(report, False)
                                                 .report_log()})
-    posted = post_all(notifier, cleaner_messages(report), remaining, log) \
-        if report.has_findings else False
+    if not report.has_findings:
+        return CleanerOutcome(report, False)
+    # after a posted plan, the outcome post says what was done (the rest was in the plan)
+    posted = post_all(notifier, cleaner_messages(report, outcome_only=plan_posted),
+                      remaining, log)
     return CleanerOutcome(report, posted)

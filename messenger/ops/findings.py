@@ -18,6 +18,8 @@ class QueueProblem:
     critical: bool
     owner: str = ""
     team: str = ""
+    #: The queue's ARN (its console link in the report); '' when unknown.
+    arn: str = ""
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class QueueAlarmReport:
     stopped: str | None = None
     #: Queues whose depth was not read because the run stopped first.
     not_checked: tuple[str, ...] = ()
+    #: Threshold tags that are not a whole number >= 0 (the default applied instead):
+    #: (queue, tag, value, threshold used).
+    bad_tags: tuple[tuple[str, str, str, int], ...] = ()
 
     @property
     def critical(self) -> tuple[QueueProblem, ...]:
@@ -40,8 +45,9 @@ class QueueAlarmReport:
 
     @property
     def has_news(self) -> bool:
-        """Something to post: a queue over its threshold, or a run that stopped early."""
-        return bool(self.problems) or self.stopped is not None
+        """Something to post: a queue over its threshold, a malformed threshold tag, or a run
+        that stopped early."""
+        return bool(self.problems or self.bad_tags) or self.stopped is not None
 
 
 
@@ -80,13 +86,18 @@ class CleanerReport:
     stopped: str | None = None
     #: What the run did not get to, when it stopped early.
     not_checked: tuple[Finding, ...] = ()
+    #: Unused resources judged deletable but not deleted: the run stopped first, or the plan
+    #: could not be posted.
+    not_deleted: tuple[Finding, ...] = ()
     #: Queues actually deleted, DLQs included (none in a dry run).
     queues_removed: int = 0
+    #: True for the plan posted before deleting: deleted_* are what is about to be deleted.
+    planned: bool = False
 
     @property
     def has_findings(self) -> bool:
         return bool(self.stopped) or any(
             (self.deleted_topics, self.deleted_queues, self.stale, self.no_producers,
              self.no_consumers, self.kept_by_stack, self.failed, self.kept_topics,
-             self.kept_outside_prefix)
+             self.kept_outside_prefix, self.not_deleted)
         )

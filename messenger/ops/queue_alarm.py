@@ -16,7 +16,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from messenger.aws import ClientFactory
-from messenger.channel import TAG_MANAGED, TAG_NAMESPACE
+from messenger.channel import (
+    TAG_ALARM_THRESHOLD,
+    TAG_DLQ_ALARM_THRESHOLD,
+    TAG_MANAGED,
+    TAG_NAMESPACE,
+)
 from messenger.errors import MessengerError
 from messenger.ops.findings import QueueAlarmReport, QueueProblem
 from messenger.ops.inventory import (
@@ -84,6 +89,8 @@ class QueueAlarmOutcome:
             "critical": [p.name for p in self.report.critical],
             "stopped": self.report.stopped,
             "not_checked": list(self.report.not_checked),
+            "malformed_threshold_tags": [
+                f"{queue}: {tag}={value!r}" for queue, tag, value, _ in self.report.bad_tags],
             "posted": self.posted,
         }
 
@@ -103,6 +110,7 @@ class QueueAlarmOutcome:
             "CriticalQueuesOverThreshold": len(self.report.critical),
             "SlackPostFailed": int(self.report.has_news and not self.posted),
             "AlarmStopped": int(self.report.stopped is not None),
+            "MalformedThresholdTags": len(self.report.bad_tags),
         }
 
     def raise_for_failure(self) -> None:
@@ -140,6 +148,9 @@ def check_queues(
     `messenger:alarm-threshold` tag (else `default_threshold`); for a DLQ, its
     `messenger:dlq-alarm-threshold` tag (else `dlq_threshold`, default 0: any dead letter
     alarms). No datapoint: not a problem (SQS keeps reporting any queue that holds messages).
+    A threshold tag that is not a whole number >= 0 ('abc', '-5', '1e3') is reported
+    (`bad_tags`, logged, posted) and the default applies; only the tags of queues holding
+    messages are read, so such a tag shows once its queue holds messages.
 
     The cost does not depend on how many tags the queues carry: the queues named
     `<namespace>-*` are listed (ListQueues, 1,000 per call; '' lists every queue), their depth
@@ -170,19 +181,29 @@ def check_queues(
     arns = {name: queue_arn(by_name[name], clients.region) for name in holding}
     tags = scan.read_tags(clients, list(arns.values())) if holding else {}
     problems: list[QueueProblem] = []
+    bad_tags: list[tuple[str, str, str, int]] = []
     if tags is None:
         not_judged = holding + not_judged
     else:
         for name in holding:
             queue = PlatformResource(arn=arns[name], tags=tags.get(arns[name], {}))
+            if not _ours(queue, namespace, role):
+                continue
             depth, age = scan.depths[name]
             threshold = queue.alarm_threshold(default_threshold, dlq_threshold)
-            if _ours(queue, namespace, role) and depth > threshold:
+            tag = TAG_DLQ_ALARM_THRESHOLD if role == "dlq" else TAG_ALARM_THRESHOLD
+            value = queue.tags.get(tag)
+            if value is not None and not (value.isascii() and value.isdigit()):
+                bad_tags.append((name, tag, value, threshold))
+                logger.warning("malformed threshold tag: the default applies",
+                               extra={"queue": name, "tag": tag, "value": value})
+            if depth > threshold:
                 problems.append(_problem(queue, int(depth), threshold, age))
     problems.sort(key=lambda p: (not p.critical, -p.depth, p.name))
     return QueueAlarmReport(
         scope, namespace, now, len(queues) - len(not_judged), tuple(problems),
         stopped=scan.stopped, not_checked=tuple(not_judged) if scan.stopped else (),
+        bad_tags=tuple(bad_tags),
     )
 
 
@@ -261,6 +282,7 @@ def _problem(
         critical=tags.critical,
         owner=tags.owner,
         team=tags.team,
+        arn=queue.arn,
     )
 
 

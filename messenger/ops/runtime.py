@@ -8,7 +8,7 @@ Imports aws_lambda_powertools when used: the Lambdas get it from the Powertools 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,9 +43,10 @@ class OpsRuntime:
             self._secrets.get(name, max_age=SECRET_MAX_AGE_SECONDS), name
         )
 
-    def notifier(self) -> SlackNotifier:
-        """A Slack notifier for one invocation (reads the webhook URL at first use)."""
-        return SlackNotifier(self.webhook_url, self.logger)
+    def notifier(self, remaining: Callable[[], float] | None = None) -> SlackNotifier:
+        """A Slack notifier for one invocation (reads the webhook URL at first use); its posts
+        and retries end before `remaining` (seconds the invocation has left) runs out."""
+        return SlackNotifier(self.webhook_url, self.logger, remaining=remaining)
 
 
 def record_counts(metrics: Any, counts: Mapping[str, int]) -> None:

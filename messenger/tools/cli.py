@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_top(commands)
 
+    from messenger.tools.adopt import add_parser as add_adopt
+
+    add_adopt(commands)
+
     status = commands.add_parser("status", help="print a message's lifecycle timeline")
     status.add_argument("message_id", help="the id push() returned")
     status.set_defaults(run=_status)

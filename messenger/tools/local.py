@@ -46,8 +46,10 @@ class LocalEndpoint:
     """A moto server in a thread of this process, on `host:port` (port 0 = a free one).
 
     Unless `stock_moto`, moto's SQS gets messenger's index first (messenger.tools.moto_sqs:
-    a request costs the same whatever a queue's depth) and GetResources by ARN is answered in
-    one page as AWS does (messenger.tools.moto_tagging); both patch moto in this process."""
+    a request costs the same whatever a queue's depth), GetResources by ARN is answered in
+    one page as AWS does (messenger.tools.moto_tagging), and SQS and SNS publish their
+    CloudWatch metrics as on AWS (messenger.tools.moto_metrics); all patch moto in this
+    process."""
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, stock_moto: bool = False) -> None:
         import logging
@@ -58,11 +60,14 @@ class LocalEndpoint:
 
         #: Whether moto's SQS runs with messenger's index (False: stock, asked or refused).
         self.sqs_indexed = False
+        #: Whether SQS and SNS publish their CloudWatch metrics (False: stock moto has none).
+        self.metrics_published = False
         if not stock_moto:
-            from messenger.tools import moto_sqs, moto_tagging
+            from messenger.tools import moto_metrics, moto_sqs, moto_tagging
 
             self.sqs_indexed = moto_sqs.apply()
             moto_tagging.apply()
+            self.metrics_published = moto_metrics.apply()  # wraps the index's methods
         self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
         self.url = ""
 
@@ -171,7 +176,9 @@ def serve_forever(host: str, port: int, stock_moto: bool = False) -> int:
     for name, value in endpoint.env().items():
         print(f"  export {name}={value}", flush=True)
     sqs = "indexed (messenger.tools.moto_sqs)" if endpoint.sqs_indexed else "stock moto"
-    print(f"SQS: {sqs}. Ctrl-C stops it.", flush=True)
+    metrics = ("SQS and SNS publish their CloudWatch metrics every minute"
+               if endpoint.metrics_published else "no SQS/SNS CloudWatch metrics")
+    print(f"SQS: {sqs}; {metrics}. Ctrl-C stops it.", flush=True)
     stop.wait()
     endpoint.stop()
     print("stopped.", flush=True)

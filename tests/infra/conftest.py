@@ -111,6 +111,32 @@ def policy_statements(assembly: CloudAssembly) -> list[tuple[str, dict[str, Any]
     return found
 
 
+def consumer_services(assembly: CloudAssembly) -> dict[str, tuple[str, dict]]:
+    """consumer class -> (its service's logical id, the properties), in the examples stack."""
+    resources = assembly.template("examples")["Resources"]
+    by_task = {}
+    for logical_id, resource in resources.items():
+        if resource["Type"] == "AWS::ECS::Service":
+            by_task[resource["Properties"]["TaskDefinition"]["Ref"]] = (
+                logical_id, resource["Properties"])
+    found = {}
+    for task_id, (service_id, properties) in by_task.items():
+        (container,) = resources[task_id]["Properties"]["ContainerDefinitions"]
+        found[container["Command"][2]] = (service_id, properties)
+    return found
+
+
+def scaling_policies(assembly: CloudAssembly, service_id: str) -> list[dict]:
+    """The scaling policies on `service_id`'s scalable target."""
+    resources = assembly.template("examples")["Resources"]
+    (target_id,) = [k for k, r in resources.items()
+                    if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"
+                    and service_id in json.dumps(r["Properties"]["ResourceId"])]
+    return [r["Properties"] for r in resources.values()
+            if r["Type"] == "AWS::ApplicationAutoScaling::ScalingPolicy"
+            and r["Properties"].get("ScalingTargetId") == {"Ref": target_id}]
+
+
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 

@@ -11,7 +11,14 @@ from examples.channels import example_channels
 from messenger.tools.emr import CODE_PREFIX, emr_package_files
 from stacks.bundle import spark_job_scripts
 from stacks.emr_pipeline import DATA_PREFIX
-from tests.infra.conftest import NAMESPACE, CloudAssembly, as_list, policy_statements
+from tests.infra.conftest import (
+    NAMESPACE,
+    CloudAssembly,
+    as_list,
+    consumer_services,
+    policy_statements,
+    scaling_policies,
+)
 
 SPECS = [level for spec in example_channels(NAMESPACE) for level in spec.level_specs()]
 
@@ -45,19 +52,112 @@ def test_consumer_tasks_have_health_check_stop_timeout_and_settings(
     assert commands == {("messenger", "consume", c) for c in EXAMPLE_CONSUMERS.values()}
 
 
-def test_consumers_scale_in_steps_on_their_backlog_in_flight_included(
-    assembly: CloudAssembly,
-) -> None:
-    policies = assembly.resources("AWS::ApplicationAutoScaling::ScalingPolicy", "examples")
-    step_policies = [p for p in policies.values() if p["Properties"]["PolicyType"] == "StepScaling"]
-    assert len(step_policies) == 2 * len(EXAMPLE_CONSUMERS)  # one to scale out, one to scale in
+def _services(assembly: CloudAssembly) -> dict[str, tuple[str, dict]]:
+    """channel -> (its consumer service's logical id, the properties)."""
+    services = consumer_services(assembly)
+    return {channel: services[consumer] for channel, consumer in EXAMPLE_CONSUMERS.items()}
+
+
+def test_a_deploy_never_resets_the_task_count(assembly: CloudAssembly) -> None:
+    # CloudFormation applies DesiredCount again on every service update (a new image is one):
+    # with autoscaling attached the template must not carry it, or a scaled-out fleet drops
+    # to it mid-backlog (aws-cdk issue 3919). The scalable target keeps the floor.
+    services = _services(assembly)
+    assert len(services) == len(EXAMPLE_CONSUMERS)
+    targets = assembly.resources("AWS::ApplicationAutoScaling::ScalableTarget", "examples")
+    for channel, (service_id, properties) in services.items():
+        assert "DesiredCount" not in properties, channel
+        (target,) = [t["Properties"] for t in targets.values()
+                     if service_id in json.dumps(t["Properties"]["ResourceId"])]
+        assert target["ScalableDimension"] == "ecs:service:DesiredCount"
+        assert (target["MinCapacity"], target["MaxCapacity"]) == (1, 10)
+
+
+def test_consumers_track_backlog_per_task_with_metric_math(assembly: CloudAssembly) -> None:
     resources = assembly.template("examples")["Resources"]
     queue_ids = {r["Properties"]["QueueName"]: k for k, r in resources.items()
                  if r["Type"] == "AWS::SQS::Queue"}
+    services = _services(assembly)
+    tracked = {channel for channel, (service_id, _) in services.items()
+               if any(p["PolicyType"] == "TargetTrackingScaling"
+                      for p in scaling_policies(assembly, service_id))}
+    assert tracked == set(EXAMPLE_CONSUMERS) - {"wishlist_events.mobile_events"}
+    for channel in tracked:
+        service_id, _ = services[channel]
+        (policy,) = [p for p in scaling_policies(assembly, service_id)
+                     if p["PolicyType"] == "TargetTrackingScaling"]
+        config = policy["TargetTrackingScalingPolicyConfiguration"]
+        # The acceptable backlog per task: latency / average processing time x concurrency
+        # (orders: 300 s / 2 s; the others: the defaults, 300 s / 1 s)
+        assert config["TargetValue"] == (150 if channel == "orders" else 300)
+        assert config["ScaleOutCooldown"] == 60
+        assert config["DisableScaleIn"] is True  # the gentle step policy scales in
+        queries = {q["Id"]: q for q in config["CustomizedMetricSpecification"]["Metrics"]}
+        # One query returns data: the backlog (visible + in flight) over the running tasks
+        assert [i for i, q in queries.items() if q["ReturnData"]] == ["backlog_per_task"]
+        assert queries["backlog_per_task"]["Expression"] == (
+            "IF(tasks > 0, (visible0 + inflight0) / tasks, visible0 + inflight0)")
+        (spec,) = [s for s in SPECS if s.name == channel]
+        for metric_id, name in (("visible0", "ApproximateNumberOfMessagesVisible"),
+                                ("inflight0", "ApproximateNumberOfMessagesNotVisible")):
+            stat = queries[metric_id]["MetricStat"]
+            assert stat["Stat"] == "Maximum"
+            assert (stat["Metric"]["Namespace"], stat["Metric"]["MetricName"]) == ("AWS/SQS", name)
+            assert stat["Metric"]["Dimensions"] == [{"Name": "QueueName", "Value": {
+                "Fn::GetAtt": [queue_ids[spec.queue_name], "QueueName"]}}]
+        tasks = queries["tasks"]["MetricStat"]["Metric"]
+        assert (tasks["Namespace"], tasks["MetricName"]) == (
+            "ECS/ContainerInsights", "RunningTaskCount")
+        dimensions = {d["Name"]: d["Value"] for d in tasks["Dimensions"]}
+        assert dimensions["ServiceName"] == {"Fn::GetAtt": [service_id, "Name"]}
+        assert "Cluster" in json.dumps(dimensions["ClusterName"])
+
+
+def test_backlog_per_task_scales_in_gently(assembly: CloudAssembly) -> None:
+    # Given the default target (300 messages per task) of the all_events consumer
+    service_id, _ = _services(assembly)["wishlist_events.all_events"]
+    (scale_in,) = [p for p in scaling_policies(assembly, service_id)
+                   if p["PolicyType"] == "StepScaling"]
+    # Then one scale-in removes a fifth of the tasks, at least one, five minutes apart
+    config = scale_in["StepScalingPolicyConfiguration"]
+    assert config["AdjustmentType"] == "PercentChangeInCapacity"
+    assert config["MinAdjustmentMagnitude"] == 1
+    assert config["Cooldown"] == 300
+    assert config["StepAdjustments"] == [{"MetricIntervalUpperBound": 0, "ScalingAdjustment": -20}]
+    # When backlog per task has stayed below half the target for 15 minutes
+    resources = assembly.template("examples")["Resources"]
+    (policy_id,) = [k for k, r in resources.items() if r["Properties"] is scale_in]
+    (alarm,) = [a["Properties"] for a in resources.values()
+                if a["Type"] == "AWS::CloudWatch::Alarm"
+                and {"Ref": policy_id} in a["Properties"].get("AlarmActions", [])]
+    assert (alarm["ComparisonOperator"], alarm["Threshold"]) == ("LessThanThreshold", 150)
+    assert alarm["EvaluationPeriods"] == alarm["DatapointsToAlarm"] == 15
+    assert alarm["TreatMissingData"] == "notBreaching"
+    (expression,) = [m for m in alarm["Metrics"] if "Expression" in m]
+    assert expression["Expression"] == (
+        "IF(tasks > 0, (visible0 + inflight0) / tasks, visible0 + inflight0)")
+    names = sorted(m["MetricStat"]["Metric"]["MetricName"] for m in alarm["Metrics"]
+                   if "MetricStat" in m)
+    assert names == ["ApproximateNumberOfMessagesNotVisible",
+                     "ApproximateNumberOfMessagesVisible", "RunningTaskCount"]
+
+
+def test_the_step_policy_stays_available_on_the_backlog_in_flight_included(
+    assembly: CloudAssembly,
+) -> None:
+    service_id, _ = _services(assembly)["wishlist_events.mobile_events"]
+    policies = scaling_policies(assembly, service_id)
+    assert sorted(p["PolicyType"] for p in policies) == ["StepScaling", "StepScaling"]
+    resources = assembly.template("examples")["Resources"]
+    queue_ids = {r["Properties"]["QueueName"]: k for k, r in resources.items()
+                 if r["Type"] == "AWS::SQS::Queue"}
+    policy_ids = {k for k, r in resources.items() if r["Properties"] in policies}
     alarms = [a["Properties"] for a in assembly.resources("AWS::CloudWatch::Alarm",
                                                           "examples").values()
-              if "Metrics" in a["Properties"]]
-    assert sorted(a["Threshold"] for a in alarms) == sorted([0, 100] * len(EXAMPLE_CONSUMERS))
+              if {json.dumps(x) for x in a["Properties"].get("AlarmActions", [])}
+              & {json.dumps({"Ref": i}) for i in policy_ids}]
+    assert sorted(a["Threshold"] for a in alarms) == [0, 100]
+    (spec,) = [s for s in SPECS if s.name == "wishlist_events.mobile_events"]
     for alarm in alarms:
         # The alarm's value is visible + not visible (in flight) of the consumer's queue: a
         # task working on a message keeps the backlog above 0, so it is never scaled in
@@ -68,7 +168,27 @@ def test_consumers_scale_in_steps_on_their_backlog_in_flight_included(
         assert sorted(m["MetricName"] for m in inputs.values()) == [
             "ApproximateNumberOfMessagesNotVisible", "ApproximateNumberOfMessagesVisible"]
         (queue,) = {json.dumps(m["Dimensions"][0]["Value"]) for m in inputs.values()}
-        assert json.loads(queue)["Fn::GetAtt"][0] in queue_ids.values()
+        assert json.loads(queue)["Fn::GetAtt"][0] == queue_ids[spec.queue_name]
+
+
+def test_consumers_run_on_spot_when_asked(assembly: CloudAssembly) -> None:
+    services = _services(assembly)
+    strategies = {channel: properties.get("CapacityProviderStrategy")
+                  for channel, (_, properties) in services.items()}
+    assert strategies == {
+        "wishlist_events.all_events": None,
+        "wishlist_events.mobile_events": None,
+        "wishlist_events.apple_events": [{"CapacityProvider": "FARGATE_SPOT", "Weight": 1}],
+        "orders": [{"CapacityProvider": "FARGATE", "Base": 1, "Weight": 1},
+                   {"CapacityProvider": "FARGATE_SPOT", "Weight": 3}],
+    }
+    for channel, (_, properties) in services.items():
+        # A strategy replaces the launch type (ECS rejects both); on-demand keeps FARGATE
+        assert ("LaunchType" in properties) == (strategies[channel] is None), channel
+    # The platform's cluster offers both Fargate capacity providers
+    (association,) = assembly.resources(
+        "AWS::ECS::ClusterCapacityProviderAssociations", "platform").values()
+    assert sorted(association["Properties"]["CapacityProviders"]) == ["FARGATE", "FARGATE_SPOT"]
 
 
 def test_a_consumer_may_protect_only_tasks_of_its_own_cluster(assembly: CloudAssembly) -> None:
@@ -119,6 +239,7 @@ def test_no_iam_statement_allows_every_action(assembly: CloudAssembly) -> None:
     # Resource "*" only where IAM has no resource scope for the action (acknowledged in nag).
     unscoped_allowed = {
         "tag:GetResources", "sns:ListSubscriptions", "cloudwatch:GetMetricData", "sqs:ListQueues",
+        "sns:Unsubscribe",  # no resource types in IAM (docs/ops-reports.md)
         "ecr:GetAuthorizationToken", "xray:PutTraceSegments", "xray:PutTelemetryRecords",
         "xray:GetSamplingRules", "xray:GetSamplingTargets",
         "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery",

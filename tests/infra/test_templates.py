@@ -285,3 +285,36 @@ def test_the_ops_lambdas_are_watched(assembly: CloudAssembly) -> None:
                       for s in r["Properties"]["KeyPolicy"]["Statement"]]
     principals = {s.get("Principal", {}).get("Service") for s in key_statements}
     assert {"cloudwatch.amazonaws.com", "events.amazonaws.com"} <= principals
+
+
+def test_no_stack_exports_a_channel(assembly: CloudAssembly) -> None:
+    # An export would tie the pipeline to the channel stack: the channel stack could not drop
+    # a channel the pipeline imports, so removing one would take two deploys. The pipeline
+    # names the topics and queues it publishes to by their deterministic ARNs instead.
+    outputs = assembly.template("examples").get("Outputs", {})
+    assert not [o for o in outputs.values() if "Export" in o]
+    imported = set(_imports(assembly.template("pipeline")))
+    assert imported and all(name.startswith(f"{NAMESPACE}-MessengerPlatform:")
+                            for name in imported), imported
+    (job_policy,) = [p for k, p in assembly.resources("AWS::IAM::Policy", "pipeline").items()
+                     if "EmrJobRoleDefaultPolicy" in k]
+    statements = job_policy["Properties"]["PolicyDocument"]["Statement"]
+    publish = {json.dumps(s["Resource"]) for s in statements
+               if {"sns:Publish", "sqs:SendMessage"} & set(s["Action"])}
+    arn = f"arn:aws:{{}}:{REGION}:{ACCOUNT}:{NAMESPACE}-{{}}"
+    assert publish == {json.dumps(arn.format("sns", "wishlist_events.fifo")),
+                       json.dumps(arn.format("sqs", "orders"))}
+    # And the channel stack deploys first (a dependency, not an export)
+    manifest = json.loads((assembly.outdir / "manifest.json").read_text())
+    assert f"{NAMESPACE}-MessengerExamples" in \
+        manifest["artifacts"][f"{NAMESPACE}-MessengerPipeline"]["dependencies"]
+
+
+def _imports(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        if "Fn::ImportValue" in node:
+            return [node["Fn::ImportValue"]]
+        return [name for value in node.values() for name in _imports(value)]
+    if isinstance(node, list):
+        return [name for value in node for name in _imports(value)]
+    return []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from examples.cdk import add_example_channels
 from messenger.channel import ChannelSpec, MessageFilter
 from stacks.channel import Channel
 from stacks.config import MessengerConfig
+from stacks.consumer_scaling import BacklogPerTask, FargateCapacity, StepScaling
 from stacks.consumer_service import ConsumerService
 from stacks.foundation import Foundation
 from stacks.messenger_app import build_app
@@ -29,15 +31,23 @@ def _app(outdir: Path) -> cdk.App:
     return cdk.App(outdir=str(outdir), context=CONTEXT, builtin_cloud_formation_validation=False)
 
 
+#: What the platform's cluster offers (Container Insights, the Fargate capacity providers).
+PLATFORM_CLUSTER = {"container_insights_v2": ecs.ContainerInsights.ENABLED,
+                    "enable_fargate_capacity_providers": True}
+
+
 def _consumer_stack(
-    outdir: Path, spec: ChannelSpec, **options: Any
+    outdir: Path, spec: ChannelSpec, cluster_options: dict[str, Any] | None = None,
+    **options: Any
 ) -> tuple[cdk.App, Channel]:
+    cluster_options = PLATFORM_CLUSTER if cluster_options is None else cluster_options
     app = _app(outdir)
     stack = cdk.Stack(app, "Small", env=cdk.Environment(account=ACCOUNT, region=REGION))
     foundation = Foundation(stack, "Foundation", namespace=spec.namespace)
     channel = Channel(stack, "Channel", spec=spec, key=foundation.key)
     cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(stack, "Vpc", nat_gateways=0,
-                                                          availability_zones=["eu-west-1a"]))
+                                                          availability_zones=["eu-west-1a"]),
+                          **cluster_options)
     ConsumerService(
         stack, "Consumer", channel=channel, foundation=foundation, cluster=cluster,
         image=ecs.ContainerImage.from_registry("public.ecr.aws/docker/library/python:3.11"),
@@ -188,7 +198,13 @@ def test_an_exchange_spanning_two_stacks_has_one_topic(tmp_path: Path) -> None:
         r for r in assembly.get_stack_by_name("Second").template["Resources"].values()
         if r["Type"] == "AWS::SNS::Subscription"
     ]
-    assert "Fn::ImportValue" in subscription["Properties"]["TopicArn"]
+    # by the topic's deterministic ARN: no export ties the stacks, the first deploys first
+    assert subscription["Properties"]["TopicArn"] == f"arn:aws:sns:{REGION}:{ACCOUNT}:x-events"
+    second = assembly.get_stack_by_name("Second")
+    assert [d.id for d in second.dependencies if d.id != "Second.assets"] == ["First"]
+    first = assembly.get_stack_by_name("First").template
+    (topic_id,) = [k for k, r in first["Resources"].items() if r["Type"] == "AWS::SNS::Topic"]
+    assert topic_id not in json.dumps(first.get("Outputs", {}))
 
 
 def test_a_throwaway_stage_may_opt_out_of_retained_channels(tmp_path: Path) -> None:
@@ -206,3 +222,56 @@ def test_a_throwaway_stage_may_opt_out_of_retained_channels(tmp_path: Path) -> N
     assert {(r["DeletionPolicy"], r["UpdateReplacePolicy"]) for r in stateful} == {
         ("Delete", "Delete")
     }
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"capacity": "spots"},
+     "capacity must be one of on-demand, spot or a FargateCapacity, got 'spots'"),
+    ({"min_tasks": 0},
+     "min_tasks must be >= 1 with BacklogPerTask scaling, got 0"),
+    ({"scaling": BacklogPerTask(average_processing_time=cdk.Duration.seconds(0))},
+     "BacklogPerTask average_processing_time and acceptable_latency must be > 0 s"),
+    ({"scaling": BacklogPerTask(scale_in_percent=80)},
+     "BacklogPerTask scale_in_percent must be from 1 to 50, got 80"),
+    ({"capacity": FargateCapacity(on_demand_weight=0, spot_weight=0)},
+     "FargateCapacity on_demand_weight and spot_weight are both 0"),
+    ({"min_tasks": 3, "max_tasks": 2}, "need 0 <= min_tasks <= max_tasks, got 3 and 2"),
+])
+def test_scaling_and_capacity_settings_are_checked(
+    tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _consumer_stack(tmp_path, ChannelSpec("orders"), **options)
+
+
+def test_step_scaling_may_scale_to_zero_tasks(tmp_path: Path) -> None:
+    app, _ = _consumer_stack(tmp_path, ChannelSpec("orders"), min_tasks=0,
+                             scaling=StepScaling())
+    template = app.synth().get_stack_by_name("Small").template
+    (target,) = [r["Properties"] for r in template["Resources"].values()
+                 if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"]
+    assert target["MinCapacity"] == 0
+
+
+def test_the_backlog_target_follows_latency_processing_time_and_concurrency() -> None:
+    # 5 minutes accepted, 2 s a message, 4 in parallel per task: 600 messages per task
+    scaling = BacklogPerTask(average_processing_time=cdk.Duration.seconds(2),
+                             acceptable_latency=cdk.Duration.minutes(5))
+    assert scaling.target_value(concurrency=4) == 600
+    assert BacklogPerTask(target=42).target_value(concurrency=4) == 42
+    assert FargateCapacity.of("on-demand").strategies() is None  # keeps LaunchType FARGATE
+
+
+@pytest.mark.parametrize(("cluster_options", "options", "message"), [
+    ({}, {}, "has Container Insights off, and BacklogPerTask scaling divides by its "
+             "RunningTaskCount"),
+    ({"container_insights_v2": ecs.ContainerInsights.ENABLED}, {"capacity": "spot"},
+     "does not offer the capacity providers FARGATE_SPOT: create it with "
+     "enable_fargate_capacity_providers=True"),
+])
+def test_the_cluster_must_offer_what_scaling_and_capacity_need(
+    tmp_path: Path, cluster_options: dict[str, Any], options: dict[str, Any], message: str
+) -> None:
+    app, _ = _consumer_stack(tmp_path, ChannelSpec("orders"), cluster_options, **options)
+    with pytest.raises(Exception, match=re.escape(message)):
+        app.synth()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,19 +31,28 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 AT = datetime(2026, 11, 21, 9, 15, tzinfo=UTC)
 
 
+def arn(name: str) -> str:
+    return f"arn:aws:sqs:eu-west-1:123456789012:{name}"
+
+
 def critical_alarm() -> QueueAlarmReport:
     return QueueAlarmReport("source", "prod", AT, 212, (
-        QueueProblem("prod-payments", "payments", 1840, 500, 7500, True, "ana", "payments"),
-        QueueProblem("prod-checkout.fifo", "cart.checkout", 260, 200, 95, True, "", "checkout"),
-        QueueProblem("prod-orders", "orders", 4210, 1000, 3 * 86400 + 3600, False, "", "shop"),
-        QueueProblem("prod-emails", "emails", 130, 100, None, False),
-    ))
+        QueueProblem("prod-payments", "payments", 1840, 500, 7500, True, "ana", "payments",
+                     arn("prod-payments")),
+        QueueProblem("prod-checkout.fifo", "cart.checkout", 260, 200, 95, True, "", "checkout",
+                     arn("prod-checkout.fifo")),
+        QueueProblem("prod-orders", "orders", 4210, 1000, 3 * 86400 + 3600, False, "", "shop",
+                     arn("prod-orders")),
+        QueueProblem("prod-emails", "emails", 130, 100, None, False, arn=arn("prod-emails")),
+    ), bad_tags=(("prod-emails", "messenger:alarm-threshold", "1e3", 100),))
 
 
 def plain_alarm() -> QueueAlarmReport:
     return QueueAlarmReport("dlq", "prod", AT, 212, (
-        QueueProblem("prod-orders-dlq", "orders", 37, 0, 2 * 86400 + 4 * 3600, False, "", "shop"),
-        QueueProblem("prod-emails-dlq", "emails", 3, 0, 5 * 3600 + 60, False, "bo"),
+        QueueProblem("prod-orders-dlq", "orders", 37, 0, 2 * 86400 + 4 * 3600, False, "", "shop",
+                     arn("prod-orders-dlq")),
+        QueueProblem("prod-emails-dlq", "emails", 3, 0, 5 * 3600 + 60, False, "bo",
+                     arn=arn("prod-emails-dlq")),
     ))
 
 
@@ -72,7 +82,23 @@ GOLDEN = {
     "resource_cleaner_stopped.txt": lambda: cleaner_message(stopped_report()),
     "queue_alarm_split_2_of_2.txt": lambda: queue_alarm_messages(many_problems())[1],
     "queue_alarm_stopped.txt": lambda: queue_alarm_message(stopped_alarm()),
+    "resource_cleaner_plan.txt": lambda: cleaner_message(replace(cleaner_report(),
+                                                                 planned=True)),
+    "resource_cleaner_done.txt": lambda: cleaner_message(outcome_report(), outcome_only=True),
 }
+
+
+def outcome_report() -> CleanerReport:
+    """What the deletions of the plan above did: one DLQ refused (AccessDenied)."""
+    report = cleaner_report()
+    return replace(report, deleted_queues=(
+        report.deleted_queues[0],
+        Finding("prod-legacy_sync", "empty; no sends or receives in 3 days; DLQ "
+                "prod-legacy_sync-dlq NOT deleted (listed under could not clean)")),
+        failed=(Finding("prod-legacy_sync-dlq", "not deleted: AccessDenied: User: arn:aws:sts::"
+                        "123456789012:assumed-role/cleaner is not authorized to perform: "
+                        "sqs:deletequeue; its queue prod-legacy_sync was deleted: this "
+                        "dead-letter queue is orphaned, and the next run deletes it"),))
 
 
 def stopped_alarm() -> QueueAlarmReport:
@@ -133,12 +159,23 @@ def test_alarm_variants_differ_and_list_critical_first() -> None:
 
     assert critical["blocks"][0]["text"]["text"] == "🚨 2 critical queues over threshold (+2 more)"
     assert plain["blocks"][0]["text"]["text"] == "⚠️ 2 dead-letter queues over threshold"
-    names = [s.split("*")[1] for s in _sections(critical)]
-    assert names == ["prod-payments", "prod-checkout.fifo", "prod-orders", "prod-emails"]
-    # a divider separates the critical queues from the others
+    assert _names([critical]) == ["prod-payments", "prod-checkout.fifo", "prod-orders",
+                                  "prod-emails", "prod-emails"]  # the last: its malformed tag
+    # the digest first; a divider separates the critical queues from the others
     kinds = [b["type"] for b in critical["blocks"]]
-    assert kinds == ["header", "context", "section", "section", "divider", "section", "section"]
+    assert kinds == ["header", "context", "section", "section", "section", "divider", "section",
+                     "section", "divider", "section"]
+    assert _sections(critical)[0] == ("*Digest:* *🔴 Critical: 2* · 🟠 Over threshold: 2 · "
+                                      "⚠️ Malformed threshold tags: 1")
     assert "prod-payments" in critical["text"]  # notification fallback
+    # every row links to its queue in the console; a DLQ's row says how to inspect and requeue
+    assert ("<https://eu-west-1.console.aws.amazon.com/sqs/v3/home?region=eu-west-1#/queues/"
+            "https%3A%2F%2Fsqs.eu-west-1.amazonaws.com%2F123456789012%2Fprod-payments|console>"
+            ) in _sections(critical)[1]
+    assert "`messenger requeue prod-orders-dlq orders --dry-run`" in _sections(plain)[0]
+    assert "requeue: `messenger requeue prod-orders-dlq orders`" in _sections(plain)[0]
+    assert "`prod-emails`: messenger:alarm-threshold=`1e3` is not a whole number" in \
+        _sections(critical)[-1]
 
 
 def _names(messages: list[dict[str, Any]]) -> list[str]:
@@ -159,16 +196,24 @@ def test_long_alarm_is_split_and_names_every_queue() -> None:
     messages = queue_alarm_messages(QueueAlarmReport("source", "", AT, 400, problems),
                                     mention="<!subteam^S123>")
 
-    assert len(messages) == 5  # 48 sections per post at most (header, context: 2 blocks)
+    assert len(messages) == 5  # 47 sections per post at most (header, context, mention)
     assert all(len(m["blocks"]) <= MAX_BLOCKS for m in messages)
     assert all(len(json.dumps(m)) <= MAX_POST_CHARS for m in messages)
     headers = [m["blocks"][0]["text"]["text"] for m in messages]
-    assert headers[0] == "🚨 5 critical queues over threshold (+195 more) (1/5)"
-    assert headers[4].endswith("(5/5)")
+    assert headers[0] == "🚨 5 critical queues over threshold (+195 more) · part 1 of 5"
+    # a later post says what it holds, and where the list stands
+    assert headers[1:] == [f"🟠 Over threshold (continued) · part {k} of 5" for k in (2, 3, 4, 5)]
     # every queue is named once, in order, and the critical variant pings its target
     assert _names(messages) == [p.name for p in problems]
     assert "<!subteam^S123>" in messages[0]["text"]
-    assert _sections(messages[0])[0] == "<!subteam^S123> critical queues need attention"
+    assert _sections(messages[0])[0] == ("<!subteam^S123> critical queues in this post need "
+                                         "attention")
+    assert _sections(messages[0])[1] == "*Digest:* *🔴 Critical: 5* · 🟠 Over threshold: 195"
+    # 60 critical queues: the mention is in every post that holds one, and only there
+    many = tuple(QueueProblem(f"c{n}", f"c{n}", 100, 10, 60.0, n < 60) for n in range(120))
+    posts = queue_alarm_messages(QueueAlarmReport("source", "", AT, 120, many), "<!here>")
+    assert ["<!here>" in p["text"] for p in posts] == [True, True, False]
+    assert posts[1]["blocks"][0]["text"]["text"] == "🔴 Critical (continued) · part 2 of 3"
     plain = queue_alarm_messages(QueueAlarmReport("source", "", AT, 4, problems[6:8]),
                                  mention="<!here>")
     assert "<!here>" not in json.dumps(plain)  # no ping without a critical queue
@@ -186,7 +231,9 @@ def test_long_cleaner_report_is_split_and_names_every_resource() -> None:
     assert all(len(json.dumps(m)) <= MAX_POST_CHARS for m in messages)
     assert all(len(text) <= MAX_SECTION_CHARS for m in messages for text in _sections(m))
     header = messages[0]["blocks"][0]["text"]["text"]
-    assert header == f"🧹 Resource cleaner · dry run (1/{len(messages)})"
+    assert header == f"🧹 Resource cleaner · dry run · part 1 of {len(messages)}"
+    assert messages[1]["blocks"][0]["text"]["text"].startswith(
+        "⏳ Queues with stale messages (continued) · part 2 of")
     # what went wrong comes first; every finding is named somewhere
     assert _names(messages) == ["prod-broken", *[f.name for f in findings] * 2]
 
@@ -200,8 +247,12 @@ def test_a_stopped_run_says_so_first_and_names_what_it_did_not_check() -> None:
     )
     [message] = cleaner_messages(report)
     assert message["blocks"][0]["text"]["text"] == "🧹 Resource cleaner · stopped early"
+    # the context counts what was judged, not what was listed
+    assert "11 of 13 topics and queues judged" in message["blocks"][1]["elements"][0]["text"]
     sections = _sections(message)
     assert sections[0].startswith("⛔ *Stopped early:* EndpointConnectionError while judging")
+    assert "Only the resources listed as deleted were deleted" in sections[0]
+    assert sections[1] == "*Digest:* Not checked: 2 · Unused queues deleted: 1"
     assert _names([message]) == ["prod-b", "prod-c", "prod-a"]
 
 

@@ -82,10 +82,12 @@ def test_source_scope_posts_problem_queues_critical_first(
     blocks = webhook.posts[0]["blocks"]
     assert blocks[0]["type"] == "header"
     assert "🚨 1 critical queue over threshold" in blocks[0]["text"]["text"]
-    sections = [b["text"]["text"] for b in blocks if b["type"] == "section"]
+    digest, *sections = [b["text"]["text"] for b in blocks if b["type"] == "section"]
+    assert digest == "*Digest:* *🔴 Critical: 1* · 🟠 Over threshold: 2"
     assert [next(n for n in names if n in s) for s in sections] == names
     assert "critical" in sections[0] and "Depth *11* / threshold 10" in sections[0]
     assert "oldest 2 h 5 min" in sections[0] and "team pay" in sections[0]
+    assert f"%2F{names[0]}|console>" in sections[0]
     text = webhook.texts()[0]
     assert estate["emails"].queue_name not in text
     assert estate["orders"].dlq_name not in text
@@ -121,7 +123,8 @@ def test_no_problem_no_post(
     result = invoke({"scope": "source"})
 
     assert result == {"scope": "source", "checked": 1, "problems": [], "critical": [],
-                      "stopped": None, "not_checked": [], "posted": False}
+                      "stopped": None, "not_checked": [], "malformed_threshold_tags": [],
+                      "posted": False}
     assert webhook.requests == 0
 
 
@@ -336,13 +339,14 @@ def test_posting_stops_before_the_lambda_runs_out_of_time(webhook: WebhookSink) 
     problems = tuple(QueueProblem(f"q{n}", f"q{n}", 500, 10, 60.0, False) for n in range(120))
     messages = queue_alarm_messages(QueueAlarmReport("source", "", datetime.now(UTC), 120,
                                                      problems))
-    left = iter([100.0, 60.0, 20.0])
+    left = iter([100.0, 60.0, 3.0])
 
     delivered = post_all(SlackNotifier(lambda: webhook.url), messages, lambda: next(left))
 
     # Then the parts posted while time allowed arrived; the run counts as not delivered
     assert len(messages) == 3 and delivered is False
-    assert [p["blocks"][0]["text"]["text"][-5:] for p in webhook.posts] == ["(1/3)", "(2/3)"]
+    assert [p["blocks"][0]["text"]["text"][-13:] for p in webhook.posts] == ["· part 1 of 3",
+                                                                             "· part 2 of 3"]
 
 
 def test_without_a_namespace_every_queue_is_read_and_only_unnamespaced_ones_alarm(
@@ -360,3 +364,43 @@ def test_without_a_namespace_every_queue_is_read_and_only_unnamespaced_ones_alar
 
     assert report.checked == 2  # both source queues are read (no prefix narrows the list)
     assert [p.name for p in report.problems] == ["plain"]
+
+
+def test_the_local_endpoint_publishes_what_the_alarm_reads(
+    lambda_env: LambdaEnv, webhook: WebhookSink, invoke: Callable[[Any], Any]
+) -> None:
+    # Given a critical channel over its threshold, its messages sent, nothing written to
+    # CloudWatch by hand: `messenger local` publishes SQS's own metrics
+    spec = ChannelSpec("ledger", namespace=lambda_env.settings.namespace,
+                       tags=ChannelTags(alarm_threshold=2, critical=True))
+    channel = Provisioner(lambda_env.clients, lambda_env.settings).ensure_channel(spec)
+    sqs = lambda_env.clients.client("sqs")
+    sqs.send_message_batch(QueueUrl=channel.queue.url, Entries=[
+        {"Id": str(n), "MessageBody": "{}"} for n in range(3)])
+
+    result = invoke({"scope": "source"})
+
+    # Then the alarm finds it through ApproximateNumberOfMessagesVisible, as on AWS
+    assert result["critical"] == [spec.queue_name] and result["posted"] is True
+    assert "Depth *3* / threshold 2" in webhook.texts()[0]
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "1e3"])
+def test_a_malformed_threshold_tag_is_reported_not_silently_replaced(
+    lambda_env: LambdaEnv, webhook: WebhookSink, invoke: Callable[[Any], Any], value: str
+) -> None:
+    # Given a queue holding 3 messages whose threshold tag is not a whole number >= 0
+    spec = ChannelSpec("tagged", namespace=lambda_env.settings.namespace)
+    channel = Provisioner(lambda_env.clients, lambda_env.settings).ensure_channel(spec)
+    sqs = lambda_env.clients.client("sqs")
+    sqs.tag_queue(QueueUrl=channel.queue.url, Tags={"messenger:alarm-threshold": value})
+    sqs.send_message_batch(QueueUrl=channel.queue.url, Entries=[
+        {"Id": str(n), "MessageBody": "{}"} for n in range(3)])
+
+    result = invoke({"scope": "source"})
+
+    # Then the default (100) applies, and the post and the summary name the tag
+    assert result["problems"] == []
+    assert result["malformed_threshold_tags"] == [
+        f"{spec.queue_name}: messenger:alarm-threshold={value!r}"]
+    assert f"messenger:alarm-threshold=`{value}` is not a whole number" in webhook.texts()[0]

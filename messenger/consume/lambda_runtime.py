@@ -1,0 +1,533 @@
+"""A `Consumer` subclass run by AWS Lambda on the SQS batches of its event source.
+
+The team's class is the one `messenger consume` runs on Fargate: the same handler, hooks,
+status tracking, lifecycle events, offloaded bodies and dead-letter decisions. Lambda polls the
+queue; Powertools' batch utility (`BatchProcessor`, or `SqsFifoPartialProcessor` on an ordered
+channel) turns each message's outcome into the partial batch response, so only failed messages
+return to the queue (the event source must report batch item failures: `LambdaConsumer` sets it).
+
+Per message, as on Fargate (`messenger.consume.runtime`):
+- handled: reported as a success (Lambda deletes it);
+- the handler raised: 'failed', then made visible again after `retry_delay` ('retried') and
+  reported as a batch item failure; on the receive that uses up `max_receives` (SQS's
+  `ApproximateReceiveCount` in the record), forwarded to the DLQ with the error as its reason
+  (`attempts_exhausted: ...`) instead of left for SQS's redrive, which gives no reason;
+- undecodable, or its offloaded payload gone: forwarded to the DLQ at once with the reason;
+- past `processing_timeout`: interrupted, forwarded to the DLQ (`processing_timeout: ...`).
+A message's time is also bounded by the invocation's: a handler still running `FINISH_SECONDS`
+before the function would time out is interrupted and the message released (visible again at
+once, 'released' with reason 'out_of_time'), and once that time has come no further message of
+the batch starts: each is released the same way. Released messages are batch item failures;
+SQS counts their receive. On an ordered channel a failed message stops the rest of its group
+(Powertools' FIFO processor, `skip_group_on_error`); those are released ('group_blocked') so
+the group resumes, in order, as soon as the failed message is visible again.
+
+Handlers run one after another on a handler thread while the invocation's thread watches each
+message's deadline: a handler blocked in C code past it (no interruption reaches it) is left
+behind on its thread ('stuck') and the batch goes on, so the invocation always answers and
+Lambda deletes what was handled. Parallelism is the event source's (concurrent invocations, up
+to its maximum concurrency).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from aws_lambda_powertools.utilities.batch import (
+    BatchProcessor,
+    EventType,
+    SqsFifoPartialProcessor,
+    process_partial_response,
+)
+from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
+
+from messenger.aws import call_with_budget
+from messenger.channel import MAX_BATCH_ENTRIES
+from messenger.consume.consumer import Consumer, load_consumer
+from messenger.consume.lifecycle import (
+    ConsumerState,
+    LifecycleHooks,
+    configure_json_logging,
+    one_received_line,
+)
+from messenger.consume.mailbox import Delivery, EntryError, Mailbox, ReceivedMessage, Stage
+from messenger.consume.watchdog import ProcessingTimeout, interrupt
+from messenger.errors import InvalidSettings, MessageDecodeError, MessengerError, PayloadMissing
+from messenger.offload import PayloadStore
+from messenger.provision import Provisioner
+
+#: Seconds of an invocation kept for what follows the last handler: dead-letter forwards,
+#: releases, the status records and the response. No message starts later than this before
+#: the function's timeout, and a handler still running then is interrupted.
+FINISH_SECONDS = 3.0
+#: Seconds an interrupted handler gets to return before it is left behind on its thread (one
+#: blocked in C code cannot be interrupted): at most a third of FINISH_SECONDS.
+STUCK_GRACE_SECONDS = 1.0
+#: The environment variable naming the consumer class ('package.module:Class').
+CONSUMER_VARIABLE = "MESSENGER_CONSUMER"
+#: Release reasons (the 'released' event's `reason`).
+OUT_OF_TIME = "out_of_time"
+GROUP_BLOCKED = "group_blocked"
+
+
+class MessageNotFinished(MessengerError):
+    """A message stays in its queue (failed, released or not started): a batch item failure."""
+
+
+# -- the event shape ------------------------------------------------------------------------------
+def sqs_message(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A Lambda SQS event record as the ReceiveMessage message it was (what `Delivery` reads).
+
+    Lambda writes attribute values in camelCase, binary ones base64-encoded; SendMessage wants
+    bytes (a message forwarded to the DLQ keeps its attributes unchanged)."""
+    attributes: dict[str, dict[str, Any]] = {}
+    for name, value in (record.get("messageAttributes") or {}).items():
+        entry: dict[str, Any] = {"DataType": value["dataType"]}
+        if value.get("stringValue") is not None:
+            entry["StringValue"] = value["stringValue"]
+        if value.get("binaryValue") is not None:
+            entry["BinaryValue"] = base64.b64decode(value["binaryValue"])
+        attributes[name] = entry
+    return {
+        "MessageId": record["messageId"],
+        "ReceiptHandle": record["receiptHandle"],
+        "Body": record.get("body", ""),
+        "Attributes": dict(record.get("attributes") or {}),
+        "MessageAttributes": attributes,
+        "MD5OfBody": record.get("md5OfBody", ""),
+    }
+
+
+def sqs_event(
+    messages: Sequence[Mapping[str, Any]], queue_arn: str, region: str
+) -> dict[str, Any]:
+    """The Lambda event of received messages (ReceiveMessage's shape, attributes included),
+    as Lambda's SQS event source builds it: to run the handler locally on real messages."""
+    records = []
+    for message in messages:
+        attributes = {}
+        for name, value in (message.get("MessageAttributes") or {}).items():
+            binary = value.get("BinaryValue")
+            attributes[name] = {
+                "stringValue": value.get("StringValue"),
+                "binaryValue": base64.b64encode(binary).decode() if binary is not None else None,
+                "stringListValues": [], "binaryListValues": [], "dataType": value["DataType"],
+            }
+        records.append({
+            "messageId": message["MessageId"],
+            "receiptHandle": message["ReceiptHandle"],
+            "body": message["Body"],
+            "attributes": dict(message.get("Attributes") or {}),
+            "messageAttributes": attributes,
+            "md5OfBody": message.get("MD5OfBody", ""),
+            "eventSource": "aws:sqs",
+            "eventSourceARN": queue_arn,
+            "awsRegion": region,
+        })
+    return {"Records": records}
+
+
+def queue_name_of(arn: str) -> str:
+    return arn.rsplit(":", 1)[-1]
+
+
+class LocalEventSource:
+    """Lambda's SQS event source played locally on one queue: receive a batch (all attributes,
+    as the event source does), invoke a handler with its event, then do what SQS does with the
+    partial batch response: delete every message not listed as a failure.
+
+    sqs: an SQS client. queue_url: the queue polled. region: the records' awsRegion.
+    visibility: the lease of a received batch, seconds (default 60; the queue's own on AWS).
+    """
+
+    def __init__(self, sqs: Any, queue_url: str, region: str, visibility: int = 60) -> None:
+        self.sqs = sqs
+        self.queue_url = queue_url
+        self.region = region
+        self.visibility = visibility
+        self.queue_arn = str(sqs.get_queue_attributes(
+            QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"])
+
+    def receive(self, count: int = 10, wait_seconds: int = 1) -> list[dict[str, Any]]:
+        """One poll for at most `count` messages."""
+        response = self.sqs.receive_message(
+            QueueUrl=self.queue_url, MaxNumberOfMessages=count, WaitTimeSeconds=wait_seconds,
+            VisibilityTimeout=self.visibility, MessageAttributeNames=["All"],
+            MessageSystemAttributeNames=["All"],
+        )
+        return list(response.get("Messages", []))
+
+    def invoke(
+        self, handler: Callable[[dict[str, Any], Any], Mapping[str, Any]],
+        messages: Sequence[Mapping[str, Any]], context: Any,
+    ) -> Mapping[str, Any]:
+        """`handler(event, context)` on `messages`, its response applied to the queue."""
+        response = handler(sqs_event(messages, self.queue_arn, self.region), context)
+        failed = {item["itemIdentifier"] for item in response.get("batchItemFailures", [])}
+        done = [m for m in messages if m["MessageId"] not in failed]
+        for start in range(0, len(done), MAX_BATCH_ENTRIES):
+            chunk = done[start:start + MAX_BATCH_ENTRIES]
+            self.sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(chunk)
+            ])
+        return response
+
+
+# -- the runtime --------------------------------------------------------------------------------
+class LambdaConsumerRuntime:
+    """One consumer in one Lambda execution environment: the channel is resolved once (cold
+    start: INITIALIZING → INITIALIZED, with their hooks), then `handle` runs each invocation
+    (PROCESSING, then IDLE).
+
+    consumer: the consumer instance. finish_seconds: see FINISH_SECONDS (>= 0).
+    """
+
+    def __init__(self, consumer: Consumer, finish_seconds: float = FINISH_SECONDS) -> None:
+        if not finish_seconds >= 0:
+            raise InvalidSettings(f"finish_seconds must be >= 0, got {finish_seconds!r}")
+        self.consumer = consumer
+        self.finish_seconds = finish_seconds
+        consumer.transition(ConsumerState.INITIALIZING)
+        provisioner = Provisioner(consumer.clients, consumer.settings)
+        consumer.resources = call_with_budget(
+            lambda: provisioner.ensure_channel(consumer.spec),
+            consumer.settings.retry_budget_seconds, f"resolving channel {consumer.spec.name!r}",
+        )
+        if consumer.status is not None:
+            consumer.status.start()
+        default, poller = consumer._mailboxes(consumer.resources)  # the Fargate runtime's own
+        boxes = list(poller.by_level.values()) if poller is not None else [default]
+        for box in boxes:
+            # An SQS call after the last handler (a forward, the releases) must end before the
+            # function does: its retries stop within FINISH_SECONDS.
+            box.budget = min(box.budget, max(1.0, finish_seconds))
+        #: The channel's mailboxes by queue name (each priority level has its queue).
+        self.mailboxes: dict[str, Mailbox] = {
+            box.queue_url.rstrip("/").rsplit("/", 1)[-1]: box for box in boxes
+        }
+        self.store = PayloadStore(consumer.clients.client("s3"), "")
+        self._handlers: ThreadPoolExecutor | None = None
+        consumer.transition(ConsumerState.INITIALIZED)
+
+    def handler_thread(self) -> ThreadPoolExecutor:
+        """The thread handlers run on (made at first use, kept across invocations)."""
+        if self._handlers is None:
+            self._handlers = ThreadPoolExecutor(1, thread_name_prefix="messenger-handler")
+        return self._handlers
+
+    def abandon_handler_thread(self) -> None:
+        """Leave a handler blocked past its deadline on its thread; the next gets a new one."""
+        if self._handlers is not None:
+            self._handlers.shutdown(wait=False)
+            self._handlers = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LambdaConsumerRuntime:
+        """The runtime of the class named by MESSENGER_CONSUMER, with JSON lifecycle logs."""
+        env = os.environ if environ is None else environ
+        target = env.get(CONSUMER_VARIABLE, "")
+        if not target:
+            raise InvalidSettings(
+                f"{CONSUMER_VARIABLE} must name the consumer class ('package.module:Class')"
+            )
+        configure_json_logging()
+        return cls(load_consumer(target)())
+
+    def handle(self, event: dict[str, Any], context: Any) -> PartialItemFailureResponse:
+        """Run one SQS batch; the partial batch response lists what stays in the queue."""
+        return _Batch(self, context).run(event)
+
+
+class _Batch:
+    """One invocation: its records, its deadline and what it releases at the end."""
+
+    def __init__(self, runtime: LambdaConsumerRuntime, context: Any) -> None:
+        self.runtime = runtime
+        self.consumer = runtime.consumer
+        remaining = context.get_remaining_time_in_millis() / 1000.0
+        #: Monotonic time after which no message starts and a running handler is interrupted.
+        self.deadline = time.monotonic() + remaining - runtime.finish_seconds
+        self.seen: set[str] = set()
+        self.releases: list[tuple[Delivery, str]] = []
+        self._cut: str | None = None
+
+    def run(self, event: dict[str, Any]) -> PartialItemFailureResponse:
+        consumer = self.consumer
+        records = event.get("Records") or []
+        if not records:  # (Lambda sends none; Powertools refuses an empty batch)
+            return {"batchItemFailures": []}
+        deliveries = [self.delivery(record) for record in records]
+        with one_received_line():
+            for delivery in deliveries:
+                if delivery is not None:
+                    fields: dict[str, Any] = {
+                        "receive_count": delivery.receive_count, "group_id": delivery.group_id,
+                    }
+                    if delivery.level is not None:
+                        fields["priority"] = delivery.level
+                    consumer.emit("received", delivery.log_id, fields=fields)
+        processor: BatchProcessor
+        if consumer.ordered:
+            processor = SqsFifoPartialProcessor(skip_group_on_error=True)
+        else:
+            processor = BatchProcessor(EventType.SQS)
+        # Every outcome is in the response, also when every message failed: the function's
+        # Errors metric then means the function itself failed (crash, timeout, bad setup).
+        processor.raise_on_entire_batch_failure = False
+        by_id = {d.sqs_message_id: d for d in deliveries if d is not None}
+        consumer.transition(ConsumerState.PROCESSING)
+        try:
+            response = process_partial_response(
+                event=event, record_handler=lambda record: self.handle_record(by_id, record),
+                processor=processor,
+            )
+        finally:
+            self.finish(processor, by_id)
+            consumer.transition(ConsumerState.IDLE)
+        return response
+
+    def delivery(self, record: dict[str, Any]) -> Delivery | None:
+        """The record as a delivery of its queue's mailbox (None: not one of the channel's)."""
+        mailbox = self.runtime.mailboxes.get(queue_name_of(str(record.get("eventSourceARN", ""))))
+        if mailbox is None:
+            return None
+        now = time.monotonic()
+        return Delivery(sqs_message(record), now, now + self.consumer.visibility_timeout,
+                        mailbox=mailbox)
+
+    # -- one record -------------------------------------------------------------------------
+    def handle_record(self, by_id: dict[str, Delivery], record: Any) -> None:
+        """Powertools' record handler: returns when the message is finished for good (Lambda
+        deletes it), raises MessageNotFinished when it stays in the queue."""
+        delivery = by_id.get(record.message_id)
+        self.seen.add(record.message_id)
+        if delivery is None:
+            source = record.raw_event.get("eventSourceARN")
+            self.consumer.emit("unknown_source", record.message_id, fields={
+                "event_source_arn": source, "queues": sorted(self.runtime.mailboxes),
+            })
+            raise MessageNotFinished(f"{source} is not a queue of channel "
+                                     f"{self.consumer.spec.name!r}")
+        if time.monotonic() >= self.deadline:
+            self.release(delivery, OUT_OF_TIME)
+            raise MessageNotFinished("the invocation's time ran out before it started")
+        if not self.process(delivery):
+            raise MessageNotFinished("not finished: see its lifecycle events")
+
+    def process(self, delivery: Delivery) -> bool:
+        """Run one message; True when it is finished for good (handled or dead-lettered).
+
+        The handler runs on the runtime's handler thread while this (the invocation's) thread
+        watches its deadline: at the deadline the handler is interrupted; one blocked in C code
+        that does not return within STUCK_GRACE_SECONDS is left behind on its thread (a new one
+        takes the next message), so the invocation still answers in time."""
+        consumer = self.consumer
+        with delivery.lock:
+            delivery.stage = Stage.RUNNING
+            delivery.started_at = time.monotonic()
+            delivery.deadline = min(delivery.started_at + consumer.processing_timeout,
+                                    self.deadline)
+        self._cut = None
+        consumer.emit("started", delivery.log_id,
+                      fields={"receive_count": delivery.receive_count})
+        running = self.runtime.handler_thread().submit(self._run_guarded, delivery)
+        try:
+            outcome = running.result(timeout=max(0.0, delivery.deadline - time.monotonic()))
+        except FutureTimeout:
+            cut = self._expire(delivery)
+            try:
+                outcome = running.result(timeout=min(STUCK_GRACE_SECONDS,
+                                                     self.runtime.finish_seconds / 3))
+            except FutureTimeout:
+                self.runtime.abandon_handler_thread()
+                consumer.emit("stuck", delivery.log_id, fields={"cut": cut})
+                if cut is None:  # its handler had returned; a retry or forward is under way
+                    return False
+                outcome = None
+        if outcome is not None:
+            return outcome
+        return self._timed_out(delivery)
+
+    def _run_guarded(self, delivery: Delivery) -> bool | None:
+        with delivery.lock:
+            delivery.thread_id = threading.get_ident()
+        try:
+            return self._run(delivery)
+        except ProcessingTimeout:  # an interruption that arrived as the handler returned
+            return None
+
+    def _run(self, delivery: Delivery) -> bool | None:
+        """Decode, hooks, handler (on the handler thread); None when its time ran out."""
+        consumer = self.consumer
+        mailbox = delivery.mailbox
+        assert mailbox is not None
+        try:
+            budget = max(0.1, min(mailbox.budget, self.deadline - time.monotonic()))
+            message = delivery.decode(self.runtime.store, budget)
+        except (MessageDecodeError, PayloadMissing) as bad:
+            if not delivery.claim(Stage.RUNNING, Stage.DONE):
+                return None
+            kind = "undecodable" if isinstance(bad, MessageDecodeError) else "payload_missing"
+            return self.dead_letter(delivery, f"{kind}: {bad}")
+        except ProcessingTimeout:
+            raise
+        except Exception as unreadable:  # S3 unreachable past the budget: try again later
+            if not delivery.claim(Stage.RUNNING, Stage.DONE):
+                return None
+            return self.failed(delivery, None, unreadable)
+        delivery.message = message
+        consumer.check_delay(message)
+        consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)
+        failure = self._call_handler(delivery, message)
+        consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
+        if not delivery.claim(Stage.RUNNING, Stage.DONE):
+            return None
+        if failure is not None:
+            return self.failed(delivery, message, failure)
+        consumer.emit("completed", delivery.log_id, duration=delivery.running_for(),
+                      fields={"receive_count": delivery.receive_count})
+        return True
+
+    def _call_handler(
+        self, delivery: Delivery, message: ReceivedMessage
+    ) -> BaseException | None:
+        """What the handler raised, or None (also when interrupted: the stage says so).
+        Anything but Ctrl-C is the handler's failure, as on Fargate."""
+        try:
+            with delivery.lock:
+                if delivery.stage is not Stage.RUNNING:  # its time ran out in a START hook
+                    return None
+                delivery.in_handler = True
+            try:
+                self.consumer.handler(message)
+            finally:
+                with delivery.lock:
+                    delivery.in_handler = False
+                    if delivery.stage is Stage.TIMED_OUT:  # drop an interruption not yet raised
+                        interrupt(threading.get_ident(), None)
+        except ProcessingTimeout:
+            return None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:
+            return error
+        return None
+
+    def _expire(self, delivery: Delivery) -> str | None:
+        """The message's deadline came: interrupt its handler; returns why (OUT_OF_TIME or
+        'processing_timeout'), None when it had finished meanwhile."""
+        with delivery.lock:
+            if delivery.stage is not Stage.RUNNING:
+                return None
+            delivery.stage = Stage.TIMED_OUT
+            self._cut = OUT_OF_TIME if delivery.deadline == self.deadline else "processing_timeout"
+            if delivery.in_handler and delivery.thread_id is not None:
+                interrupt(delivery.thread_id, ProcessingTimeout)
+            return self._cut
+
+    def _timed_out(self, delivery: Delivery) -> bool:
+        """Its deadline came: past processing_timeout → the DLQ, as on Fargate; cut short by
+        the invocation's end → released, to run again in another invocation."""
+        consumer = self.consumer
+        if self._cut == OUT_OF_TIME:
+            self.release(delivery, OUT_OF_TIME)
+            return False
+        timeout = consumer.processing_timeout
+        consumer.emit("timed_out", delivery.log_id, duration=delivery.running_for(), fields={
+            "processing_timeout": timeout, "receive_count": delivery.receive_count,
+        })
+        consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
+        return self.dead_letter(delivery, f"processing_timeout: exceeded {timeout:g} s")
+
+    def failed(self, delivery: Delivery, message: Any, error: BaseException) -> bool:
+        """The handler (or reading the payload) failed: retried after `retry_delay`, or
+        dead-lettered when this receive used up the channel's `max_receives`."""
+        consumer = self.consumer
+        delivery.stage = Stage.DONE
+        consumer.emit("failed", delivery.log_id, duration=delivery.running_for(), fields={
+            "error": f"{type(error).__name__}: {error}", "error_class": type(error).__name__,
+            "receive_count": delivery.receive_count,
+        })
+        consumer.run_hooks(LifecycleHooks.ON_ERROR, message, error)
+        if attempts_used_up(delivery.receive_count, consumer.max_receives):
+            return self.dead_letter(delivery, exhausted_reason(
+                error, delivery.receive_count, consumer.max_receives))
+        delay = consumer.runtime.retry_delay
+        assert delivery.mailbox is not None
+        try:
+            delivery.mailbox.retry_later(delivery, delay)
+            consumer.emit("retried", delivery.log_id, fields={
+                "delay": delay, "receive_count": delivery.receive_count, "next": "redelivery",
+            })
+        except Exception as failure:  # visible again when its lease ends instead
+            consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failure)})
+        return False
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
+        """Forward to the DLQ with the reason and delete (the mailbox's own, forward first);
+        when that fails the message stays in the queue (a batch item failure)."""
+        delivery.stage = Stage.DONE
+        assert delivery.mailbox is not None
+        try:
+            delivery.mailbox.dead_letter(delivery, reason)
+        except Exception as error:
+            self.consumer.emit("dead_letter_failed", delivery.log_id, fields={
+                "reason": reason, "error": f"{type(error).__name__}: {error}",
+            })
+            return False
+        self.consumer.emit("dead_lettered", delivery.log_id, duration=delivery.running_for(),
+                           fields={"reason": reason, "receive_count": delivery.receive_count})
+        return True
+
+    def release(self, delivery: Delivery, reason: str) -> None:
+        """Give the message back at the end of the invocation (visible again at once)."""
+        delivery.stage = Stage.DONE
+        self.releases.append((delivery, reason))
+
+    # -- the end ----------------------------------------------------------------------------
+    def finish(self, processor: BatchProcessor, by_id: dict[str, Delivery]) -> None:
+        """Release what did not run (a group blocked behind a failure, the time ran out) in
+        one batch call per queue, then write the status records held."""
+        for record in processor.fail_messages:  # short-circuited by the FIFO processor
+            message_id = str(getattr(record, "message_id", ""))
+            delivery = by_id.get(message_id)
+            if message_id not in self.seen and delivery is not None:
+                self.release(delivery, GROUP_BLOCKED)
+        if self.releases:
+            deliveries = [delivery for delivery, _ in self.releases]
+            box = deliveries[0].mailbox
+            assert box is not None
+            try:
+                errors = box.release(deliveries)
+            except Exception as error:  # visible again when their leases end instead
+                errors = [EntryError(d, type(error).__name__, str(error)) for d in deliveries]
+            failed = {id(e.delivery) for e in errors}
+            for delivery, reason in self.releases:
+                self.consumer.emit("released", delivery.log_id, fields={
+                    "reason": reason, "ok": id(delivery) not in failed,
+                })
+        status = self.consumer.status
+        if status is not None:  # a frozen execution environment writes nothing
+            try:
+                status.store.flush()
+            except Exception as error:
+                self.consumer.emit("status_flush_failed", fields={"error": str(error)})
+
+
+def attempts_used_up(receive_count: int, max_attempts: int) -> bool:
+    """Whether a failure on this receive is the job's last: SQS's redrive would move it to the
+    DLQ at its next receive (receive_count > maxReceiveCount)."""
+    return receive_count >= max_attempts
+
+
+def exhausted_reason(error: BaseException, receive_count: int, max_attempts: int) -> str:
+    """The dead-letter reason of a message whose last attempt failed."""
+    return (f"attempts_exhausted: failed on receive {receive_count} of {max_attempts}: "
+            f"{type(error).__name__}: {error}")

@@ -1,0 +1,315 @@
+"""`LambdaConsumer`: one consumer class run by AWS Lambda on its channel's queue(s).
+
+The function is the platform's (`lambdas/consumer/handler.py`, `messenger.consume.lambda_runtime`)
+with the team's code folder beside it; MESSENGER_CONSUMER names the class, as the Fargate
+image's command does. Lambda's SQS event source polls each queue of the channel (every priority
+level's) and reports batch item failures, so only the messages that failed return.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from stacks.bundle import consumer_lambda_bundle
+from stacks.channel import Channel
+from stacks.consumer_image import ConsumerImage
+from stacks.consumer_service import DEFAULT_PROCESSING_TIMEOUT, _ClassValidation
+from stacks.foundation import Foundation
+from stacks.nag import acknowledge
+from stacks.topology import Topology
+
+RUNTIME = lambda_.Runtime.PYTHON_3_11
+#: Lambda runs a function for at most 15 minutes.
+LAMBDA_MAX_TIMEOUT_SECONDS = 900
+#: AWS's guidance for an SQS event source: the queue's visibility timeout is at least six times
+#: the function's timeout (Lambda may retry a throttled batch while its messages stay leased).
+VISIBILITY_PER_FUNCTION_TIMEOUT = 6
+#: `messenger.consume.lambda_runtime.FINISH_SECONDS`: the end of an invocation kept for
+#: dead-letter forwards, releases and the response (stacks import no runtime code).
+FINISH_SECONDS = 3
+#: SQS event source batch sizes: FIFO queues take at most 10 per batch; standard queues up to
+#: 10,000, above 10 only with a batching window.
+MAX_FIFO_BATCH = 10
+MAX_STANDARD_BATCH = 10_000
+#: An event source's maximum concurrency: 2 to 1,000 concurrent invocations.
+MIN_MAX_CONCURRENCY, MAX_MAX_CONCURRENCY = 2, 1000
+DEFAULT_MAX_MESSAGE_AGE = Duration.minutes(15)
+
+
+class LambdaConsumer(Construct):
+    """A Lambda function running `consumer_class` on every batch of `channel`'s queue(s).
+
+    channel: the channel it consumes (grants: consume the queues, forward to the DLQs, the key).
+    foundation: the platform key and offload bucket (grants: read offloaded payloads; write
+        status records when the channel tracks status).
+    code: the folder of the consumer classes (its name is their package), bundled with the
+        library; third-party packages it needs come from `layers`.
+    consumer_class: 'package.module:Class', `package` being the folder's name; imported at synth
+        and checked against the channel as for `ConsumerService`.
+    namespace: MESSENGER_NAMESPACE of the function.
+    processing_timeout: the class's `processing_timeout` (default; given, it must equal it).
+    timeout: the function's timeout (default: processing_timeout plus FINISH_SECONDS, rounded up
+        to whole seconds); from processing_timeout + FINISH_SECONDS to 900 s, and the channel's
+        visibility_timeout must be at least 6 times it.
+    batch_size: messages per invocation (default 10; 1-10 on ordered channels, 1-10,000
+        otherwise, above 10 only with a `max_batching_window`).
+    max_batching_window: how long Lambda gathers a batch (default none; 0-300 s; not on ordered
+        channels).
+    max_concurrency: concurrent invocations the event source may start, 2-1000 (default: no
+        limit but the account's).
+    memory_mib: the function's memory (default 256; CPU grows with it).
+    max_message_age: the queue-age alarm's threshold (default 15 minutes).
+    alarm_topic: where the alarms notify (default: nowhere; e.g. the platform's ops topic).
+    layers: Lambda layers with the code's third-party packages.
+    environment: extra environment variables (no secrets: they are visible in the function).
+    Outputs: `function`, `role`, `event_sources` (one per queue), `alarms` (errors, throttles,
+    and the age of the oldest message per queue).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        channel: Channel,
+        foundation: Foundation,
+        code: str | Path,
+        consumer_class: str,
+        namespace: str,
+        processing_timeout: Duration | None = None,
+        timeout: Duration | None = None,
+        batch_size: int = 10,
+        max_batching_window: Duration | None = None,
+        max_concurrency: int | None = None,
+        memory_mib: int = 256,
+        max_message_age: Duration = DEFAULT_MAX_MESSAGE_AGE,
+        alarm_topic: sns.ITopic | None = None,
+        layers: Sequence[lambda_.ILayerVersion] = (),
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(scope, id)
+        module, _, class_name = consumer_class.partition(":")
+        if not class_name.isidentifier() or not all(
+            part.isidentifier() for part in module.split(".")
+        ):
+            raise ValueError(
+                f"LambdaConsumer {id!r}: consumer_class must be 'package.module:Class', "
+                f"got {consumer_class!r}"
+            )
+        ordered = channel.spec.ordered
+        largest = MAX_FIFO_BATCH if ordered else MAX_STANDARD_BATCH
+        if not 1 <= batch_size <= largest:
+            raise ValueError(
+                f"LambdaConsumer {id!r}: batch_size must be from 1 to {largest} on "
+                f"{'an ordered' if ordered else 'a standard'} channel, got {batch_size}"
+            )
+        if ordered and max_batching_window is not None:
+            raise ValueError(
+                f"LambdaConsumer {id!r}: max_batching_window is not available on an ordered "
+                f"channel (SQS FIFO event sources take none); leave it out"
+            )
+        if batch_size > MAX_FIFO_BATCH and max_batching_window is None:
+            raise ValueError(
+                f"LambdaConsumer {id!r}: batch_size {batch_size} needs a max_batching_window "
+                f"(Lambda gathers more than 10 messages only within one), e.g. "
+                f"Duration.seconds(5)"
+            )
+        if max_concurrency is not None and \
+                not MIN_MAX_CONCURRENCY <= max_concurrency <= MAX_MAX_CONCURRENCY:
+            raise ValueError(
+                f"LambdaConsumer {id!r}: max_concurrency must be from {MIN_MAX_CONCURRENCY} to "
+                f"{MAX_MAX_CONCURRENCY}, got {max_concurrency}"
+            )
+        self.channel = channel
+        self.consumer_class = consumer_class
+        #: The code folder, checked as a consumer image's is (same package rules).
+        self.image = ConsumerImage.from_code(code)
+        assert self.image.code_dir is not None
+        requirements = self.image.code_dir / "requirements.txt"
+        if not layers and requirements.is_file() and any(
+            line.strip() and not line.lstrip().startswith("#")
+            for line in requirements.read_text().splitlines()
+        ):
+            raise ValueError(
+                f"LambdaConsumer {id!r}: {requirements} lists packages, which a Lambda bundle "
+                f"does not install; give layers=[...] holding them (or run the class on "
+                f"Fargate: ConsumerService's image installs them)"
+            )
+        self.requested_processing_timeout = processing_timeout
+        self.requested_timeout = timeout
+        topology = Topology.of(self)
+        if self.image.contains(consumer_class):
+            topology.request_consumer(self.image.code_dir, consumer_class)
+        topology.attach(self, _ClassValidation(self).validate, self._validate_timeouts)
+
+        log_group = logs.LogGroup(
+            self, "Logs", retention=logs.RetentionDays.ONE_MONTH,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        # An explicit role: the default one carries the AWS-managed basic execution policy,
+        # which may write to every log group of the account.
+        self.role = iam.Role(
+            self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description=f"messenger consumer {consumer_class} (Lambda)",
+        )
+        log_group.grant_write(self.role)
+        self.environment = {
+            "MESSENGER_CONSUMER": consumer_class,
+            "MESSENGER_PROVISIONING": "verify",
+            "MESSENGER_NAMESPACE": namespace,
+            "MESSENGER_KMS_KEY": foundation.key.key_arn,
+            "MESSENGER_OFFLOAD_BUCKET": foundation.offload_bucket_name,
+            "POWERTOOLS_SERVICE_NAME": f"messenger-consumer-{channel.spec.name}",
+            **(environment or {}),
+        }
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            runtime=RUNTIME,
+            architecture=lambda_.Architecture.X86_64,
+            handler="lambdas.consumer.handler.handler",
+            code=lambda_.Code.from_asset(str(consumer_lambda_bundle(self.image.code_dir))),
+            role=self.role,
+            log_group=log_group,
+            memory_size=memory_mib,
+            timeout=Duration.seconds(self.timeout_seconds),
+            environment=self.environment,
+            layers=list(layers),
+            description=f"messenger consumer {consumer_class} on channel {channel.spec.name}",
+        )
+        # The same grants as a ConsumerService's task role (ECS task protection aside).
+        channel.grant_consume(self.role)
+        foundation.grant_offload_read(self.role)
+        if any(level.spec.track_status for level in channel.levels):
+            foundation.grant_status_write(self.role)
+        # Mappings without the L2 event source's own grants: the channel's cover them.
+        self.event_sources = [
+            self.function.add_event_source_mapping(
+                f"Source{index}",
+                event_source_arn=queue.queue_arn,
+                batch_size=batch_size,
+                max_batching_window=max_batching_window,
+                report_batch_item_failures=True,
+                max_concurrency=max_concurrency,
+            )
+            for index, queue in enumerate(channel.queues)
+        ]
+        for mapping in self.event_sources:
+            mapping.node.add_dependency(self.role)  # polling needs the grants in place
+        self.alarms = self._alarms(max_message_age, alarm_topic)
+        acknowledge(
+            self.function,
+            "AwsSolutions-L1",
+            "Pinned to Python 3.11, the version the library, its bundled dependencies and the "
+            "tests use; upgraded together with the project's Python.",
+        )
+
+    def _alarms(
+        self, max_message_age: Duration, topic: sns.ITopic | None
+    ) -> list[cloudwatch.Alarm]:
+        """Errors (the function itself failed: crash, timeout, bad setup; a handler's failure is
+        a batch item failure, not an error), throttles, and messages waiting too long."""
+        name = self.channel.spec.name
+        alarms = [
+            cloudwatch.Alarm(
+                self, "Errors",
+                alarm_description=f"messenger Lambda consumer of {name} failed an invocation "
+                                  f"(its whole batch returns to the queue): read its log.",
+                metric=self.function.metric_errors(period=Duration.minutes(5), statistic="Sum"),
+                threshold=1, evaluation_periods=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            ),
+            cloudwatch.Alarm(
+                self, "Throttles",
+                alarm_description=f"messenger Lambda consumer of {name} is throttled (account "
+                                  f"or reserved concurrency): messages wait in the queue.",
+                metric=self.function.metric_throttles(period=Duration.minutes(5),
+                                                      statistic="Sum"),
+                threshold=1, evaluation_periods=3,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            ),
+        ]
+        for index, queue in enumerate(self.channel.queues):
+            alarms.append(cloudwatch.Alarm(
+                self, f"QueueAge{index}",
+                alarm_description=f"the oldest message of {name}'s queue {index} is older than "
+                                  f"{max_message_age.to_human_string()}: the consumer is behind "
+                                  f"(the queue's iterator age).",
+                metric=queue.metric_approximate_age_of_oldest_message(
+                    period=Duration.minutes(5), statistic="Maximum"),
+                threshold=max_message_age.to_seconds(), evaluation_periods=2,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            ))
+        if topic is not None:
+            for alarm in alarms:
+                alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
+        return alarms
+
+    # -- what the lint reads (as for ConsumerService) -----------------------------------------
+    @property
+    def class_facts(self) -> dict | None:
+        """What the consumer class declares (imported at synth from the code), or {'error': ...}."""
+        if self.image.code_dir is None or not self.image.contains(self.consumer_class):
+            return None
+        return Topology.of(self).consumer_facts(self.image.code_dir, self.consumer_class)
+
+    @property
+    def processing_timeout(self) -> Duration:
+        """The requested one, else the class's `processing_timeout`, else 60 s."""
+        if self.requested_processing_timeout is not None:
+            return self.requested_processing_timeout
+        facts = self.class_facts
+        if facts and "processing_timeout" in facts:
+            return Duration.millis(round(facts["processing_timeout"] * 1000))
+        return DEFAULT_PROCESSING_TIMEOUT
+
+    @property
+    def timeout_seconds(self) -> int:
+        """The function's timeout in seconds (see `timeout`)."""
+        if self.requested_timeout is not None:
+            return math.ceil(self.requested_timeout.to_seconds())
+        return math.ceil(self.processing_timeout.to_seconds() + FINISH_SECONDS)
+
+    def _validate_timeouts(self) -> list[str]:
+        spec = self.channel.spec
+        target = self.consumer_class
+        timeout = self.timeout_seconds
+        processing = self.processing_timeout.to_seconds()
+        errors = []
+        if processing + FINISH_SECONDS > LAMBDA_MAX_TIMEOUT_SECONDS:
+            errors.append(
+                f"consumer {target!r}: processing_timeout ({processing:g} s) plus {FINISH_SECONDS} "
+                f"s to finish exceeds Lambda's {LAMBDA_MAX_TIMEOUT_SECONDS} s limit; run it on "
+                f"Fargate (ConsumerService) or lower processing_timeout"
+            )
+        elif not processing + FINISH_SECONDS <= timeout <= LAMBDA_MAX_TIMEOUT_SECONDS:
+            errors.append(
+                f"consumer {target!r}: the function timeout ({timeout} s) must be from "
+                f"processing_timeout + {FINISH_SECONDS} s ({processing + FINISH_SECONDS:g} s; "
+                f"a message may run its whole processing_timeout) to "
+                f"{LAMBDA_MAX_TIMEOUT_SECONDS} s"
+            )
+        wanted = VISIBILITY_PER_FUNCTION_TIMEOUT * timeout
+        if spec.visibility_timeout < wanted:
+            errors.append(
+                f"consumer {target!r} on channel {spec.name!r}: the channel's visibility_timeout "
+                f"({spec.visibility_timeout} s) is less than {VISIBILITY_PER_FUNCTION_TIMEOUT} x "
+                f"the function timeout ({timeout} s), AWS's guidance for an SQS event source "
+                f"(a batch retried after throttling must still be leased). Raise "
+                f"ChannelSpec.visibility_timeout to at least {wanted}, or lower the timeout."
+            )
+        return errors
