@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from messenger.errors import InvalidMessage, InvalidSettings
+from messenger.errors import InvalidBody, InvalidSettings
 
 #: Message attribute carrying the body model's `schema_version` (absent when it has none).
 SCHEMA_VERSION_ATTRIBUTE = "schema_version"
@@ -65,7 +65,7 @@ class BodySchema:
     def _versions(self, routing_key: str | None) -> tuple[Any, ...]:
         versions = self.models.get(routing_key or "") or self.models.get(ANY_ROUTING_KEY)
         if versions is None:
-            raise InvalidMessage(
+            raise InvalidBody(
                 f"invalid: routing_key: {self.owner} declares no model for {routing_key!r} "
                 f"(models for: {', '.join(map(repr, self.models))})"
             )
@@ -73,7 +73,7 @@ class BodySchema:
 
     def dump(self, body: Any, routing_key: str | None) -> tuple[Any, str | None]:
         """Producer side: (the body as JSON-ready data, its schema version). `body` is a model
-        instance or data for the newest declared model; InvalidMessage names the bad field."""
+        instance or data for the newest declared model; InvalidBody names the bad field."""
         from pydantic import ValidationError
 
         versions = self._versions(routing_key)
@@ -82,12 +82,12 @@ class BodySchema:
             instance = body if type(body) is model else model.model_validate(
                 body.model_dump() if hasattr(body, "model_dump") else body)
         except ValidationError as error:
-            raise InvalidMessage(invalid_reason(error)) from None
+            raise InvalidBody(invalid_reason(error)) from None
         return instance.model_dump(mode="json"), version_of(model)
 
     def load(self, body: Any, routing_key: str | None, version: str | None) -> Any:
         """Consumer side: the model instance of a received body, by routing key and schema
-        version; InvalidMessage('invalid: <field>: <error>') when it does not validate."""
+        version; InvalidBody('invalid: <field>: <error>') when it does not validate."""
         from pydantic import ValidationError
 
         versions = self._versions(routing_key)
@@ -96,14 +96,14 @@ class BodySchema:
             matching = list(versions)  # an unversioned producer, a consumer with one model
         if not matching:
             accepted = ", ".join(repr(version_of(m)) for m in versions)
-            raise InvalidMessage(
+            raise InvalidBody(
                 f"invalid: schema_version: {version!r} is not one {self.owner} accepts "
                 f"({accepted})"
             )
         try:
             return matching[0].model_validate(body)
         except ValidationError as error:
-            raise InvalidMessage(invalid_reason(error)) from None
+            raise InvalidBody(invalid_reason(error)) from None
 
 
 def version_of(model: Any) -> str | None:

@@ -64,7 +64,7 @@ from messenger.jobs.priority import PriorityPolicy
 from messenger.jobs.status import StatusStore
 from messenger.offload import PayloadStore
 from messenger.provision import ChannelResources, Provisioner
-from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
+from messenger.schema import BodySchema
 from messenger.settings import Settings
 
 logger = logging.getLogger("messenger.consumer")
@@ -181,15 +181,6 @@ class Consumer:
     def handler(self, message: ReceivedMessage) -> None:
         """Handle one message; return to have it deleted, raise to have it retried."""
         raise NotImplementedError(f"{type(self).__name__} must define handler(self, message)")
-
-    def typed_message(self, message: ReceivedMessage, attributes: Mapping[str, Any]
-                      ) -> ReceivedMessage:
-        """The message with its body as the declared model's instance (chosen by routing key
-        and the envelope's schema version); InvalidMessage('invalid: <field>: <error>')."""
-        assert self.body_schema is not None
-        version = attributes.get(SCHEMA_VERSION_ATTRIBUTE, {}).get("StringValue")
-        body = self.body_schema.load(message.body, message.routing_key, version)
-        return replace(message, body=body)
 
     def on_event(self, event: LifecycleEvent) -> None:
         """Every lifecycle event goes through here; the default writes it to the JSON log.

@@ -7,7 +7,6 @@ so that imports run one way: consumer → runtime → watchdog → host.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from typing import Any, Protocol
 
 from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
@@ -44,9 +43,6 @@ class RuntimeHost(Protocol):
     def run_hooks(self, hook: LifecycleHooks, *args: Any) -> None: ...
 
     def check_delay(self, message: ReceivedMessage) -> None: ...
-
-    def typed_message(self, message: ReceivedMessage, attributes: Mapping[str, Any]
-                      ) -> ReceivedMessage: ...
 
     def transition(self, state: ConsumerState) -> None: ...
 

@@ -16,13 +16,19 @@ from typing import Any
 
 from messenger.aws import call_with_budget, is_transient
 from messenger.channel import MAX_BATCH_ENTRIES
-from messenger.errors import QueueCallFailed, RetryBudgetExhausted
+from messenger.errors import (
+    InvalidBody,
+    MessageDecodeError,
+    QueueCallFailed,
+    RetryBudgetExhausted,
+)
 from messenger.message import (
     DEAD_LETTER_REASON_ATTRIBUTE,
     decode_envelope,
     sendable_attributes,
 )
 from messenger.offload import OffloadPointer, PayloadStore
+from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
 
 #: A delete that failed (throttled past the retry budget, an SQS error) is tried again this long
 #: later, while the message's lease is kept.
@@ -145,8 +151,10 @@ class Delivery:
             self.stage = new
             return True
 
-    def decode(self, store: PayloadStore, budget: float) -> ReceivedMessage:
-        """The handler's message; raises MessageDecodeError or PayloadMissing."""
+    def decode(self, store: PayloadStore, budget: float, schema: BodySchema | None = None
+               ) -> ReceivedMessage:
+        """The handler's message, its body the `schema`'s model instance when given; raises
+        MessageDecodeError (InvalidBody when the body does not validate) or PayloadMissing."""
         body = str(self.raw.get("Body", ""))
         attributes = self.raw.get("MessageAttributes", {})
         pointer = OffloadPointer.parse(body, attributes)
@@ -154,6 +162,9 @@ class Delivery:
             body = call_with_budget(lambda: store.get(pointer), budget, "reading offloaded payload")
         value, routing_key, meta, message_id, produced_at = decode_envelope(
             body, attributes, fallback_id=self.sqs_message_id)
+        if schema is not None:
+            version = attributes.get(SCHEMA_VERSION_ATTRIBUTE, {}).get("StringValue")
+            value = schema.load(value, routing_key, version)
         sent = float(self.raw.get("Attributes", {}).get("SentTimestamp", "0")) / 1000.0
         return ReceivedMessage(
             body=value,
@@ -184,6 +195,15 @@ class EntryError:
         """Every entry of a batch call that raised `error`."""
         transient = isinstance(error, RetryBudgetExhausted) or is_transient(error)
         return [cls(d, type(error).__name__, str(error), transient) for d in deliveries]
+
+
+def unreadable_reason(error: BaseException) -> str:
+    """The dead-letter reason of a message that can never be handled: `invalid: <field>:
+    <error>` (its body does not validate), `undecodable: ...` or `payload_missing: ...`."""
+    if isinstance(error, InvalidBody):
+        return str(error)
+    kind = "undecodable" if isinstance(error, MessageDecodeError) else "payload_missing"
+    return f"{kind}: {error}"
 
 
 def _chunks(items: Sequence[Delivery]) -> Iterable[Sequence[Delivery]]:

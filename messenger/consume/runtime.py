@@ -49,9 +49,10 @@ from messenger.consume.mailbox import (
     Mailbox,
     ReceivedMessage,
     Stage,
+    unreadable_reason,
 )
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog, interrupt
-from messenger.errors import InvalidMessage, MessageDecodeError, PayloadMissing
+from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.offload import PayloadStore
 
 logger = logging.getLogger(__name__)
@@ -429,17 +430,11 @@ class Runtime:
         consumer = self.consumer
         consumer.emit("started", delivery.log_id, fields={"receive_count": delivery.receive_count})
         try:
-            message = delivery.decode(self.store, self.mailbox.budget)
-        except (MessageDecodeError, PayloadMissing) as bad:
-            kind = "undecodable" if isinstance(bad, MessageDecodeError) else "payload_missing"
-            return self.dead_letter(delivery, f"{kind}: {bad}", Stage.RUNNING)
+            message = delivery.decode(self.store, self.mailbox.budget, consumer.body_schema)
+        except (MessageDecodeError, PayloadMissing) as bad:  # never readable: the DLQ at once
+            return self.dead_letter(delivery, unreadable_reason(bad), Stage.RUNNING)
         except Exception as unreadable:  # S3 unreachable past the budget: try again later
             return self._failed(delivery, None, unreadable)
-        if consumer.body_schema is not None:  # a body that does not validate never will
-            try:
-                message = consumer.typed_message(message, delivery.raw.get("MessageAttributes", {}))
-            except InvalidMessage as invalid:
-                return self.dead_letter(delivery, str(invalid), Stage.RUNNING)
         delivery.message = message
         consumer.check_delay(message)
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)

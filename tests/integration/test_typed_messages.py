@@ -109,7 +109,7 @@ def test_push_many_fails_only_the_invalid_items_naming_their_field(settings, cli
     items[11] = {"order_id": "o-11", "amount": "lots"}         # not a number
     result = producer.push_many(items)
     assert [(f.index, f.code) for f in result.failures] == [
-        (3, "InvalidMessage"), (11, "InvalidMessage")]
+        (3, "InvalidBody"), (11, "InvalidBody")]
     assert result.failures[0].reason == "invalid: amount: Field required"
     assert result.failures[1].reason.startswith("invalid: amount: ")
     assert result.published == 10
