@@ -17,6 +17,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from messenger import ConsumerSettings, InvalidMessage, InvalidSettings, Producer
+from messenger.aws import RequestCounter
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.schema import SCHEMA_VERSION_ATTRIBUTE
 from tests.integration.helpers import drain
@@ -107,7 +108,11 @@ def test_push_many_fails_only_the_invalid_items_naming_their_field(settings, cli
     items = [{"order_id": f"o-{n}", "amount": n + 1} for n in range(12)]
     items[3] = {"order_id": "o-3"}                             # amount missing
     items[11] = {"order_id": "o-11", "amount": "lots"}         # not a number
+    counter = RequestCounter().attach(clients)
     result = producer.push_many(items)
+    counter.detach(clients)
+    # Typing costs no request: the 10 valid items go out in one batch
+    assert counter.counts["sqs.SendMessageBatch"] == 1
     assert [(f.index, f.code) for f in result.failures] == [
         (3, "InvalidBody"), (11, "InvalidBody")]
     assert result.failures[0].reason == "invalid: amount: Field required"
