@@ -100,6 +100,16 @@ BENCHES = (
         Figure("throughput ratio on/off", ("throughput_ratio",)),
         Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
     )),
+    Bench("job_ops.py", "Dead-letter workbench on a 10,000-letter DLQ; dedup on enqueue", (
+        Figure("dlq list: requests per dead letter", ("dlq", "requests_per_dead_letter"), 0.25),
+        Figure("dlq list: seconds for 10,000", ("dlq", "list_seconds")),
+        Figure("dlq requeue of one id: requests", ("dlq", "requeue_one_requests")),
+        Figure("dedup on: extra requests per message (push_many)",
+               ("dedup", "extra_requests_per_message_on"), 1.0),
+        Figure("dedup on: extra requests per push", ("dedup", "extra_requests_per_push_on"), 1.0),
+        Figure("dedup off: extra requests per message",
+               ("dedup", "extra_requests_per_message_off"), 0.0),
+    )),
     Bench("lambda_consumer.py", "Lambda consumer runtime, batches of 10, per message", (
         Figure("function requests, handled", ("handled", "function_requests_per_message"), 0),
         Figure("function requests, failed (retry delay)",

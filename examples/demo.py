@@ -26,6 +26,7 @@ from examples.channels import WISHLIST_EXCHANGE, example_channels, wishlist_chan
 from examples.wishlist import OrderReceiptsProducer, OrdersProducer, WishlistEventProducer
 from messenger.aws import ClientFactory
 from messenger.channel import ChannelSpec, ChannelTags
+from messenger.message import DEAD_LETTER_FAILURE_ATTRIBUTE
 from messenger.ops.report import render_text
 from messenger.produce.producer import Producer, PushItem
 from messenger.provision import Provisioner
@@ -197,12 +198,18 @@ def step_poison_and_requeue(ctx: DemoContext) -> str:
     deadline = time.monotonic() + 30
     while in_dlq() < 1 and time.monotonic() < deadline:
         time.sleep(0.5)
-    check(in_dlq() == 1, "after 3 receives SQS moved the poison order to the DLQ")
+    check(in_dlq() == 1, "after 3 failed attempts the consumer moved the poison order to the DLQ")
+    [dead] = sqs.receive_message(QueueUrl=dlq_url, MessageAttributeNames=["All"],
+                                 VisibilityTimeout=0)["Messages"]
+    failure = json.loads(dead["MessageAttributes"][DEAD_LETTER_FAILURE_ATTRIBUTE]["StringValue"])
+    check(failure.get("error_type") == "ValueError" and "Traceback" in failure["traceback"],
+          "its dead letter names the error and carries the traceback")
     (ctx.workdir / "fix-deployed").touch()  # the fix is deployed
     report = Requeuer(spec.dlq_name, "orders", settings=ctx.settings, clients=ctx.clients).start()
     check(report.moved == 1, "the requeuer moved it back")
     orders.wait_for(lambda c: message_id in c.completed_ids(), "processing the requeued order")
-    return (f"order 7 failed {spec.max_receives}x -> {spec.dlq_name}; fix deployed; "
+    return (f"order 7 failed {spec.max_receives}x ({failure['error_type']}: "
+            f"{failure['error_message']}) -> {spec.dlq_name}; fix deployed; "
             f"requeued {report.moved} -> processed")
 
 

@@ -138,6 +138,16 @@ def status_table_name(namespace: str = "") -> str:
     return f"{namespace}-messenger-status" if namespace else "messenger-status"
 
 
+def dedup_table_name(namespace: str = "") -> str:
+    """The enqueue-dedup claims table: '<namespace->messenger-dedup'."""
+    return f"{namespace}-messenger-dedup" if namespace else "messenger-dedup"
+
+
+def workers_table_name(namespace: str = "") -> str:
+    """The consumer-process registry: '<namespace->messenger-workers'."""
+    return f"{namespace}-messenger-workers" if namespace else "messenger-workers"
+
+
 def offload_bucket_name(namespace: str, account_id: str, region: str) -> str:
     """The offload bucket: '<namespace->messenger-offload-<account>-<region>'. Bucket names are
     global: the region keeps one namespace in two regions (or accounts) apart."""

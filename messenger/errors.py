@@ -55,3 +55,7 @@ class QueueCallFailed(RetryBudgetExhausted):
 
 class ProvisioningError(MessengerError):
     """Infrastructure for a channel could not be created or checked."""
+
+
+class DeadLetterNotFound(MessengerError):
+    """A dead letter asked for by id is not in the channel's DLQ (or could not be seen)."""

@@ -10,13 +10,15 @@ routing key and the body stays readable by any client:
 | meta_headers   | String | JSON object of string headers             |
 | message_id     | String | id given by the producer (uuid4 hex)      |
 | produced_at    | Number | epoch seconds when the producer encoded it |
-| priority       | String | priority level (prioritized exchanges)    |
+| max_attempts   | Number | attempts the job may take (absent: the consumer's) |
 | schema_version | String | the body model's version (typed messages) |
-| ExtendedPayloadSize | Number | offloaded body's size (body is a pointer) |
 | dead_letter_reason | String | why a consumer sent it to the DLQ (DLQ only) |
+| dead_letter_failure | String | JSON of what failed (DLQ only; `messenger.consume.failures`) |
 
-SQS takes at most 10 message attributes (`SQS_MAX_MESSAGE_ATTRIBUTES`): every feature that adds
-one must keep the fullest envelope within it (tests/unit/test_message.py counts them).
+A message carries at most all 10 of the attributes SQS allows (`SQS_MAX_MESSAGE_ATTRIBUTES`): the
+six above, `priority` (prioritized exchanges, `messenger.channel`), the offload size
+(`messenger.offload`) and, in a DLQ, the two dead-letter ones. A feature that adds one more must
+share a slot (tests/unit/test_message.py counts them).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ PRODUCED_AT_ATTRIBUTE = "produced_at"
 #: Set by a consumer when it forwards a message to the DLQ itself (timeout, undecodable body, ...);
 #: the requeuer removes it when it moves the message back.
 DEAD_LETTER_REASON_ATTRIBUTE = "dead_letter_reason"
+DEAD_LETTER_FAILURE_ATTRIBUTE = "dead_letter_failure"
+#: The producer's `max_attempts` of a job (a whole number >= 1; absent: the consumer's).
+MAX_ATTEMPTS_ATTRIBUTE = "max_attempts"
 #: A routing key is at most this long (SNS filter values are compared as strings).
 MAX_ROUTING_KEY_LENGTH = 256
 

@@ -10,6 +10,7 @@
 | MESSENGER_RETRY_BUDGET        | retry_budget_seconds     | 20                               |
 | MESSENGER_ALARM_THRESHOLD     | default_alarm_threshold  | 100                              |
 | MESSENGER_BUCKET_TLS_POLICY   | bucket_tls_policy        | true (the local endpoint: false) |
+| MESSENGER_WORKER_INTERVAL     | worker_interval          | 30 s (0.5 to 30)                 |
 | AWS_REGION / AWS_DEFAULT_REGION | region                 | 'us-east-1'                      |
 
 `AWS_ENDPOINT_URL` is honoured by boto3 itself: messenger never passes an endpoint explicitly.
@@ -37,6 +38,9 @@ PROVISIONING_MODES = ("auto", "verify")
 DEFAULT_OFFLOAD_THRESHOLD = 262_144
 DEFAULT_RETRY_BUDGET_SECONDS = 20.0
 DEFAULT_ALARM_THRESHOLD = 100
+#: Seconds between a consumer's refreshes of its worker-registry entry (at most 30).
+DEFAULT_WORKER_INTERVAL = 30.0
+MIN_WORKER_INTERVAL = 0.5
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class Settings:
     #: Put a TLS-only bucket policy on an offload bucket it creates. The local endpoint turns
     #: this off: moto ignores policy conditions, so a deny-unless-TLS policy would deny all.
     bucket_tls_policy: bool = True
+    #: Seconds between a consumer's refreshes of its worker-registry entry (0.5 to 30).
+    worker_interval: float = DEFAULT_WORKER_INTERVAL
 
     def __post_init__(self) -> None:
         try:
@@ -85,6 +91,14 @@ class Settings:
             raise InvalidSettings(
                 f"retry_budget_seconds (MESSENGER_RETRY_BUDGET) must be a finite number of "
                 f"seconds > 0, got {budget!r}"
+            )
+        if isinstance(self.worker_interval, bool) or not isinstance(
+                self.worker_interval, (int, float)) \
+                or not MIN_WORKER_INTERVAL <= self.worker_interval <= DEFAULT_WORKER_INTERVAL:
+            raise InvalidSettings(
+                f"worker_interval (MESSENGER_WORKER_INTERVAL) must be from "
+                f"{MIN_WORKER_INTERVAL:g} to {DEFAULT_WORKER_INTERVAL:g} seconds, got "
+                f"{self.worker_interval!r}"
             )
         if self.default_alarm_threshold < 0:
             raise InvalidSettings(
@@ -111,6 +125,9 @@ class Settings:
             ),
             "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             "bucket_tls_policy": env.get("MESSENGER_BUCKET_TLS_POLICY", "true").lower() != "false",
+            "worker_interval": _number(
+                env, "MESSENGER_WORKER_INTERVAL", DEFAULT_WORKER_INTERVAL, float
+            ),
         }
         values.update(overrides)
         return cls(**values)
@@ -144,6 +161,7 @@ class Settings:
             "MESSENGER_ALARM_THRESHOLD": str(self.default_alarm_threshold),
             "AWS_DEFAULT_REGION": self.region,
             "MESSENGER_BUCKET_TLS_POLICY": "true" if self.bucket_tls_policy else "false",
+            "MESSENGER_WORKER_INTERVAL": str(self.worker_interval),
         }
 
 

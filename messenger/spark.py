@@ -60,7 +60,8 @@ MAX_LANES = 16
 #: Publishing partitions (tasks) at most; the default is the cluster's default parallelism.
 MAX_PARTITIONS = 10_000
 #: Counters (Spark accumulators) a publishing task adds to.
-COUNTERS = ("published", "offloaded", "failed", "requests", "skipped", "partitions")
+COUNTERS = ("published", "offloaded", "failed", "requests", "skipped", "partitions",
+            "duplicates")
 
 #: A column name, or a function of the Row (`Union`: evaluated at import, on Python 3.9 too).
 RowField = Union[str, Callable[[Any], Any]]
@@ -111,7 +112,9 @@ _factories_lock = threading.Lock()
 class PublishReport:
     """What `publish` did. failed rows are in `failed_path`; requests counts every AWS call;
     skipped: rows the run's ledger showed as already published; partitions: partitions that
-    published (or skipped) at least one row."""
+    published (or skipped) at least one row; duplicates: rows not sent because their
+    deduplication key was sent within SQS's 5 minutes (SQS would drop them; ordered channels)
+    or, with the producer's `dedup`, their message id within its window."""
 
     published: int
     offloaded: int
@@ -121,6 +124,7 @@ class PublishReport:
     skipped: int = 0
     partitions: int = 0
     run_id: str | None = None
+    duplicates: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -225,6 +229,7 @@ class _BatchOutcome:
     offloaded: int = 0
     channel_error: bool = False
     digests: list[str] = field(default_factory=list)  # of the published rows (with a ledger)
+    duplicates: int = 0
 
 
 class PartitionPublisher:
@@ -275,7 +280,8 @@ class PartitionPublisher:
         self, producer: _BaseProducer, rows: Iterator[Any], lanes: list[ThreadPoolExecutor],
         ledger: PartitionLedger | None,
     ) -> Iterator[tuple[Any, ...]]:
-        counts = {"published": 0, "offloaded": 0, "failed": 0, "skipped": 0, "partitions": 0}
+        counts = {"published": 0, "offloaded": 0, "failed": 0, "skipped": 0, "partitions": 0,
+                  "duplicates": 0}
         batches: list[list[tuple[Any, PushItem]]] = [[] for _ in lanes]
         in_flight: deque[Future[_BatchOutcome]] = deque()
         batch_errors, last_error = 0, ""
@@ -283,6 +289,7 @@ class PartitionPublisher:
         def settle(outcome: _BatchOutcome, sent: bool = True) -> Iterator[tuple[Any, ...]]:
             nonlocal batch_errors, last_error
             counts["published"] += outcome.published
+            counts["duplicates"] += outcome.duplicates
             counts["offloaded"] += outcome.offloaded
             counts["failed"] += len(outcome.failures)
             if ledger is not None:
@@ -356,7 +363,8 @@ class PartitionPublisher:
         if digests:
             failed = {failure.index for failure in result.failures}
             published = [item_digest(item) for n, (_, item) in enumerate(batch) if n not in failed]
-        return _BatchOutcome(failures, result.published, result.offloaded, channel_error, published)
+        return _BatchOutcome(failures, result.published, result.offloaded, channel_error, published,
+                             duplicates=len(result.duplicates))
 
 
 def failed_row(row: Any, code: str, reason: str) -> tuple[Any, ...]:
@@ -473,6 +481,7 @@ def publish(
         skipped=counters["skipped"].value,
         partitions=counters["partitions"].value,
         run_id=run_id,
+        duplicates=counters["duplicates"].value,
     )
 
 

@@ -169,6 +169,7 @@ class ConsumerService(Construct):
         channel.grant_consume(self.task_definition.task_role)
         self._grant_task_protection(cluster)
         foundation.grant_offload_read(self.task_definition.task_role)
+        foundation.grant_workers_write(self.task_definition.task_role)  # `messenger workers`
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.task_definition.task_role)
 

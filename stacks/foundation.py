@@ -18,9 +18,11 @@ from messenger.channel import (
     SQS_MAX_RETENTION_SECONDS,
     TAG_MANAGED,
     TAG_NAMESPACE,
+    dedup_table_name,
     offload_bucket_name,
     platform_key_alias,
     status_table_name,
+    workers_table_name,
 )
 from stacks.nag import acknowledge_wildcard_resource
 
@@ -118,16 +120,51 @@ class Foundation(Construct):
             ),
             removal_policy=removal_policy,
         )
+        # Enqueue-dedup claims (messenger.jobs.dedup) and the consumer-process registry
+        # (messenger.jobs.workers): small, short-lived items that expire by TTL.
+        self.dedup_table = self._ttl_table("DedupTable", dedup_table_name(namespace),
+                                           "dedup_key", None, removal_policy)
+        self.workers_table = self._ttl_table("WorkersTable", workers_table_name(namespace),
+                                             "channel", "worker_id", removal_policy)
         Tags.of(self).add(TAG_MANAGED, "true")
         if namespace:
             Tags.of(self).add(TAG_NAMESPACE, namespace)
 
+    def _ttl_table(self, id: str, name: str, partition: str, sort: str | None,
+                   removal_policy: RemovalPolicy) -> dynamodb.Table:
+        return dynamodb.Table(
+            self, id, table_name=name,
+            partition_key=dynamodb.Attribute(name=partition, type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name=sort, type=dynamodb.AttributeType.STRING)
+            if sort else None,
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED, encryption_key=self.key,
+            time_to_live_attribute="expires_at",
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            removal_policy=removal_policy,
+        )
+
     def grant_status_write(self, grantee: iam.IGrantable) -> None:
         """Record message status (`jobs.status.StatusStore`): check the table, write batches."""
+        self._grant_table(grantee, self.status_table,
+                          "dynamodb:BatchWriteItem", "dynamodb:PutItem")
+
+    def grant_dedup(self, grantee: iam.IGrantable) -> None:
+        """Push with dedup on (`jobs.dedup.DedupStore`): conditional claims, released again
+        when a send fails."""
+        self._grant_table(grantee, self.dedup_table, "dynamodb:PutItem", "dynamodb:DeleteItem")
+
+    def grant_workers_write(self, grantee: iam.IGrantable) -> None:
+        """Register a consumer process (`jobs.workers.WorkerRegistry`): write its entry,
+        delete it at exit."""
+        self._grant_table(grantee, self.workers_table, "dynamodb:PutItem", "dynamodb:DeleteItem")
+
+    def _grant_table(self, grantee: iam.IGrantable, table: dynamodb.Table, *actions: str) -> None:
         iam.Grant.add_to_principal(
-            grantee=grantee,
-            actions=["dynamodb:DescribeTable", "dynamodb:BatchWriteItem", "dynamodb:PutItem"],
-            resource_arns=[self.status_table.table_arn],
+            grantee=grantee, actions=["dynamodb:DescribeTable", *actions],
+            resource_arns=[table.table_arn],
         )
         self.key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
 

@@ -41,6 +41,7 @@ from messenger.channel import (
     ChannelTags,
     MessageFilter,
 )
+from messenger.consume.failures import MAX_RETRY_DELAY_SECONDS, RetryPolicy
 from messenger.consume.health import HealthFile, HealthRecord, default_health_file, health_clock
 from messenger.consume.lease import renewal_read_timeout
 from messenger.consume.levels import LevelPoller
@@ -54,14 +55,15 @@ from messenger.consume.lifecycle import (
     hook_arity,
     log_event,
 )
-from messenger.consume.mailbox import Mailbox, ReceivedMessage
+from messenger.consume.mailbox import Mailbox, ReceivedMessage, Stage
 from messenger.consume.protection import TaskProtection
 from messenger.consume.runtime import ProcessingTimeout, Runtime
-from messenger.consume.settings import ConsumerSettings
+from messenger.consume.settings import RETRY_DELAY_SECONDS, ConsumerSettings
 from messenger.consume.tracking import StatusTracker
 from messenger.errors import InvalidChannelSpec, InvalidSettings
 from messenger.jobs.priority import PriorityPolicy
 from messenger.jobs.status import StatusStore
+from messenger.jobs.workers import WorkerRegistry
 from messenger.offload import PayloadStore
 from messenger.provision import ChannelResources, Provisioner
 from messenger.schema import BodySchema
@@ -85,6 +87,8 @@ LONG_RUNNING_MARGIN = 60
 #: heartbeat extends it while the handler runs.
 DEFAULT_CONSUMER_VISIBILITY = 30
 MIN_CONSUMER_VISIBILITY = 2
+#: The largest `retry_backoff` (beyond, the second delay is the cap already).
+MAX_RETRY_BACKOFF = 100
 
 __all__ = [
     "Consumer", "ConsumerSettings", "ConsumerState", "LifecycleHooks", "ProcessingTimeout",
@@ -108,6 +112,12 @@ class Consumer:
     ChannelSpec. priority_weights: a whole number >= 1 per level (default halving: 4, 2, 1);
     priority_mode: 'weighted' (default) or 'strict' (see `messenger.jobs.priority`).
     track_status: record the messages' lifecycle in the status table (default False).
+    max_attempts: runs a message gets before the consumer dead-letters it with its error, 1 to
+    max_receives (default None: max_receives); a producer's `push(..., max_attempts=N)` wins.
+    retry_delay: seconds before the second attempt, 0-43200 (default 5; ConsumerSettings'
+    retry_delay wins); retry_backoff: factor per later attempt, 1-100 (default 2; 1: the same
+    delay each time); max_retry_delay: the longest delay, retry_delay-43200 (default 600). Each
+    delay is drawn between half and all of its value (jitter).
     """
 
     channel: ClassVar[str] = ""
@@ -128,6 +138,10 @@ class Consumer:
     priority_weights: ClassVar[Mapping[str, int] | None] = None
     priority_mode: ClassVar[str] = "weighted"
     track_status: ClassVar[bool] = False
+    max_attempts: ClassVar[int | None] = None
+    retry_delay: ClassVar[float] = RETRY_DELAY_SECONDS
+    retry_backoff: ClassVar[float] = 2.0
+    max_retry_delay: ClassVar[float] = 600
     #: pydantic model(s) of the body (see `messenger.schema`): the handler gets the instance.
     model: ClassVar[Any] = None
     #: The runtime engine; a subclass of `Runtime` may poll other sources (override `poll`).
@@ -154,6 +168,9 @@ class Consumer:
         if self.spec.track_status:
             self.status = StatusTracker(StatusStore(
                 self.clients, self.settings, retention_seconds=self.spec.retention_seconds))
+        #: This process's entry in the worker registry (`messenger workers`).
+        self.workers = WorkerRegistry(self.clients, self.settings, self.spec.name,
+                                      f"{type(self).__module__}.{type(self).__qualname__}")
         self.hooks = collect_hooks(type(self))
         self.health = HealthFile(self.runtime.health_file or default_health_file(
             f"{type(self).__module__}.{type(self).__qualname__}"))
@@ -256,6 +273,24 @@ class Consumer:
                           note="; set long_running = True for jobs of up to ~12 hours")
         if self.delay_tolerance is not None:
             _check_number(f"{name}.delay_tolerance", self.delay_tolerance, 0, 14 * 86_400)
+        if self.max_attempts is not None:
+            _check_count(f"{name}.max_attempts", self.max_attempts, self.max_receives,
+                         f"{name}.max_receives")
+        _check_number(f"{name}.retry_delay", self.retry_delay, 0, MAX_RETRY_DELAY_SECONDS)
+        _check_number(f"{name}.max_retry_delay", self.max_retry_delay, self.retry_delay,
+                      MAX_RETRY_DELAY_SECONDS, note=f" (at least {name}.retry_delay)")
+        if isinstance(self.retry_backoff, bool) or not isinstance(self.retry_backoff, int | float) \
+                or not 1 <= self.retry_backoff <= MAX_RETRY_BACKOFF:
+            raise InvalidChannelSpec(f"{name}.retry_backoff must be a number from 1 to "
+                                     f"{MAX_RETRY_BACKOFF}, got {self.retry_backoff!r}")
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """Attempts and delays of this consumer's messages (the class's, `runtime.retry_delay`
+        when set)."""
+        delay = self.retry_delay if self.runtime.retry_delay is None else self.runtime.retry_delay
+        return RetryPolicy(self.max_receives, self.max_attempts, delay, self.retry_backoff,
+                           max(self.max_retry_delay, delay))
 
     # -- lifecycle ------------------------------------------------------------------------------
     def emit(self, name: str, message_id: str | None = None, duration: float | None = None,
@@ -263,6 +298,7 @@ class Consumer:
         """Report one lifecycle event (see `on_event`); record it in the status store when the
         channel tracks status (also when a subclass's `on_event` does not call super)."""
         event = LifecycleEvent(name, self.spec.name, message_id, duration, fields)
+        self.workers.count(name)
         try:
             self.on_event(event)
         except Exception:
@@ -314,6 +350,13 @@ class Consumer:
                                            or HEALTH_LAG_SECONDS) / 4)
             if time.monotonic() - self._health_written_at >= lag:
                 self._write_health()
+
+    def beat(self) -> None:
+        """The watchdog's tick: refresh the worker-registry entry when an interval is due."""
+        if self.workers.due() and self.state is not None:
+            runtime = self._runtime
+            in_flight = len(runtime.held(*Stage)) if runtime is not None else 0
+            self.workers.beat(self.state.value, in_flight)
 
     def health_timeout(self, state: ConsumerState) -> float | None:
         """How long the consumer may stay in `state` before the health check fails."""
@@ -404,6 +447,7 @@ class Consumer:
                 return 0
             self.resources = resources
             self.transition(ConsumerState.INITIALIZED)
+            self.workers.start(ConsumerState.INITIALIZED.value)
             mailbox, poller = self._mailboxes(self.resources)
             runtime = self.runtime_class(
                 self, mailbox, PayloadStore(self.clients.client("s3"), ""), poller=poller,
@@ -426,6 +470,7 @@ class Consumer:
             self.transition(ConsumerState.EXITING)
             if self.status is not None:
                 self.status.close()
+            self.workers.stop()
             self.transition(ConsumerState.EXITED)
             self._health_stop.set()  # a process still up later reads as stale: not healthy
             hold_lines(0.0)  # writes what is held; lines after the run are written at once
@@ -495,6 +540,12 @@ def _check_number(
         kind = "a whole number" if whole else "a number"
         raise InvalidChannelSpec(f"{what} must be {kind} from {low:g} to {high:g} seconds"
                                  f"{note}, got {value!r}")
+
+
+def _check_count(what: str, value: Any, high: int, limit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+        raise InvalidChannelSpec(f"{what} must be a whole number from 1 to {high} ({limit}), "
+                                 f"got {value!r}")
 
 
 def load_consumer(target: str) -> type[Consumer]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol
 
+from messenger.consume.failures import RetryPolicy
 from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
 from messenger.consume.mailbox import ReceivedMessage
 from messenger.consume.settings import ConsumerSettings
@@ -35,6 +36,9 @@ class RuntimeHost(Protocol):
     @property
     def max_receives(self) -> int: ...
 
+    @property
+    def retry_policy(self) -> RetryPolicy: ...
+
     def handler(self, message: ReceivedMessage) -> None: ...
 
     def emit(self, name: str, message_id: str | None = None, duration: float | None = None,
@@ -49,3 +53,5 @@ class RuntimeHost(Protocol):
     def touch_health(self) -> None: ...
 
     def flush_health(self) -> None: ...
+
+    def beat(self) -> None: ...

@@ -8,10 +8,11 @@ return to the queue (the event source must report batch item failures: `LambdaCo
 
 Per message, as on Fargate (`messenger.consume.runtime`):
 - handled: reported as a success (Lambda deletes it);
-- the handler raised: 'failed', then made visible again after `retry_delay` ('retried') and
-  reported as a batch item failure; on the receive that uses up `max_receives` (SQS's
-  `ApproximateReceiveCount` in the record), forwarded to the DLQ with the error as its reason
-  (`attempts_exhausted: ...`) instead of left for SQS's redrive, which gives no reason;
+- the handler raised: 'failed' (with its traceback), then made visible again after its backoff
+  delay ('retried') and reported as a batch item failure; on the receive that uses up its
+  attempts (`messenger.consume.failures.RetryPolicy`; SQS's `ApproximateReceiveCount` in the
+  record), forwarded to the DLQ with its cause (`failed: attempts used up (n of m)` and the
+  failure note) instead of left for SQS's redrive, which gives no reason;
 - undecodable, or its offloaded payload gone: forwarded to the DLQ at once with the reason;
 - past `processing_timeout`: interrupted, forwarded to the DLQ (`processing_timeout: ...`).
 A message's time is also bounded by the invocation's: a handler still running `FINISH_SECONDS`
@@ -51,6 +52,7 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from messenger.aws import call_with_budget
 from messenger.channel import MAX_BATCH_ENTRIES
 from messenger.consume.consumer import Consumer, load_consumer
+from messenger.consume.failures import HandlerFailure, exhausted_reason, failure_note
 from messenger.consume.lifecycle import (
     ConsumerState,
     LifecycleHooks,
@@ -65,6 +67,7 @@ from messenger.consume.mailbox import (
     Stage,
     unreadable_reason,
 )
+from messenger.consume.tracking import consumer_id
 from messenger.consume.watchdog import ProcessingTimeout, interrupt
 from messenger.errors import InvalidSettings, MessageDecodeError, MessengerError, PayloadMissing
 from messenger.offload import PayloadStore
@@ -453,36 +456,40 @@ class _Batch:
         return self.dead_letter(delivery, f"processing_timeout: exceeded {timeout:g} s")
 
     def failed(self, delivery: Delivery, message: Any, error: BaseException) -> bool:
-        """The handler (or reading the payload) failed: retried after `retry_delay`, or
-        dead-lettered when this receive used up the channel's `max_receives`."""
+        """The handler (or reading the payload) failed: retried after its backoff delay, or
+        dead-lettered with its cause when this run used up its attempts (as on Fargate)."""
         consumer = self.consumer
         delivery.stage = Stage.DONE
+        failure = HandlerFailure.of(error)
+        attempt, policy = delivery.receive_count, consumer.retry_policy
+        attempts = policy.attempts(delivery.raw.get("MessageAttributes", {}))
         consumer.emit("failed", delivery.log_id, duration=delivery.running_for(), fields={
-            "error": f"{type(error).__name__}: {error}", "error_class": type(error).__name__,
-            "receive_count": delivery.receive_count,
+            **failure.fields(), "receive_count": attempt, "max_attempts": attempts,
         })
         consumer.run_hooks(LifecycleHooks.ON_ERROR, message, error)
-        if attempts_used_up(delivery.receive_count, consumer.max_receives):
-            return self.dead_letter(delivery, exhausted_reason(
-                error, delivery.receive_count, consumer.max_receives))
-        delay = consumer.runtime.retry_delay
+        if attempt >= attempts:
+            return self.dead_letter(delivery, exhausted_reason(attempt, attempts), failure)
+        delay = policy.delay(attempt)
         assert delivery.mailbox is not None
         try:
             delivery.mailbox.retry_later(delivery, delay)
             consumer.emit("retried", delivery.log_id, fields={
-                "delay": delay, "receive_count": delivery.receive_count, "next": "redelivery",
+                "delay": delay, "receive_count": attempt, "max_attempts": attempts,
             })
-        except Exception as failure:  # visible again when its lease ends instead
-            consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failure)})
+        except Exception as failed:  # visible again when its lease ends instead
+            consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failed)})
         return False
 
-    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
-        """Forward to the DLQ with the reason and delete (the mailbox's own, forward first);
-        when that fails the message stays in the queue (a batch item failure)."""
+    def dead_letter(self, delivery: Delivery, reason: str,
+                    failure: HandlerFailure | None = None) -> bool:
+        """Forward to the DLQ with the reason and a note of what failed, and delete (the
+        mailbox's own, forward first); when that fails the message stays in the queue (a batch
+        item failure)."""
         delivery.stage = Stage.DONE
         assert delivery.mailbox is not None
         try:
-            delivery.mailbox.dead_letter(delivery, reason)
+            delivery.mailbox.dead_letter(
+                delivery, reason, failure_note(delivery.receive_count, consumer_id(), failure))
         except Exception as error:
             self.consumer.emit("dead_letter_failed", delivery.log_id, fields={
                 "reason": reason, "error": f"{type(error).__name__}: {error}",
@@ -525,15 +532,3 @@ class _Batch:
                 status.store.flush()
             except Exception as error:
                 self.consumer.emit("status_flush_failed", fields={"error": str(error)})
-
-
-def attempts_used_up(receive_count: int, max_attempts: int) -> bool:
-    """Whether a failure on this receive is the job's last: SQS's redrive would move it to the
-    DLQ at its next receive (receive_count > maxReceiveCount)."""
-    return receive_count >= max_attempts
-
-
-def exhausted_reason(error: BaseException, receive_count: int, max_attempts: int) -> str:
-    """The dead-letter reason of a message whose last attempt failed."""
-    return (f"attempts_exhausted: failed on receive {receive_count} of {max_attempts}: "
-            f"{type(error).__name__}: {error}")

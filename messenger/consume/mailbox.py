@@ -6,6 +6,7 @@ retry budget; batch calls check their per-entry failures.
 from __future__ import annotations
 
 import enum
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -15,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from messenger.aws import call_with_budget, is_transient
-from messenger.channel import MAX_BATCH_ENTRIES
+from messenger.channel import MAX_BATCH_ENTRIES, SQS_MAX_MESSAGE_BYTES
 from messenger.errors import (
     InvalidBody,
     MessageDecodeError,
@@ -23,7 +24,9 @@ from messenger.errors import (
     RetryBudgetExhausted,
 )
 from messenger.message import (
+    DEAD_LETTER_FAILURE_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
+    EncodedMessage,
     decode_envelope,
     sendable_attributes,
 )
@@ -308,8 +311,9 @@ class Mailbox:
     def delete_batch(self, deliveries: Sequence[Delivery]) -> list[EntryError]:
         return self._batch("DeleteMessageBatch", "delete_message_batch", deliveries)
 
-    def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        """Forward to the DLQ with the reason, then delete from the queue.
+    def dead_letter(self, delivery: Delivery, reason: str, note: str | None = None) -> None:
+        """Forward to the DLQ with the reason (and `note`, the JSON of what failed, see
+        `messenger.consume.failures`), then delete from the queue.
 
         Forward first: a crash in between leaves a duplicate in the DLQ, never a loss. The raw
         body (an offload pointer stays a pointer) and the attributes travel unchanged. A
@@ -317,12 +321,19 @@ class Mailbox:
         """
         home = self._home(delivery)
         if home is not self:
-            home.dead_letter(delivery, reason)
+            home.dead_letter(delivery, reason, note)
             return
         attributes = sendable_attributes(delivery.raw.get("MessageAttributes", {}))
         attributes[DEAD_LETTER_REASON_ATTRIBUTE] = {
             "DataType": "String", "StringValue": reason[:MAX_REASON_LENGTH],
         }
+        body = str(delivery.raw.get("Body", ""))
+        if note is not None:
+            attributes[DEAD_LETTER_FAILURE_ATTRIBUTE] = {"DataType": "String", "StringValue": note}
+            if EncodedMessage(body, attributes).size > SQS_MAX_MESSAGE_BYTES:
+                # A body at SQS's size limit: the traceback gives way, never the message.
+                trimmed = {**json.loads(note), "traceback": "(left out: SQS's size limit)"}
+                attributes[DEAD_LETTER_FAILURE_ATTRIBUTE]["StringValue"] = json.dumps(trimmed)
         fifo: dict[str, str] = {}
         if self.ordered:
             fifo = {
@@ -334,7 +345,7 @@ class Mailbox:
         self._call(
             "SendMessage to the DLQ",
             lambda: self.sqs.send_message(
-                QueueUrl=self.dlq_url, MessageBody=str(delivery.raw.get("Body", "")),
+                QueueUrl=self.dlq_url, MessageBody=body,
                 MessageAttributes=attributes, **fifo,
             ),
         )

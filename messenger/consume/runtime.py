@@ -16,9 +16,10 @@
   fast polls on the receiver (`workers_to_wake`, `_run_here`, `rescue_receiver`) and waking the
   deleter once per batch meanwhile (`DeleteBatcher.deferred_wakes`) only save CPU.
 - A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
-  for deletion (success), makes it visible again after `retry_delay` (error) or forwards it to the
-  DLQ (undecodable, payload missing). A handler that returns past its deadline timed out: its
-  message is dead-lettered, never deleted as a success.
+  for deletion (success), makes it visible again after its backoff delay (error; on its last
+  attempt it forwards it to the DLQ with the error, `messenger.consume.failures`) or forwards it
+  to the DLQ (undecodable, payload missing). A handler that returns past its deadline timed out:
+  its message is dead-lettered, never deleted as a success.
 - A completed message stays leased until SQS confirms its delete: a delete that fails
   transiently (throttled past the retry budget, an SQS error) is tried again while the lease
   keeper renews the lease; one SQS refuses for good (the receipt handle is no longer valid)
@@ -38,6 +39,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from messenger.aws import is_transient
+from messenger.consume.failures import (
+    MAX_RETRY_DELAY_SECONDS,
+    HandlerFailure,
+    exhausted_reason,
+    failure_note,
+)
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper, lapse_event, lease_lapsed
 from messenger.consume.levels import LevelPoller
@@ -51,6 +58,7 @@ from messenger.consume.mailbox import (
     Stage,
     unreadable_reason,
 )
+from messenger.consume.tracking import consumer_id
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog, interrupt
 from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.offload import PayloadStore
@@ -464,8 +472,8 @@ class Runtime:
 
         Anything it raises counts as the handler's failure, `SystemExit` and `KeyboardInterrupt`
         included (a real SIGINT reaches the main thread's signal handler, never a worker): the
-        message is retried (or dead-lettered by redrive) with that reason and the worker lives
-        on."""
+        message is retried (or dead-lettered on its last attempt) with that reason and the worker
+        lives on."""
         try:
             with delivery.lock:
                 if delivery.stage is not Stage.RUNNING:  # timed out in a START hook
@@ -495,40 +503,53 @@ class Runtime:
             self.consumer.emit(name, message_id, fields=fields)
 
     def _failed(self, delivery: Delivery, message: Any, error: BaseException) -> bool:
+        """A failed run: report it with its cause; dead-letter the message when that was its
+        last attempt, else make it visible again after its backoff delay."""
         if not delivery.claim(Stage.RUNNING, Stage.DONE):
             return False
         consumer = self.consumer
-        consumer.emit(
-            "failed", delivery.log_id, duration=delivery.running_for(),
-            fields={"error": f"{type(error).__name__}: {error}",
-                    "error_class": type(error).__name__, "receive_count": delivery.receive_count},
-        )
+        failure = HandlerFailure.of(error)
+        attempt, policy = delivery.receive_count, consumer.retry_policy
+        attempts = policy.attempts(delivery.raw.get("MessageAttributes", {}))
+        consumer.emit("failed", delivery.log_id, duration=delivery.running_for(),
+                      fields={**failure.fields(), "receive_count": attempt,
+                              "max_attempts": attempts})
         consumer.run_hooks(LifecycleHooks.ON_ERROR, message, error)
+        if attempt >= attempts:
+            return self.dead_letter(delivery, exhausted_reason(attempt, attempts), Stage.DONE,
+                                    failure)
+        # SQS keeps a message in flight at most 12 hours since its receive, delay included.
+        held = time.monotonic() - delivery.received_at
+        delay = max(0, min(policy.delay(attempt), int(MAX_RETRY_DELAY_SECONDS - held) - 1))
         try:
-            self.mailbox.retry_later(delivery, self.config.retry_delay)
-            last = delivery.receive_count >= consumer.max_receives
-            consumer.emit(
-                "retried", delivery.log_id,
-                fields={"delay": self.config.retry_delay, "receive_count": delivery.receive_count,
-                        "next": "dead-letter queue (redrive)" if last else "redelivery"},
-            )
-        except Exception as failure:  # its lease runs out instead: redelivered a bit later
-            consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failure)})
+            self.mailbox.retry_later(delivery, delay)
+            consumer.emit("retried", delivery.log_id, fields={
+                "delay": delay, "receive_count": attempt, "max_attempts": attempts})
+        except Exception as failed:  # its lease runs out instead: redelivered a bit later
+            consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failed)})
         self._finish(delivery, progress=True)
         return False
 
-    def dead_letter(self, delivery: Delivery, reason: str, expected: Stage) -> bool:
-        if expected is not Stage.TIMED_OUT and not delivery.claim(expected, Stage.DONE):
+    def dead_letter(self, delivery: Delivery, reason: str, expected: Stage,
+                    failure: HandlerFailure | None = None) -> bool:
+        """Forward to the DLQ with the reason and a note of what failed (`failure_note`);
+        `expected`: the stage to claim it from (TIMED_OUT and DONE: claimed already)."""
+        if expected not in (Stage.TIMED_OUT, Stage.DONE) and \
+                not delivery.claim(expected, Stage.DONE):
             return False
+        note = failure_note(delivery.receive_count, consumer_id(), failure)
         try:
-            self.mailbox.dead_letter(delivery, reason)
+            self.mailbox.dead_letter(delivery, reason, note)
         except Exception as error:
+            self.consumer.emit("dead_letter_failed", delivery.log_id, fields={
+                "reason": reason, "error": f"{type(error).__name__}: {error}"})
+            self._finish(delivery)
+            if failure is not None:
+                return False  # still in its queue: back when its lease ends, or SQS's redrive
             # No DLQ to take it: the message stays in the queue; stop with the error.
-            self.consumer.emit("dead_letter_failed", delivery.log_id, fields={"reason": reason})
             fatal = error
             if expected is Stage.TIMED_OUT:
                 fatal = ProcessingTimeout(f"{reason}; forwarding to the DLQ failed: {error}")
-            self._finish(delivery)
             self.fail(fatal)
             return False
         self.consumer.emit(

@@ -61,7 +61,9 @@ class ConsumerSettings:
     health_grace: float = 30.0
     stuck_grace: float | None = None
     wait_time_seconds: int = LONG_POLL_SECONDS
-    retry_delay: int = RETRY_DELAY_SECONDS
+    #: Seconds before a failed message's second attempt (None: the consumer class's
+    #: `retry_delay`); later attempts wait longer by the class's `retry_backoff`.
+    retry_delay: float | None = None
     delete_linger: float = 0.2
     log_hold: float = 0.25
 
@@ -93,8 +95,9 @@ class ConsumerSettings:
                 f"{MIN_REFRESH_SECONDS:g} to {MAX_REFRESH_SECONDS:g} seconds, got "
                 f"{self.health_refresh!r}"
             )
-        if self.stuck_grace is not None:
-            _check_seconds("stuck_grace", None, self.stuck_grace, 0.0)
+        for name in ("stuck_grace", "retry_delay"):
+            if getattr(self, name) is not None:
+                _check_seconds(name, None, getattr(self, name), 0.0)
         if not 0 <= self.wait_time_seconds <= LONG_POLL_SECONDS:
             raise InvalidSettings(f"wait_time_seconds must be from 0 to {LONG_POLL_SECONDS}")
 

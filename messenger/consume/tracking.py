@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from messenger.consume.lifecycle import LifecycleEvent
@@ -56,10 +55,11 @@ def status_record(event: LifecycleEvent, consumer: str) -> StatusRecord | None:
     if status is None or event.message_id is None:
         return None
     fields: dict[str, Any] = event.fields
-    error_class, error = "", ""
+    error_class, error, trace = "", "", ""
     if status is StatusEvent.FAILED:
         error_class = str(fields.get("error_class", ""))
         error = str(fields.get("error", "")).removeprefix(f"{error_class}: ")
+        trace = str(fields.get("traceback", ""))
     elif status is StatusEvent.DEAD_LETTERED:
         error = str(fields.get("reason", ""))
     elif status is StatusEvent.TIMED_OUT:
@@ -75,24 +75,7 @@ def status_record(event: LifecycleEvent, consumer: str) -> StatusRecord | None:
         duration=event.duration,
         error_class=error_class,
         error=error,
-    )
-
-
-#: The `next` field of a 'retried' event whose message SQS's redrive moves to the DLQ.
-REDRIVE_NEXT = "dead-letter queue (redrive)"
-
-
-def redrive_record(event: LifecycleEvent, retried: StatusRecord) -> StatusRecord | None:
-    """DEAD_LETTERED for a message that failed its last receive: SQS's redrive moves it to the
-    DLQ when its visibility ends (no consumer sees it again), so its timeline ends there."""
-    if retried.event is not StatusEvent.RETRIED or event.fields.get("next") != REDRIVE_NEXT:
-        return None
-    return replace(
-        retried,
-        event=StatusEvent.DEAD_LETTERED,
-        error=f"redrive: failed on receive {retried.receive_count} (max_receives reached); "
-              f"SQS moves it to the dead-letter queue",
-        at=retried.at + 1e-6,  # after RETRIED in the timeline
+        traceback=trace,
     )
 
 
@@ -116,9 +99,6 @@ class StatusTracker:
         record = status_record(event, self.consumer_id)
         if record is not None:
             self.store.record(record)
-            redrive = redrive_record(event, record)
-            if redrive is not None:
-                self.store.record(redrive)
 
     def close(self) -> None:
         """Write what is buffered (at shutdown)."""

@@ -119,6 +119,7 @@ class Watchdog:
                     written_progress = progress
                     self.consumer.touch_health()
                 self.consumer.flush_health()
+                self.consumer.beat()
                 write_held_lines(TICK_SECONDS)
                 wait = self.next_wait(time.monotonic())
             except Exception as error:  # keep watching; the error is logged

@@ -23,20 +23,25 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from messenger.aws import ClientFactory, error_code
-from messenger.channel import DEFAULT_RETENTION_SECONDS, TAG_MANAGED, status_table_name
+from messenger.channel import DEFAULT_RETENTION_SECONDS, status_table_name
 from messenger.errors import ChannelNotFound
+from messenger.jobs.tables import ensure_table, table_exists
 from messenger.settings import Settings
 
 logger = logging.getLogger("messenger.status")
 
 #: BatchWriteItem takes at most 25 items.
 DYNAMODB_MAX_BATCH = 25
+#: The end of a FAILED record's traceback that is kept.
+MAX_TRACEBACK_CHARS = 4096
 #: Records kept in memory at most before new ones are dropped (and counted).
 DEFAULT_MAX_BUFFER = 10_000
 
 
 class StatusEvent(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 too
     QUEUED = "QUEUED"
+    #: Pushed again within the dedup window (or SQS's 5 minutes, ordered): not sent.
+    DUPLICATE = "DUPLICATE"
     RECEIVED = "RECEIVED"
     STARTED = "STARTED"
     COMPLETED = "COMPLETED"
@@ -63,6 +68,8 @@ class StatusRecord:
     duration: float | None = None
     error_class: str = ""
     error: str = ""
+    #: FAILED: the end of the handler's traceback (at most ~4 KiB).
+    traceback: str = ""
 
     def item(self, retention_seconds: int) -> dict[str, Any]:
         item: dict[str, Any] = {
@@ -82,6 +89,8 @@ class StatusRecord:
             item["error_class"] = {"S": self.error_class}
         if self.error:
             item["error"] = {"S": self.error[:1000]}
+        if self.traceback:
+            item["traceback"] = {"S": self.traceback[-MAX_TRACEBACK_CHARS:]}
         return item
 
     @classmethod
@@ -96,6 +105,7 @@ class StatusRecord:
             duration=float(item["duration"]["N"]) if "duration" in item else None,
             error_class=item.get("error_class", {}).get("S", ""),
             error=item.get("error", {}).get("S", ""),
+            traceback=item.get("traceback", {}).get("S", ""),
         )
 
 
@@ -140,41 +150,7 @@ class StatusStore:
     # -- table ----------------------------------------------------------------------------
     def ensure_table(self) -> None:
         """Create the table with TTL (auto) or check that it exists (verify)."""
-        dynamodb = self.clients.client("dynamodb")
-        try:
-            dynamodb.describe_table(TableName=self.table)
-            return
-        except ClientError as error:
-            if error_code(error) != "ResourceNotFoundException":
-                raise
-        if self.settings.provisioning != "auto":
-            raise ChannelNotFound(
-                f"status table {self.table!r} does not exist (provisioning=verify: deploy it "
-                f"with the CDK app)"
-            )
-        try:
-            dynamodb.create_table(
-                TableName=self.table,
-                KeySchema=[
-                    {"AttributeName": "message_id", "KeyType": "HASH"},
-                    {"AttributeName": "sk", "KeyType": "RANGE"},
-                ],
-                AttributeDefinitions=[
-                    {"AttributeName": "message_id", "AttributeType": "S"},
-                    {"AttributeName": "sk", "AttributeType": "S"},
-                ],
-                BillingMode="PAY_PER_REQUEST",
-                SSESpecification={"Enabled": True, "SSEType": "KMS"},
-                Tags=[{"Key": TAG_MANAGED, "Value": "true"}],
-            )
-        except ClientError as error:
-            if error_code(error) != "ResourceInUseException":  # created meanwhile
-                raise
-        dynamodb.get_waiter("table_exists").wait(TableName=self.table)
-        dynamodb.update_time_to_live(
-            TableName=self.table,
-            TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires_at"},
-        )
+        ensure_table(self.clients, self.settings, self.table, "status", "message_id", "sk")
 
     # -- writing --------------------------------------------------------------------------
     def record(self, record: StatusRecord) -> None:
@@ -277,13 +253,7 @@ class StatusStore:
         return sorted(records, key=lambda r: (r.at, order[r.event]))
 
     def exists(self) -> bool:
-        try:
-            self.clients.client("dynamodb").describe_table(TableName=self.table)
-        except ClientError as error:
-            if error_code(error) == "ResourceNotFoundException":
-                return False
-            raise
-        return True
+        return table_exists(self.clients, self.table)
 
 
 def render_timeline(message_id: str, records: list[StatusRecord]) -> str:
@@ -316,4 +286,8 @@ def render_timeline(message_id: str, records: list[StatusRecord]) -> str:
         lines.append(
             f"  {stamp} +{r.at - start:8.3f}s  {r.event.value:<13} {r.channel}  {' '.join(extra)}"
         )
+    last_trace = next((r.traceback for r in reversed(records) if r.traceback), "")
+    if last_trace:
+        lines.append("last failure's traceback:")
+        lines.extend(f"    {line}" for line in last_trace.rstrip("\n").splitlines())
     return "\n".join(lines)

@@ -267,8 +267,8 @@ def _problem_text(problem: QueueProblem, scope: str) -> str:
     if scope == "dlq":
         ordered = " --ordered" if problem.name.endswith(".fifo") else ""
         command = f"messenger requeue {problem.name} {problem.channel}{ordered}"
-        lines.append(f"Channel `{problem.channel}` · inspect: `{command} --dry-run` · "
-                     f"requeue: `{command}`")
+        lines.append(f"Channel `{problem.channel}` · inspect: "
+                     f"`messenger dlq list {problem.channel}` · requeue all: `{command}`")
     return "\n".join(lines)
 
 

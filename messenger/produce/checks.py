@@ -7,7 +7,8 @@ checks mirror what SQS and SNS refuse, which would otherwise fail a whole batch 
 - text (body, routing key, header names and values) may hold only the characters SQS accepts:
   #x9 #xA #xD, #x20-#xD7FF, #xE000-#xFFFD, #x10000-#x10FFFF (no lone surrogates, no U+FFFE/FFFF);
 - `group_id`, `dedup_id` and a caller's `message_id` are 1-128 characters of letters, digits and
-  ASCII punctuation (SQS's rule for MessageGroupId and MessageDeduplicationId).
+  ASCII punctuation (SQS's rule for MessageGroupId and MessageDeduplicationId);
+- `max_attempts` is a whole number from 1 to the channel's `max_receives`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ MAX_ID_LENGTH = 128
 
 _REFUSED_CHARACTER = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _ID = re.compile(r"^[A-Za-z0-9!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]{1,128}$")
+
+
+def check_attempts(value: Any, max_receives: int, channel: str) -> None:
+    """InvalidMessage unless `max_attempts` is a whole number from 1 to `max_receives`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= max_receives:
+        raise InvalidMessage(
+            f"max_attempts must be a whole number from 1 to {max_receives} (the max_receives of "
+            f"channel {channel!r}), got {value!r}"
+        )
 
 
 def check_text(field: str, value: str) -> None:

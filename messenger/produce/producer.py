@@ -13,6 +13,7 @@ everywhere in the process. Infrastructure is checked once, at first use.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import threading
 import time
@@ -25,6 +26,7 @@ from messenger.channel import (
     PRIORITY_ATTRIBUTE,
     SNS_MAX_MESSAGE_BYTES,
     SQS_MAX_MESSAGE_BYTES,
+    SQS_MAX_RECEIVE_COUNT,
     ChannelSpec,
     default_level,
 )
@@ -35,23 +37,37 @@ from messenger.errors import (
     InvalidSettings,
     PayloadTooLarge,
 )
+from messenger.jobs.dedup import (
+    DEFAULT_WINDOW_SECONDS,
+    Claim,
+    DedupStore,
+    Duplicate,
+    RecentIds,
+    check_window,
+)
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
-from messenger.message import MESSAGE_ID_ATTRIBUTE, EncodedMessage, Message
+from messenger.message import (
+    MAX_ATTEMPTS_ATTRIBUTE,
+    MESSAGE_ID_ATTRIBUTE,
+    EncodedMessage,
+    Message,
+)
 from messenger.offload import PayloadStore, pointer_attributes
 from messenger.produce.checks import (
+    check_attempts,
     check_id,
     check_text,
     content_dedup_id,
     merged_headers,
     ordered_message_id,
 )
-from messenger.produce.push import PreparedItem, PushFailure, PushItem, PushManyResult
+from messenger.produce.push import PreparedItem, PushedId, PushFailure, PushItem, PushManyResult
 from messenger.produce.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, is_missing_resource
 from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
 from messenger.settings import Settings
 
-__all__ = ["MultiProducer", "Producer", "PushFailure", "PushItem", "PushManyResult"]
+__all__ = ["MultiProducer", "Producer", "PushFailure", "PushItem", "PushManyResult", "PushedId"]
 
 logger = logging.getLogger("messenger.producer")
 
@@ -74,6 +90,12 @@ class _BaseProducer:
     default_priority: ClassVar[str | None] = None
     #: Record QUEUED in the status table for every message sent.
     track_status: ClassVar[bool] = False
+    #: Dedup on enqueue: a push whose message_id was pushed within `dedup_window` seconds is
+    #: not sent and is reported as a duplicate (one conditional DynamoDB write per push that
+    #: names a message_id; see `messenger.jobs.dedup`). A push may override it (`dedup=`).
+    dedup: ClassVar[bool] = False
+    #: Seconds a pushed id counts as taken (1 to 14 days; default 5 minutes).
+    dedup_window: ClassVar[int] = DEFAULT_WINDOW_SECONDS
     #: pydantic model(s) of the body (see `messenger.schema`): validated before sending.
     model: ClassVar[Any] = None
 
@@ -116,6 +138,8 @@ class _BaseProducer:
         self.provisioner = Provisioner(self.clients, self.settings)
         self._lock = threading.Lock()
         self._targets: dict[str | None, QueueTarget | TopicTarget] = {}
+        #: Each level's max_receives, once a push gave max_attempts (`_max_receives`).
+        self._receives: dict[str | None, int] = {}
         self._store: PayloadStore | None = None
         self.status: StatusStore | None = None
         if self.priorities:
@@ -123,6 +147,13 @@ class _BaseProducer:
             self._spec(self.channel)
         if self.track_status:
             self.status = StatusStore(self.clients, self.settings)
+        if not isinstance(self.dedup, bool):
+            raise InvalidSettings(f"{type(self).__name__}.dedup must be True or False, got "
+                                  f"{self.dedup!r}")
+        self.window = check_window(self.dedup_window, f"{type(self).__name__}.dedup_window")
+        self.dedup_store = DedupStore(self.clients, self.settings)
+        #: Ordered channels: deduplication ids sent in SQS's own 5-minute interval.
+        self.recent_ids = RecentIds() if self.ordered else None
         self.threshold = self._threshold()
         self.body_schema = BodySchema.of(type(self).__name__, self.model)
 
@@ -150,22 +181,44 @@ class _BaseProducer:
         meta_headers: Mapping[str, str] | None = None,
         priority: str | None = None,
         message_id: str | None = None,
-    ) -> str:
-        """Send one message; returns its message id. Raises InvalidMessage, PayloadTooLarge,
-        ChannelNotFound (verify mode) or PublishFailed (transient errors past the budget).
+        max_attempts: int | None = None,
+        dedup: bool | None = None,
+    ) -> PushedId:
+        """Send one message; returns its message id (a str; `.duplicate` says whether it was
+        a duplicate and not sent). Raises InvalidMessage, PayloadTooLarge, ChannelNotFound
+        (verify mode) or PublishFailed (transient errors past the budget).
 
         group_id: ordered channel: the FIFO group (default: the class's, else the channel name);
         standard channel: the fair-queue tenant key (default: the class's, else none).
         message_id: the caller's own id (1-128 letters, digits, punctuation) instead of a new
         one, so a retry after a crash is recognisable. On an ordered channel the id is derived
-        from the deduplication key: a duplicate returns the id of the message it repeats.
+        from the deduplication key: a duplicate returns the id of the message it repeats, and a
+        deduplication id sent in the last 5 minutes (SQS would drop it) is reported as a
+        duplicate. max_attempts: runs the job gets before its consumer dead-letters it, 1 to
+        the channel's max_receives (None: the consumer's `max_attempts`); InvalidMessage
+        otherwise. dedup: check the id against the dedup window first (None: the producer's
+        `dedup`); needs a message_id on a standard channel (without one, every push is new).
         """
-        item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id)
+        item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id,
+                        max_attempts, dedup)
         prepared, _ = self._prepare(0, item)
+        verdict = self._dedup(prepared, item, set())
+        if isinstance(verdict, Duplicate):
+            logger.info("push to %s: message %s is a duplicate (not sent)", self.channel,
+                        prepared.message_id)
+            self._record_queued([prepared.message_id], time.time(), StatusEvent.DUPLICATE)
+            return PushedId(prepared.message_id, duplicate=True)
         sent_at = time.time()  # SQS accepts it after this: a consumer's RECEIVED comes later
-        self._with_target(prepared.level, lambda target: target.send(prepared.outgoing), "push")
+        try:
+            self._with_target(prepared.level, lambda target: target.send(prepared.outgoing),
+                              "push")
+        except BaseException:
+            if verdict is not None:
+                self.dedup_store.release(verdict)  # not sent: a retry is not a duplicate
+            raise
+        self._remember([prepared])
         self._record_queued([prepared.message_id], sent_at)
-        return prepared.message_id
+        return PushedId(prepared.message_id)
 
     def push_many(self, items: Iterable[PushItem | Any]) -> PushManyResult:
         """Send many messages in batches of up to 10; items are PushItems or bare bodies.
@@ -177,17 +230,37 @@ class _BaseProducer:
         items = [item if isinstance(item, PushItem) else PushItem(item) for item in items]
         result = PushManyResult(message_ids=[None] * len(items))
         by_level: dict[str | None, list[PreparedItem]] = {}
+        claims: dict[int, Claim] = {}
+        taken: set[str] = set()  # deduplication ids of this call (ordered channels)
         for index, item in enumerate(items):
             try:
                 prepared, offloaded = self._prepare(index, item)
+                verdict = self._dedup(prepared, item, taken)
             except Exception as error:  # one bad item never aborts the others
                 result.failures.append(PushFailure(index, _failure_code(error), str(error)))
                 continue
+            if isinstance(verdict, Duplicate):
+                result.duplicates.append(index)
+                result.message_ids[index] = prepared.message_id  # the id it repeats
+                continue
+            if verdict is not None:
+                claims[index] = verdict
             result.offloaded += offloaded
             by_level.setdefault(prepared.level, []).append(prepared)
         for level, entries in by_level.items():
             for batch in self._batches(entries):
                 self._send_batch(level, batch, result)  # records each batch's QUEUED
+        for index, claim in claims.items():
+            if result.message_ids[index] is None:  # not sent: a retry is not a duplicate
+                self.dedup_store.release(claim)
+        self._remember([p for entries in by_level.values() for p in entries
+                        if result.message_ids[p.index] is not None])
+        if result.duplicates:
+            self._record_queued([i for n, i in enumerate(result.message_ids)
+                                 if i is not None and n in set(result.duplicates)],
+                                time.time(), StatusEvent.DUPLICATE)
+            logger.info("push_many to %s: %d duplicate(s) not sent", self.channel,
+                        len(result.duplicates))
         result.failures.sort(key=lambda failure: failure.index)
         if result.failures:
             logger.warning(
@@ -267,17 +340,13 @@ class _BaseProducer:
                 }
                 encoded = EncodedMessage(encoded.body, attributes)
         if level is not None and self.routes_priority_by_attribute:
-            attributes = {
-                **encoded.attributes,
-                PRIORITY_ATTRIBUTE: {"DataType": "String", "StringValue": level},
-            }
-            encoded = EncodedMessage(encoded.body, attributes)
+            encoded = _with_attribute(encoded, PRIORITY_ATTRIBUTE, "String", level)
+        if item.max_attempts is not None:
+            check_attempts(item.max_attempts, self._max_receives(level), self.channel)
+            encoded = _with_attribute(encoded, MAX_ATTEMPTS_ATTRIBUTE, "Number",
+                                      str(item.max_attempts))
         if version is not None:
-            attributes = {
-                **encoded.attributes,
-                SCHEMA_VERSION_ATTRIBUTE: {"DataType": "String", "StringValue": version},
-            }
-            encoded = EncodedMessage(encoded.body, attributes)
+            encoded = _with_attribute(encoded, SCHEMA_VERSION_ATTRIBUTE, "String", version)
         offloaded = 0
         if encoded.size > self.threshold:
             encoded = self._offload(encoded)
@@ -285,14 +354,47 @@ class _BaseProducer:
         outgoing = OutgoingMessage(encoded, group_id, dedup_id)
         return PreparedItem(index, outgoing, message_id, level), offloaded
 
-    def _record_queued(self, message_ids: list[str], sent_at: float) -> None:
-        """Record QUEUED for messages SQS accepted, stamped `sent_at`: when their request went
-        out (they may be received before its answer is back, never before it went out)."""
+    def _max_receives(self, level: str | None) -> int:
+        """The highest `max_attempts` of a push: an exchange's queues each have their own
+        max_receives (each consumer caps the attempts at its own), so SQS's largest."""
+        return SQS_MAX_RECEIVE_COUNT
+
+    def _dedup(self, prepared: PreparedItem, item: PushItem, taken: set[str]
+               ) -> Claim | Duplicate | None:
+        """Whether this push repeats one within the window: a Duplicate (do not send), the
+        Claim made for it (release it if the send fails), or None (no check applies).
+
+        Ordered channels: a deduplication id sent by this producer in SQS's 5 minutes (or
+        earlier in this call) is a duplicate SQS would drop; with dedup on, the table is asked
+        too (for other producers), by deduplication id. Standard channels: with dedup on, the
+        table is asked by message id, when the push names one."""
+        dedup = self.dedup if item.dedup is None else item.dedup
+        if not isinstance(dedup, bool):
+            raise InvalidMessage(f"dedup must be True, False or None, got {dedup!r}")
+        key = prepared.outgoing.dedup_id
+        if key is not None:
+            if key in taken or (self.recent_ids is not None and self.recent_ids.seen(key)):
+                return Duplicate(key, 0.0)
+            taken.add(key)
+        elif item.message_id is not None:
+            key = item.message_id
+        if not dedup or key is None:
+            return None
+        return self.dedup_store.claim(self.channel, key, self.window)
+
+    def _remember(self, sent: list[PreparedItem]) -> None:
+        if self.recent_ids is not None:
+            self.recent_ids.add([p.outgoing.dedup_id for p in sent if p.outgoing.dedup_id])
+
+    def _record_queued(self, message_ids: list[str], sent_at: float,
+                       event: StatusEvent = StatusEvent.QUEUED) -> None:
+        """Record QUEUED (or `event`) for messages SQS accepted, stamped `sent_at`: when their
+        request went out (they may be received before its answer is back, never before it went
+        out)."""
         if self.status is None:
             return
         for message_id in message_ids:
-            self.status.record(
-                StatusRecord(message_id, StatusEvent.QUEUED, self.channel, at=sent_at))
+            self.status.record(StatusRecord(message_id, event, self.channel, at=sent_at))
 
     def _fifo_fields(self, item: PushItem) -> tuple[str | None, str | None]:
         """(MessageGroupId, MessageDeduplicationId) of an item. On a standard channel the group
@@ -426,6 +528,11 @@ class _BaseProducer:
                 time.sleep(min(2.0, 0.05 * 2**attempt))
 
 
+def _with_attribute(encoded: EncodedMessage, name: str, kind: str, value: str) -> EncodedMessage:
+    attributes = {**encoded.attributes, name: {"DataType": kind, "StringValue": value}}
+    return EncodedMessage(encoded.body, attributes)
+
+
 def _failure_code(error: BaseException) -> str:
     return error_code(error) or type(error).__name__
 
@@ -448,6 +555,28 @@ class Producer(_BaseProducer):
                 )
             queue = self.provisioner.ensure_channel(spec).queue
         return QueueTarget(self.clients.client("sqs", validate_params=False), queue.url)
+
+    def _max_receives(self, level: str | None) -> int:
+        """The queue's max_receives (its redrive policy's maxReceiveCount), read once per level
+        and only for pushes that give `max_attempts`."""
+        with self._lock:
+            known = self._receives.get(level)
+        if known is not None:
+            return known
+        budget = self.settings.retry_budget_seconds
+        target = call_with_budget(
+            lambda: self._get_target(level), budget, f"locating channel {self.channel!r}")
+        assert isinstance(target, QueueTarget)
+        attributes = call_with_budget(
+            lambda: target.sqs.get_queue_attributes(
+                QueueUrl=target.url, AttributeNames=["RedrivePolicy"]),
+            budget, f"reading the redrive policy of {self.channel!r}",
+        ).get("Attributes", {})
+        redrive = json.loads(attributes.get("RedrivePolicy") or "{}")
+        known = int(redrive.get("maxReceiveCount") or SQS_MAX_RECEIVE_COUNT)
+        with self._lock:
+            self._receives[level] = known
+        return known
 
 
 class MultiProducer(_BaseProducer):

@@ -25,6 +25,23 @@ class PushItem:
     #: The caller's own id (e.g. an order number): a retry after a crash reuses it. On an
     #: ordered channel it is also the deduplication key unless `dedup_id` is given.
     message_id: str | None = None
+    #: Runs the job gets before its consumer dead-letters it, 1 to the channel's max_receives
+    #: (None: the consumer's `max_attempts`).
+    max_attempts: int | None = None
+    #: Dedup on enqueue for this item (None: the producer's `dedup`); see `Producer.push`.
+    dedup: bool | None = None
+
+
+class PushedId(str):
+    """What `push` returns: the message id (a str), and whether the push was a duplicate that
+    was not sent (`duplicate`: the id was pushed within the dedup window already)."""
+
+    duplicate: bool
+
+    def __new__(cls, message_id: str, duplicate: bool = False) -> PushedId:
+        made = super().__new__(cls, message_id)
+        made.duplicate = duplicate
+        return made
 
 
 @dataclass(frozen=True)
@@ -48,15 +65,21 @@ class PushFailure:
 
 @dataclass
 class PushManyResult:
-    """message_ids[i] is the id of input item i, or None when it failed (see `failures`)."""
+    """message_ids[i] is the id of input item i, or None when it failed (see `failures`). A
+    duplicate (its index in `duplicates`) has the id of the message it repeats and was not
+    sent: `published` does not count it."""
 
     message_ids: list[str | None] = field(default_factory=list)
     failures: list[PushFailure] = field(default_factory=list)
     offloaded: int = 0
+    #: Indexes of the items not sent because their id was pushed within the dedup window (or,
+    #: on an ordered channel, their deduplication id within SQS's 5 minutes).
+    duplicates: list[int] = field(default_factory=list)
 
     @property
     def published(self) -> int:
-        return sum(1 for message_id in self.message_ids if message_id is not None)
+        sent = sum(1 for message_id in self.message_ids if message_id is not None)
+        return sent - len(self.duplicates)
 
     def raise_for_failures(self) -> None:
         if self.failures:

@@ -65,9 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     local.set_defaults(run=_local)
 
+    from messenger.tools.dlq import add_parser as add_dlq
     from messenger.tools.top import add_parser as add_top
+    from messenger.tools.workers import add_parser as add_workers
 
     add_top(commands)
+    add_workers(commands)
+    add_dlq(commands)
 
     from messenger.tools.adopt import add_parser as add_adopt
 

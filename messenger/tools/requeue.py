@@ -39,6 +39,7 @@ from messenger.channel import (
 from messenger.errors import ChannelNotFound, InvalidSettings, MessageDecodeError
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.message import (
+    DEAD_LETTER_FAILURE_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     MESSAGE_ID_ATTRIBUTE,
     EncodedMessage,
@@ -249,6 +250,20 @@ class Requeuer:
         logger.info("requeue: %s", report.summary())
         return report
 
+    def move(self, messages: list[dict[str, Any]]) -> RequeueReport:
+        """Move these received messages (their receipt handles held) to the destination, each
+        deleted from the source only after the destination accepted it (`messenger dlq
+        requeue`: chosen dead letters); what failed stays in the source."""
+        report = RequeueReport(self.source.name, self.destination_channel)
+        target = self._target()
+        try:
+            for start in range(0, len(messages), MAX_BATCH_ENTRIES):
+                self._move(target, messages[start : start + MAX_BATCH_ENTRIES], report)
+        finally:
+            if self.status is not None:
+                self.status.close()
+        return report
+
     def _invisible(self) -> int:
         """Messages in the source that a receive cannot see now (in flight or delayed)."""
         attributes = call_with_budget(
@@ -331,6 +346,7 @@ class Requeuer:
     def _outgoing(self, message: dict[str, Any]) -> OutgoingMessage:
         attributes = sendable_attributes(message.get("MessageAttributes", {}))
         attributes.pop(DEAD_LETTER_REASON_ATTRIBUTE, None)
+        attributes.pop(DEAD_LETTER_FAILURE_ATTRIBUTE, None)
         # A fair queue's tenant key travels back with the message; FIFO needs a group.
         group_id, dedup_id = message.get("Attributes", {}).get("MessageGroupId"), None
         if self.ordered:

@@ -7,7 +7,8 @@
 
 Per channel queue: visible, in flight, delayed, DLQ depth (from queue attributes), age of the oldest
 message, messages/min in and out, and whether consumers received in the last 5 minutes (from
-CloudWatch; '-' when CloudWatch has no datapoint, as on the local endpoint), critical flag.
+CloudWatch; '-' when CloudWatch has no datapoint, as on the local endpoint), consumer processes
+registered and alive (`messenger workers`), critical flag. Fits an 80-column terminal.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -23,7 +25,8 @@ from typing import Any
 
 from messenger.aws import ClientFactory
 from messenger.channel import FIFO_SUFFIX
-from messenger.errors import ChannelNotFound
+from messenger.errors import ChannelNotFound, InvalidSettings
+from messenger.jobs.workers import list_workers
 from messenger.ops.inventory import list_platform_resources
 from messenger.ops.metrics import fetch_series, latest, sqs_metric, total
 from messenger.settings import Settings
@@ -48,10 +51,15 @@ class ChannelRow:
     out_per_minute: float | None
     consumers_active: bool | None
     critical: bool
+    #: Consumer processes registered for the channel and not lost (`messenger workers`).
+    workers: int = 0
 
 
 def snapshot(clients: ClientFactory, settings: Settings) -> list[ChannelRow]:
-    """Collect the rows: one tag query, one GetQueueAttributes per queue, one GetMetricData."""
+    """Collect the rows: one tag query, one GetQueueAttributes per queue, one GetMetricData,
+    one Scan of the worker registry."""
+    now = time.time()
+    alive = [w.channel for w in list_workers(clients, settings) if not w.lost(now)]
     queues = list_platform_resources(clients, settings.namespace, roles=("queue",))
     sqs = clients.client("sqs")
     end = datetime.now(UTC)
@@ -91,10 +99,17 @@ def snapshot(clients: ClientFactory, settings: Settings) -> list[ChannelRow]:
                 out_per_minute=_rate(total(deleted)),
                 consumers_active=(sum(receives) > 0) if receives else None,
                 critical=queue.channel_tags.critical,
+                workers=sum(1 for channel in alive if _serves(channel, queue.channel or "")),
             )
         )
     # Critical first, then the deepest backlog.
     return sorted(rows, key=lambda r: (not r.critical, -(r.dlq_depth or 0) - r.visible, r.queue))
+
+
+def _serves(worker_channel: str, row_channel: str) -> bool:
+    """Whether a worker of `worker_channel` consumes the row's queue (a priority channel's
+    consumer consumes every level's)."""
+    return worker_channel == row_channel or _is_level_of(row_channel, worker_channel)
 
 
 def _attributes(sqs: Any, name: str) -> dict[str, str]:
@@ -120,24 +135,30 @@ def _fmt(value: Any) -> str:
 
 
 def render(rows: list[ChannelRow], namespace: str) -> Any:
-    """A rich Table of the rows."""
+    """A rich Table of the rows, readable at 80 columns (the queue's physical name is in
+    --json; 'oldest' is the age of the oldest message in seconds, 'workers' the consumer
+    processes alive, 'consumers' whether any received in the last 5 minutes)."""
+    from rich import box
     from rich.table import Table
 
     stamp = datetime.now(UTC).strftime("%H:%M:%S")
-    table = Table(title=f"messenger top: namespace {namespace or '(none)'} at {stamp} UTC")
-    for column in ("channel", "queue", "visible", "in flight", "delayed", "DLQ", "oldest s",
-                   "in/min", "out/min", "consumers", "critical"):
-        table.add_column(column, justify="left" if column in ("channel", "queue") else "right")
+    table = Table(title=f"messenger top: {namespace or '(no namespace)'} at {stamp} UTC",
+                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table.add_column("channel", overflow="fold", min_width=10)
+    for column in ("ready", "flight", "delay", "DLQ", "oldest", "in/m", "out/m", "work",
+                   "recv"):
+        table.add_column(column, justify="right", no_wrap=True)
     for row in rows:
         dlq_style = "bold red" if row.dlq_depth else ""
+        name = f"[bold red]![/]{row.channel}" if row.critical else row.channel
         table.add_row(
-            row.channel, row.queue, _fmt(row.visible), _fmt(row.in_flight), _fmt(row.delayed),
+            name, _fmt(row.visible), _fmt(row.in_flight), _fmt(row.delayed),
             f"[{dlq_style}]{_fmt(row.dlq_depth)}[/]" if dlq_style else _fmt(row.dlq_depth),
             _fmt(row.oldest_age_seconds), _fmt(row.in_per_minute), _fmt(row.out_per_minute),
-            _fmt(row.consumers_active), "[bold red]CRITICAL[/]" if row.critical else "",
+            _fmt(row.workers), _fmt(row.consumers_active),
         )
-    if not rows:
-        table.caption = "no platform-owned queues in this namespace"
+    table.caption = ("no platform-owned queues in this namespace" if not rows else
+                     "! critical  work: consumer processes  recv: received in 5 min")
     return table
 
 
@@ -197,6 +218,10 @@ def run_cli(args: argparse.Namespace) -> int:
     clients = ClientFactory(settings.region)
     console = Console()
     if args.requeue:
+        if not args.yes and not sys.stdin.isatty():
+            raise InvalidSettings(f"top --requeue {args.requeue} needs --yes when there is no "
+                                  f"terminal to ask")
+
         def confirm(question: str) -> bool:
             return bool(args.yes) or input(question).strip().lower() in ("y", "yes")
 

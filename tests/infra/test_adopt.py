@@ -28,9 +28,11 @@ def test_every_retained_channel_resource_can_be_adopted_by_name(assembly: CloudA
         assert resource["Type"] in AUTO_IMPORTED, logical_id
         name = resource["Properties"][AUTO_IMPORTED[resource["Type"]]]
         assert isinstance(name, str) and name.startswith(f"{NAMESPACE}-"), logical_id
-    # And nothing else in the stack has a fixed name that a leftover could block
+    # And nothing else in the stack has a fixed name that a leftover could block (an alarm's
+    # MetricName names what it watches, not the alarm)
     named = [k for k, r in resources.items()
-             if any(p.endswith("Name") and isinstance(v, str) and p not in ("PolicyName",)
+             if any(p.endswith("Name") and isinstance(v, str)
+                    and p not in ("PolicyName", "MetricName")
                     for p, v in r.get("Properties", {}).items())
              and r["Type"] not in ("AWS::ApplicationAutoScaling::ScalingPolicy",
                                    "AWS::CloudWatch::Dashboard")]

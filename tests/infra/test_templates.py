@@ -8,10 +8,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aws_cdk.assertions import Match
 
 from examples.channels import example_channels, wishlist_channels
-from messenger.channel import DEFAULT_MAX_RECEIVES, TAG_CHANNEL, TAG_ROLE, status_table_name
+from messenger.channel import (
+    DEFAULT_MAX_RECEIVES,
+    TAG_CHANNEL,
+    TAG_ROLE,
+    dedup_table_name,
+    status_table_name,
+    workers_table_name,
+)
 from messenger.offload import OFFLOAD_PREFIX, lifecycle_days
 from messenger.settings import Settings
 from tests.infra.conftest import ACCOUNT, NAMESPACE, REGION, CloudAssembly
@@ -145,6 +153,19 @@ def test_status_table_matches_the_runtime(assembly: CloudAssembly) -> None:
         "BillingMode": "PAY_PER_REQUEST",
         "TimeToLiveSpecification": {"AttributeName": "expires_at", "Enabled": True},
         "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+        "SSESpecification": Match.object_like({"SSEEnabled": True, "SSEType": "KMS"}),
+    })
+
+
+@pytest.mark.parametrize("name, keys", [
+    (dedup_table_name, [{"AttributeName": "dedup_key", "KeyType": "HASH"}]),
+    (workers_table_name, [{"AttributeName": "channel", "KeyType": "HASH"},
+                          {"AttributeName": "worker_id", "KeyType": "RANGE"}]),
+])
+def test_dedup_and_worker_tables_match_the_runtime(assembly: CloudAssembly, name, keys) -> None:
+    assembly.assertions("platform").has_resource_properties("AWS::DynamoDB::Table", {
+        "TableName": name(NAMESPACE), "KeySchema": keys, "BillingMode": "PAY_PER_REQUEST",
+        "TimeToLiveSpecification": {"AttributeName": "expires_at", "Enabled": True},
         "SSESpecification": Match.object_like({"SSEEnabled": True, "SSEType": "KMS"}),
     })
 
@@ -299,11 +320,15 @@ def test_no_stack_exports_a_channel(assembly: CloudAssembly) -> None:
     (job_policy,) = [p for k, p in assembly.resources("AWS::IAM::Policy", "pipeline").items()
                      if "EmrJobRoleDefaultPolicy" in k]
     statements = job_policy["Properties"]["PolicyDocument"]["Statement"]
-    publish = {json.dumps(s["Resource"]) for s in statements
-               if {"sns:Publish", "sqs:SendMessage"} & set(s["Action"])}
+    publish: set[str] = set()
+    for s in statements:
+        if {"sns:Publish", "sqs:SendMessage"} & set(s["Action"]):
+            resource = s["Resource"]
+            publish.update(resource if isinstance(resource, list) else [resource])
     arn = f"arn:aws:{{}}:{REGION}:{ACCOUNT}:{NAMESPACE}-{{}}"
-    assert publish == {json.dumps(arn.format("sns", "wishlist_events.fifo")),
-                       json.dumps(arn.format("sqs", "orders"))}
+    # The example exchange and the two example queue channels, each by its deterministic ARN
+    assert publish == {arn.format("sns", "wishlist_events.fifo"), arn.format("sqs", "orders"),
+                       arn.format("sqs", "order_receipts")}
     # And the channel stack deploys first (a dependency, not an export)
     manifest = json.loads((assembly.outdir / "manifest.json").read_text())
     assert f"{NAMESPACE}-MessengerExamples" in \

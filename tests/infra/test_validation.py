@@ -14,7 +14,7 @@ from aws_cdk import aws_ecs as ecs
 
 import stacks.nag
 from examples.cdk import add_example_channels
-from messenger.channel import ChannelSpec, MessageFilter
+from messenger.channel import ChannelSpec, MessageFilter, workers_table_name
 from stacks.channel import Channel
 from stacks.config import MessengerConfig
 from stacks.consumer_scaling import BacklogPerTask, FargateCapacity, StepScaling
@@ -128,9 +128,17 @@ def test_priority_levels_get_their_own_queues_and_filters(tmp_path: Path) -> Non
                if "sqs:ReceiveMessage" in s["Action"]]
     assert len(receive[0]["Resource"]) == len(levels)
     # And, tracking status, may write to the status table
-    status = [s for s in task_policy["Properties"]["PolicyDocument"]["Statement"]
-              if "dynamodb:BatchWriteItem" in s["Action"]]
+    statements = task_policy["Properties"]["PolicyDocument"]["Statement"]
+    status = [s for s in statements if "dynamodb:BatchWriteItem" in s["Action"]]
     assert len(status) == 1
+    # And registers its processes in the worker registry: write and delete its entry there only
+    (workers,) = [s for s in statements if "dynamodb:DeleteItem" in s["Action"]]
+    assert sorted(workers["Action"]) == ["dynamodb:DeleteItem", "dynamodb:DescribeTable",
+                                         "dynamodb:PutItem"]
+    tables = {key: r["Properties"]["TableName"] for key, r in template["Resources"].items()
+              if r["Type"] == "AWS::DynamoDB::Table"}
+    (table_id,) = [key for key, name in tables.items() if name == workers_table_name("p")]
+    assert json.dumps(workers["Resource"]).count(table_id) == 1
 
 
 def test_every_acknowledgement_answers_a_real_finding(

@@ -223,7 +223,7 @@ def test_a_fair_queue_tenant_reaches_the_handler_the_dlq_and_back(settings, clie
 
 
 @pytest.mark.timeout(60)
-def test_failing_handler_is_retried_then_moved_to_the_dlq_by_sqs(settings, clients, running):
+def test_failing_handler_is_retried_then_dead_lettered_by_the_consumer(settings, clients, running):
     errors: list[tuple[str, str]] = []
 
     class Failing(Recording):
@@ -243,8 +243,9 @@ def test_failing_handler_is_retried_then_moved_to_the_dlq_by_sqs(settings, clien
     assert errors == [(message_id, f"attempt {n}") for n in (1, 2, 3)]
     assert json.loads(dead["Body"]) == {"doomed": True}
     retried = run.consumer.named("retried")
-    assert [e.fields["receive_count"] for e in retried] == [1, 2, 3]
-    assert retried[-1].fields["next"] == "dead-letter queue (redrive)"
+    assert [e.fields["receive_count"] for e in retried] == [1, 2]
+    assert dead["MessageAttributes"][DEAD_LETTER_REASON_ATTRIBUTE]["StringValue"] == \
+        "failed: attempts used up (3 of 3)"
 
 
 @pytest.mark.timeout(60)

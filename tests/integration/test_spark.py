@@ -493,6 +493,19 @@ def test_publishing_uses_the_partitions_asked_for_whatever_adaptive_execution_do
         publish(df, DropProducer, failed_path=str(tmp_path / "f0"), partitions=0)
 
 
+def test_rows_that_sqs_would_drop_as_duplicates_are_reported_as_such(
+    spark: SparkSession, settings: Settings, executor: ExecutorSettings, tmp_path: Path,
+) -> None:
+    # Given an ordered DataFrame in which one row repeats another's deduplication key
+    rows = [("u0", 1, "a"), ("u0", 1, "b"), ("u1", 2, "c")]
+    df = spark.createDataFrame(rows, "user_id string, seq int, note string")
+    # When it is published (SNS would accept the repeat and drop it)
+    report = publish(df, DropProducer, group_id="user_id", dedup_key=["user_id", "seq"],
+                     failed_path=str(tmp_path / "failed"), executor=executor)
+    # Then the repeat counts as a duplicate, not as published
+    assert (report.published, report.duplicates, report.failed) == (2, 1, 0)
+
+
 class TrackedAudit(MultiProducer):
     channel = "audit"
     track_status = True

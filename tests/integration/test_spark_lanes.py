@@ -16,7 +16,7 @@ import pytest
 
 from messenger import ChannelSpec, MultiProducer, Settings
 from messenger.provision import Provisioner
-from messenger.spark import ExecutorSettings, PartitionPublisher, RowMapping
+from messenger.spark import COUNTERS, ExecutorSettings, PartitionPublisher, RowMapping
 from tests.faults import _RawBody, injected, throttling_response
 from tests.integration.helpers import decode, drain
 
@@ -105,8 +105,7 @@ def rows_by_seq() -> list[Any]:
 
 
 def publisher(executor: ExecutorSettings, lanes: int = 4) -> tuple[PartitionPublisher, dict]:
-    counters = {name: Total() for name in ("published", "offloaded", "failed", "requests",
-                                           "skipped", "partitions")}
+    counters = {name: Total() for name in COUNTERS}
     mapping = RowMapping(body=["user_id", "seq"], group_id="user_id",
                          dedup_key=["user_id", "seq"])
     return PartitionPublisher(LaneProducer, executor, mapping, counters, lanes), counters

@@ -1,6 +1,6 @@
-"""Complete status timelines: QUEUED written when a process exits without close(), SQS's redrive
-recorded as DEAD_LETTERED, the dead-letter reason and duplicate pushes shown by `messenger
-status`."""
+"""Complete status timelines: QUEUED written when a process exits without close(), the last
+attempt's failure recorded with its traceback and the consumer's DEAD_LETTERED, the dead-letter
+reason and duplicate pushes shown by `messenger status`."""
 
 from __future__ import annotations
 
@@ -65,32 +65,40 @@ def test_a_process_that_exits_without_close_still_writes_its_queued_records(
 
 
 @pytest.mark.timeout(60)
-def test_sqs_redrive_ends_the_timeline_with_dead_lettered_and_its_reason(
+def test_the_last_attempt_ends_the_timeline_with_dead_lettered_its_reason_and_traceback(
     settings, clients, running, local_endpoint
 ):
-    # Given a message its consumer fails on every one of its 2 receives
+    # Given a message its consumer fails on every one of its 2 attempts
     StatusStore(clients, settings).ensure_table()
     producer = TrackedPoison(settings=settings, clients=clients)
     message_id = producer.push({"sku": "x"})
     producer.status.close()
     run = running(AlwaysFails, retry_delay=0)
     store = run.consumer.status.store
-    wait_until(lambda: store.stats.recorded >= 9, timeout=30)
+    wait_until(lambda: store.stats.recorded >= 8, timeout=30)
     run.stop()
-    # Then its timeline ends with DEAD_LETTERED (SQS's redrive), naming why
+    # Then its timeline ends with the consumer's DEAD_LETTERED, naming why
     timeline = StatusStore(clients, settings).timeline(message_id)
     events = [r.event for r in timeline]
     assert events == [E.QUEUED, E.RECEIVED, E.STARTED, E.FAILED, E.RETRIED,
-                      E.RECEIVED, E.STARTED, E.FAILED, E.RETRIED, E.DEAD_LETTERED]
-    assert timeline[-1].error.startswith("redrive: failed on receive 2 (max_receives reached)")
-    # And `messenger status` shows the reason and the last error
+                      E.RECEIVED, E.STARTED, E.FAILED, E.DEAD_LETTERED]
+    assert timeline[-1].error == "failed: attempts used up (2 of 2)"
+    # ... each FAILED record keeps the traceback
+    failed = [r for r in timeline if r.event is E.FAILED]
+    assert all("in handler" in r.traceback and r.traceback.rstrip().endswith(
+        "ValueError: cannot handle {'sku': 'x'}") for r in failed)
+    # And `messenger status` shows the reason, the last error and its traceback
     env = {**os.environ, **local_endpoint.env(), "MESSENGER_NAMESPACE": settings.namespace}
     shown = subprocess.run([sys.executable, "-m", "messenger", "status", message_id],
                            env=env, capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
-    last = shown.stdout.splitlines()[-1]
-    assert "DEAD_LETTERED" in last and "reason=redrive: failed on receive 2" in last
+    lines = shown.stdout.splitlines()
+    dead = next(line for line in lines if "DEAD_LETTERED" in line)
+    assert "reason=failed: attempts used up (2 of 2)" in dead
     assert "error=ValueError: cannot handle {'sku': 'x'}" in shown.stdout
+    trace = lines[lines.index("last failure's traceback:") + 1:]
+    assert trace[0] == "    Traceback (most recent call last):"
+    assert trace[-1] == "    ValueError: cannot handle {'sku': 'x'}"
 
 
 def test_a_duplicate_ordered_push_shows_in_the_timeline(settings, clients):
@@ -105,9 +113,9 @@ def test_a_duplicate_ordered_push_shows_in_the_timeline(settings, clients):
     producer.status.close()
     assert first == again
     timeline = StatusStore(clients, settings).timeline(first)
-    assert [r.event for r in timeline] == [E.QUEUED, E.QUEUED]
+    assert [r.event for r in timeline] == [E.QUEUED, E.DUPLICATE]
     lines = render_timeline(first, timeline).splitlines()
-    assert "duplicate" not in lines[1] and "pushed again under the same id (duplicate)" in lines[2]
+    assert "DUPLICATE" not in lines[1] and "DUPLICATE" in lines[2]
 
 
 def test_a_consumer_dead_letter_reason_is_shown():

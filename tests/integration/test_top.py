@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -60,14 +61,36 @@ def test_cli_once_json_and_requeue_with_confirmation(settings, clients, local_en
         return subprocess.run([sys.executable, "-m", "messenger", *args], env=env, input=stdin,
                               capture_output=True, text=True, timeout=60)
 
+    def in_terminal(*args, answer):
+        """Run with a pseudo-terminal as stdin (a person at the prompt) answering `answer`."""
+        controller, terminal = pty.openpty()
+        os.write(controller, answer.encode())
+        try:
+            return subprocess.run([sys.executable, "-m", "messenger", *args], env=env,
+                                  stdin=terminal, capture_output=True, text=True, timeout=60)
+        finally:
+            os.close(controller)
+            os.close(terminal)
+
     once = messenger("top", "--once")
     assert once.returncode == 0, once.stderr
-    assert orders.queue.name in once.stdout and "CRITICAL" in once.stdout
+    assert "!orders" in once.stdout  # critical first, marked
+    narrow = subprocess.run([sys.executable, "-m", "messenger", "top", "--once"],
+                            env={**env, "COLUMNS": "80"}, capture_output=True, text=True,
+                            timeout=60).stdout
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    assert "shop.audit" in narrow and "work" in narrow
     rows = json.loads(messenger("top", "--json").stdout)
     assert {r["queue"]: r["dlq_depth"] for r in rows}[orders.queue.name] == 1
-    declined = messenger("top", "--requeue", "orders", stdin="n\n")
+    assert {r["queue"]: r["workers"] for r in rows}[orders.queue.name] == 0
+    # Without a terminal to ask, --requeue needs --yes: one line, exit 2, nothing moved
+    piped = messenger("top", "--requeue", "orders", stdin="y\n")
+    assert piped.returncode == 2 and piped.stderr.strip().count("\n") == 0, piped.stderr
+    assert "needs --yes" in piped.stderr
+    declined = in_terminal("top", "--requeue", "orders", answer="n\n")
     assert declined.returncode == 1 and "nothing moved" in declined.stdout
-    accepted = messenger("top", "--requeue", "orders", stdin="y\n")
+    accepted = in_terminal("top", "--requeue", "orders", answer="y\n")
     assert accepted.returncode == 0, accepted.stderr
     assert f"moved 1 message(s) from {orders.dlq.name}" in accepted.stdout
-    assert requeue_channel(clients, settings, "orders", lambda question: True) == 0  # now empty
+    assert messenger("top", "--requeue", "orders", "--yes").returncode == 0  # now empty
+    assert requeue_channel(clients, settings, "orders", lambda question: True) == 0

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from messenger.channel import physical_name
-from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
+from messenger.message import DEAD_LETTER_FAILURE_ATTRIBUTE, DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.provision import Provisioner
 from messenger.tools.requeue import Requeuer
 from tests.reliability.apps import CHANNEL, TimeoutLedgerConsumer
@@ -99,16 +99,21 @@ def test_poison_non_json_missing_payload_and_timeout_all_reach_the_dlq_with_a_re
     for message_id, kind in bad.items():
         if kind in expected_prefix:
             assert reasons[message_id].startswith(expected_prefix[kind]), reasons[message_id]
-    # Poison ones were moved by SQS's redrive (no consumer reason): each ran max_receives times
-    # and the consumer logged that the next stop was the DLQ.
+            # a verdict other than a handler's failure: when and who, no error fields
+            note = json.loads(dead[message_id]["MessageAttributes"]
+                              [DEAD_LETTER_FAILURE_ATTRIBUTE]["StringValue"])
+            assert set(note) == {"attempts", "at", "consumer"} and note["attempts"] >= 1, note
+    # Poison ones ran max_receives times; the consumer forwarded each on its last attempt with
+    # its error and traceback (SQS's redrive is only the safety net for consumers that die).
     attempts = [json.loads(line) for line in harness.lines("attempts")]
+    allowed = TimeoutLedgerConsumer.max_receives
     for message_id in kinds["poison"]:
-        assert reasons[message_id] == ""
+        assert reasons[message_id] == f"failed: attempts used up ({allowed} of {allowed})"
         counts = sorted(a["receive_count"] for a in attempts if a["message_id"] == message_id)
-        assert counts == list(range(1, TimeoutLedgerConsumer.max_receives + 1)), counts
-    redriven = {e["message_id"] for e in consumer.events()
-                if e.get("event") == "retried" and e.get("next") == "dead-letter queue (redrive)"}
-    assert redriven == set(kinds["poison"])
+        assert counts == list(range(1, allowed + 1)), counts
+        note = json.loads(dead[message_id]["MessageAttributes"][DEAD_LETTER_FAILURE_ATTRIBUTE]
+                          ["StringValue"])
+        assert note["error_type"] and "Traceback" in note["traceback"], note
     assert not set(bad) & set(harness.processed())
 
     # When the requeuer moves the DLQ back to the channel
@@ -119,15 +124,15 @@ def test_poison_non_json_missing_payload_and_timeout_all_reach_the_dlq_with_a_re
     assert moved.moved == len(bad) and moved.failed == 0
     assert sorted(message_id_of(raw) for raw in back) == sorted(bad), (
         sorted(str(bad.get(message_id_of(raw))) for raw in back))
-    assert all(DEAD_LETTER_REASON_ATTRIBUTE not in raw.get("MessageAttributes", {})
-               for raw in back)
+    assert all(not {DEAD_LETTER_REASON_ATTRIBUTE, DEAD_LETTER_FAILURE_ATTRIBUTE}
+               & set(raw.get("MessageAttributes", {})) for raw in back)
     assert drain_all(sqs, dlq_url) == []
     ledger = harness.collect([*bad, *normal, after])
     ledger.in_queue = [message_id_of(raw) for raw in back]
     ledger.in_dlq = list(dead)
     by_kind: dict[str, list[str]] = {}
     for message_id, kind in bad.items():
-        by_kind.setdefault(kind, []).append(reasons[message_id].split(":")[0] or "redrive")
+        by_kind.setdefault(kind, []).append(reasons[message_id].split(":")[0])
     line = ledger.report("dead_letters", dead_lettered=len(dead), requeued=moved.moved,
                          reasons=by_kind, seconds=round(time.monotonic() - began, 1))
     report(line)

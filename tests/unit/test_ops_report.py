@@ -172,8 +172,8 @@ def test_alarm_variants_differ_and_list_critical_first() -> None:
     assert ("<https://eu-west-1.console.aws.amazon.com/sqs/v3/home?region=eu-west-1#/queues/"
             "https%3A%2F%2Fsqs.eu-west-1.amazonaws.com%2F123456789012%2Fprod-payments|console>"
             ) in _sections(critical)[1]
-    assert "`messenger requeue prod-orders-dlq orders --dry-run`" in _sections(plain)[0]
-    assert "requeue: `messenger requeue prod-orders-dlq orders`" in _sections(plain)[0]
+    assert "inspect: `messenger dlq list orders`" in _sections(plain)[0]
+    assert "requeue all: `messenger requeue prod-orders-dlq orders`" in _sections(plain)[0]
     assert "`prod-emails`: messenger:alarm-threshold=`1e3` is not a whole number" in \
         _sections(critical)[-1]
 

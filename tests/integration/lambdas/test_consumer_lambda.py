@@ -27,7 +27,7 @@ from messenger.aws import ClientFactory
 from messenger.consume.lambda_runtime import LocalEventSource, sqs_event, sqs_message
 from messenger.consume.lifecycle import LifecycleEvent
 from messenger.jobs.status import StatusEvent, StatusStore
-from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
+from messenger.message import DEAD_LETTER_FAILURE_ATTRIBUTE, DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.offload import OffloadPointer
 from messenger.produce.producer import Producer
 from messenger.settings import Settings
@@ -256,8 +256,24 @@ def test_the_receive_that_uses_up_max_receives_dead_letters_with_the_error(funct
     assert failures(second) == []
     dead = fn.dead_letters()
     assert len(dead) == 1
-    assert reason(dead[0]) == ("attempts_exhausted: failed on receive 2 of 2: ValueError: "
-                               "cannot handle {'fail': True, 'id': 7}")
+    assert reason(dead[0]) == "failed: attempts used up (2 of 2)"
+    note = json.loads(dead[0]["MessageAttributes"][DEAD_LETTER_FAILURE_ATTRIBUTE]["StringValue"])
+    assert (note["error_type"], note["error_message"], note["attempts"]) == (
+        "ValueError", "cannot handle {'fail': True, 'id': 7}", 2)
+    assert "in handler" in note["traceback"]
+    assert fn.counts() == (0, 0)
+
+
+def test_a_job_pushed_with_max_attempts_1_is_dead_lettered_on_its_first_failure(function) -> None:
+    # Given a channel that allows 3 receives, and a job that may run once
+    fn = function(Jobs)
+    fn.producer.push({"fail": True}, max_attempts=1)
+    # When its one run fails
+    response = fn.invoke(fn.receive_all(1))
+    # Then it is in the DLQ at once, with its cause; nothing is left for another invocation
+    assert failures(response) == []
+    [dead] = fn.dead_letters()
+    assert reason(dead) == "failed: attempts used up (1 of 1)"
     assert fn.counts() == (0, 0)
 
 

@@ -1,0 +1,65 @@
+"""The job features' DynamoDB tables (status, dedup claims, worker registry): created on demand in
+`auto` provisioning with TTL on `expires_at`, checked in `verify` mode (the CDK app owns them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from messenger.aws import ClientFactory, error_code
+from messenger.channel import TAG_MANAGED
+from messenger.errors import ChannelNotFound
+from messenger.settings import Settings
+
+#: The TTL attribute of every job table (epoch seconds).
+EXPIRES_AT = "expires_at"
+
+
+def ensure_table(
+    clients: ClientFactory, settings: Settings, table: str, what: str, hash_key: str,
+    range_key: str | None = None, dynamodb: Any = None,
+) -> None:
+    """Create `table` (string keys, on demand, KMS, TTL on expires_at) in auto mode, or check it
+    exists (verify: ChannelNotFound naming `what`). dynamodb: the client to use (default the
+    factory's)."""
+    dynamodb = dynamodb or clients.client("dynamodb")
+    try:
+        dynamodb.describe_table(TableName=table)
+        return
+    except ClientError as error:
+        if error_code(error) != "ResourceNotFoundException":
+            raise
+    if settings.provisioning != "auto":
+        raise ChannelNotFound(
+            f"{what} table {table!r} does not exist (provisioning=verify: deploy it with the "
+            f"CDK app)"
+        )
+    keys = [(hash_key, "HASH")] + ([(range_key, "RANGE")] if range_key else [])
+    try:
+        dynamodb.create_table(
+            TableName=table,
+            KeySchema=[{"AttributeName": name, "KeyType": kind} for name, kind in keys],
+            AttributeDefinitions=[{"AttributeName": name, "AttributeType": "S"}
+                                  for name, _ in keys],
+            BillingMode="PAY_PER_REQUEST",
+            SSESpecification={"Enabled": True, "SSEType": "KMS"},
+            Tags=[{"Key": TAG_MANAGED, "Value": "true"}],
+        )
+    except ClientError as error:
+        if error_code(error) != "ResourceInUseException":  # created meanwhile
+            raise
+    dynamodb.get_waiter("table_exists").wait(TableName=table)
+    dynamodb.update_time_to_live(
+        TableName=table, TimeToLiveSpecification={"Enabled": True, "AttributeName": EXPIRES_AT},
+    )
+
+
+def table_exists(clients: ClientFactory, table: str) -> bool:
+    try:
+        clients.client("dynamodb").describe_table(TableName=table)
+    except ClientError as error:
+        if error_code(error) == "ResourceNotFoundException":
+            return False
+        raise
+    return True

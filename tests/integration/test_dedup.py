@@ -1,0 +1,162 @@
+"""Dedup on enqueue: a repeated message id within the window is not sent and is reported; two
+processes racing on one id send one message; ordered channels report SQS's own drops."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from messenger import Producer, PushItem
+from messenger.errors import InvalidMessage, InvalidSettings, PublishFailed
+from messenger.jobs.dedup import RecentIds
+from tests.faults import injected
+from tests.integration.helpers import decode, drain
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Jobs(Producer):
+    channel = "jobs"
+    dedup = True
+
+
+class Plain(Producer):
+    channel = "jobs"
+
+
+class Ledger(Producer):
+    channel = "ledger"
+    ordered = True
+
+
+def queue(clients, settings, name="jobs"):
+    sqs = clients.client("sqs")
+    return sqs, sqs.get_queue_url(QueueName=f"{settings.namespace}-{name}")["QueueUrl"]
+
+
+def test_a_repeated_id_is_reported_and_not_sent(settings, clients):
+    producer = Jobs(settings=settings, clients=clients)
+    first = producer.push({"n": 1}, message_id="job-1")
+    again = producer.push({"n": 2}, message_id="job-1")
+    assert (first, first.duplicate) == ("job-1", False)
+    assert (again, again.duplicate) == ("job-1", True)
+    # push_many: a repeat of an earlier push and a repeat inside the call are duplicates
+    result = producer.push_many([PushItem({"n": 3}, message_id="job-2"),
+                                 PushItem({"n": 4}, message_id="job-1"),
+                                 PushItem({"n": 5}, message_id="job-2"),
+                                 PushItem({"n": 6})])  # no id: nothing to repeat
+    assert result.duplicates == [1, 2] and result.published == 2 and not result.failures
+    assert result.message_ids[:3] == ["job-2", "job-1", "job-2"]
+    sqs, url = queue(clients, settings)
+    assert sorted(decode(m).body["n"] for m in drain(sqs, url)) == [1, 3, 6]
+
+
+def test_per_push_switch_and_the_window(settings, clients):
+    producer = Plain(settings=settings, clients=clients)
+    # Off by default: the same id twice is two messages
+    assert not producer.push({"n": 1}, message_id="a").duplicate
+    assert not producer.push({"n": 2}, message_id="a").duplicate
+    # On for one push: a claim is made; a later dedup push of that id is a duplicate
+    assert not producer.push({"n": 3}, message_id="b", dedup=True).duplicate
+    assert producer.push({"n": 4}, message_id="b", dedup=True).duplicate
+    # A claim past its window (TTL deletes lazily: the condition checks expires_at itself)
+    clients.client("dynamodb").update_item(
+        TableName=producer.dedup_store.table, Key={"dedup_key": {"S": "jobs#b"}},
+        UpdateExpression="SET expires_at = :past",
+        ExpressionAttributeValues={":past": {"N": str(int(time.time()) - 1)}})
+    assert not producer.push({"n": 5}, message_id="b", dedup=True).duplicate
+    sqs, url = queue(clients, settings)
+    assert sorted(decode(m).body["n"] for m in drain(sqs, url)) == [1, 2, 3, 5]
+
+
+def test_a_failed_send_releases_its_claim(settings, clients):
+    producer = Jobs(settings=settings.with_changes(retry_budget_seconds=0.5), clients=clients)
+    producer.push({"warm": True})  # the queue exists
+
+    def refuse(params=None, model=None, **_):
+        if model is not None and model.name in ("SendMessage", "SendMessageBatch"):
+            from botocore.exceptions import EndpointConnectionError
+            raise EndpointConnectionError(endpoint_url="http://blackholed")
+
+    with injected(clients, "before-call", refuse), pytest.raises(PublishFailed):
+        producer.push({"n": 1}, message_id="job-9")
+    with injected(clients, "before-call", refuse):
+        result = producer.push_many([PushItem({"n": 2}, message_id="job-10")])
+    assert result.failures and not result.duplicates
+    # Then the retries are not duplicates: both are sent
+    assert not producer.push({"n": 1}, message_id="job-9").duplicate
+    assert producer.push_many([PushItem({"n": 2}, message_id="job-10")]).published == 1
+
+
+def test_bad_dedup_settings_get_one_clear_error(settings, clients):
+    class Window(Producer):
+        channel = "jobs"
+        dedup = True
+        dedup_window = 0
+
+    with pytest.raises(InvalidSettings, match="dedup_window must be a whole number of seconds"):
+        Window(settings=settings, clients=clients)
+    with pytest.raises(InvalidMessage, match="dedup must be True, False or None"):
+        Plain(settings=settings, clients=clients).push({"n": 1}, message_id="x", dedup="yes")
+
+
+def test_ordered_channel_reports_what_sqs_would_drop(settings, clients):
+    producer = Ledger(settings=settings, clients=clients)
+    first = producer.push({"n": 1}, dedup_id="d1")
+    # The same deduplication id with other content: SQS drops it; the producer says so
+    again = producer.push({"n": 2}, dedup_id="d1")
+    assert not first.duplicate and again.duplicate and first == again
+    result = producer.push_many([PushItem({"n": 3}, dedup_id="d2"),
+                                 PushItem({"n": 4}, dedup_id="d2"),
+                                 PushItem({"n": 5}, dedup_id="d1")])
+    assert (result.published, result.duplicates) == (1, [1, 2])
+    sqs, url = queue(clients, settings, "ledger.fifo")
+    assert [decode(m).body["n"] for m in drain(sqs, url)] == [1, 3]
+
+
+def test_recent_ids_forget_after_sqs_interval():
+    recent = RecentIds(interval=300, capacity=2)
+    recent.add(["a"], now=0)
+    assert recent.seen("a", now=299) and not recent.seen("a", now=300)
+    recent.add(["b", "c"], now=10)
+    assert not recent.seen("a", now=11)  # over capacity: the oldest goes
+
+
+RACER = """
+import sys, time
+from messenger import Producer, PushItem
+class Jobs(Producer):
+    channel = "jobs"
+    dedup = True
+start = float(sys.argv[1])
+while time.time() < start:
+    time.sleep(0.001)
+result = Jobs().push_many([PushItem({"n": n}, message_id=f"race-{n}") for n in range(30)])
+assert not result.failures, result.failures
+print(result.published)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_racing_processes_send_each_id_once(settings, clients, local_endpoint):
+    # Given the table and queue exist (so both processes race on the claims, not on setup)
+    Jobs(settings=settings, clients=clients).push({"warm": True}, message_id="warm")
+    sqs, url = queue(clients, settings)
+    drain(sqs, url)
+    env = {**os.environ, **local_endpoint.env(), **settings.as_env()}
+    start = time.time() + 3
+    # When three processes push the same 30 ids at the same moment
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(start)], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(3)]
+    outputs = [racer.communicate(timeout=90) for racer in racers]
+    assert all(racer.returncode == 0 for racer in racers), outputs
+    # Then each id was sent exactly once, and the reports add up to that
+    assert sum(int(out.strip()) for out, _ in outputs) == 30
+    got = sorted(decode(m).message_id for m in drain(sqs, url))
+    assert got == sorted(f"race-{n}" for n in range(30))
