@@ -20,8 +20,11 @@ $(NODE_STAMP): package.json
 	npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
+# Arguments for pytest: make test ARGS="tests/unit -x -q" (pytest's own PYTEST_ADDOPTS works too).
+ARGS ?=
+
 test: $(STAMP) $(NODE_STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(ARGS)
 
 # The integration tests that exercise the wire (producer, offload, consumer, requeue) again with
 # plain botocore (MESSENGER_FAST_BOTOCORE=0: messenger/fastboto off), the path every process on
@@ -38,6 +41,7 @@ demo: $(STAMP) $(NODE_STAMP)
 bench: $(STAMP) $(NODE_STAMP)
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/figures.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check messenger stacks lambdas spark_jobs examples tests bench app.py

@@ -4,7 +4,8 @@ Builds the examples image with consumer_image/build_local.sh (the engine and bas
 first when missing: that setup is timed apart), then starts `examples.wishlist:AppleEventsConsumer`
 in a container against a local endpoint ROUNDS times: seconds from `podman run` to LISTENING in
 its log, and from `podman stop -t 30` to exit (with the exit code: 0 is a graceful SIGTERM).
-No targets: figures for the README. Prints JSON ({"skipped": reason} when no engine here).
+No targets: figures for docs/performance.md (via bench/RESULTS.md). Prints JSON
+({"skipped": reason} when no engine here).
 """
 
 from __future__ import annotations

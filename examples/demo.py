@@ -343,6 +343,8 @@ def run(steps: list[tuple[str, Callable[[DemoContext], str]]]) -> int:
     env = {**server.env(), "MESSENGER_NAMESPACE": NAMESPACE}
     os.environ.update(env)
     workdir = Path(tempfile.mkdtemp(prefix="messenger-demo-"))
+    console.print(f"logs: [cyan]{workdir}[/cyan] (each consumer's JSON lines in <Class>.log)",
+                  soft_wrap=True)
     ctx = DemoContext(Settings.from_env(), ClientFactory("us-east-1"), server.url, env, workdir)
     results: list[tuple[str, bool, str, float]] = []
     try:
@@ -373,6 +375,7 @@ def run(steps: list[tuple[str, Callable[[DemoContext], str]]]) -> int:
     console.print(
         f"{len(results) - failed} of {len(results)} steps ok in {time.monotonic() - started:.0f} s"
     )
+    console.print(f"logs: {workdir}", soft_wrap=True)
     return 1 if failed else 0
 
 

@@ -2,7 +2,7 @@
 
     python -m examples.price_drops_local --rows 400 --workdir DIR --endpoint-url URL --namespace NS
 
-What `make demo` runs; on EMR the two are separate steps (see the README's Spark section).
+What `make demo` runs; on EMR the two are separate steps (see docs/spark.md).
 """
 
 from __future__ import annotations

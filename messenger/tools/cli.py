@@ -6,13 +6,15 @@ Each subcommand lives in the module that implements it; this file only wires the
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from messenger.errors import MessengerError
+from messenger.errors import InvalidSettings, MessengerError
 
 
 def _local(args: argparse.Namespace) -> int:
@@ -41,7 +43,31 @@ def _status(args: argparse.Namespace) -> int:
 def _consume(args: argparse.Namespace) -> int:
     from messenger.consume.consumer import run_cli
 
+    working_directory_on_import_path()
+    top_package_findable(args.consumer)
     return run_cli(args)
+
+
+def working_directory_on_import_path() -> None:
+    """Put the working directory first on `sys.path`, as `python -m` does, unless it is there.
+
+    `messenger consume pkg.mod:Class` then finds the user's own package from where it runs; the
+    `messenger` console script alone would only see its own bin/ folder and the installed
+    packages (`python -m messenger` already has it)."""
+    cwd = os.getcwd()
+    if not any(os.path.abspath(entry or os.curdir) == cwd for entry in sys.path):
+        sys.path.insert(0, cwd)
+
+
+def top_package_findable(target: str) -> None:
+    """Raise InvalidSettings saying where it looked when the top package of 'pkg.mod:Class' is
+    nowhere on the import path (the usual newcomer's case: run from the wrong folder)."""
+    top = target.partition(":")[0].split(".")[0]
+    if top.isidentifier() and importlib.util.find_spec(top) is None:
+        raise InvalidSettings(
+            f"consumer {target!r}: no module {top!r} in the working directory {os.getcwd()} or "
+            f"the installed packages; run from the folder that holds {top!r}"
+        )
 
 
 def _emr(args: argparse.Namespace) -> int:

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.docs import code_blocks, doc_text
+
 REPO = Path(__file__).resolve().parents[2]
 ACCOUNT = "123456789012"
 REGION = "eu-west-1"
@@ -141,32 +143,14 @@ def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-# -- README snippets ---------------------------------------------------------------------------
-def readme_section(title: str) -> str:
-    """The text of one `## title` section of README.md (up to the next `## ` heading)."""
-    text = (REPO / "README.md").read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else len(text)]
-
-
-def code_blocks(text: str, language: str) -> list[str]:
-    """The fenced code blocks of one language, in order, exactly as written."""
-    blocks, current = [], None
-    for line in text.splitlines(keepends=True):
-        if current is None and line.strip() == f"```{language}":
-            current = []
-        elif current is not None and line.strip() == "```":
-            blocks.append("".join(current))
-            current = None
-        elif current is not None:
-            current.append(line)
-    return blocks
+# -- documentation snippets ----------------------------------------------------------------------
+#: The page whose code blocks a team copies to add its own stack (tests/infra/test_readme.py).
+CDK_GUIDE = "docs/cdk-guide.md"
 
 
 @dataclass
 class TeamApp:
-    """The app as a team extends it from the README: its folder, the synthesized assembly."""
+    """The app as a team extends it from the CDK guide: its folder, the synthesized assembly."""
 
     folder: Path
     outdir: Path
@@ -183,7 +167,7 @@ TEAM_NAMESPACE = "team"
 
 @pytest.fixture(scope="session")
 def team_app(tmp_path_factory: pytest.TempPathFactory) -> TeamApp:
-    """The README's CDK snippets run exactly as written, once per session, in process.
+    """The CDK guide's snippets run exactly as written, once per session, in process.
 
     Blocks starting with `# <folder>/<file>.py` are the team's files, written to a fresh folder
     outside the repository; the block starting with `# app.py` is what the team adds to
@@ -197,7 +181,7 @@ def team_app(tmp_path_factory: pytest.TempPathFactory) -> TeamApp:
 
     folder = tmp_path_factory.mktemp("team")
     fragments = []
-    for block in code_blocks(readme_section("CDK app"), "python"):
+    for block in code_blocks(doc_text(CDK_GUIDE), "python"):
         first = block.splitlines()[0]
         path = first.removeprefix("# ").split(",")[0].split()[0]
         if path == "app.py":
@@ -206,7 +190,7 @@ def team_app(tmp_path_factory: pytest.TempPathFactory) -> TeamApp:
             assert first.startswith("# ") and path.endswith(".py"), first
             (folder / path).parent.mkdir(parents=True, exist_ok=True)
             (folder / path).write_text(block)
-    assert len(fragments) == 1, "the README shows one addition to app.py"
+    assert len(fragments) == 1, "the CDK guide shows one addition to app.py"
     context = json.loads((REPO / "cdk.json").read_text())["context"]
     context.update({"messenger:namespace": TEAM_NAMESPACE, "messenger:pipeline": "false"})
     outdir = folder / "cdk.out"
@@ -216,7 +200,7 @@ def team_app(tmp_path_factory: pytest.TempPathFactory) -> TeamApp:
         patch.setenv("CDK_DEFAULT_REGION", REGION)
         app = cdk.App(outdir=str(outdir), context=context)
         platform = build_app(app, read_config(app), channels=add_example_channels).platform
-        exec(compile(fragments[0], "README.md (app.py)", "exec"),  # noqa: S102
+        exec(compile(fragments[0], f"{CDK_GUIDE} (app.py)", "exec"),  # noqa: S102
              {"__name__": "app_main", "app": app, "platform": platform})
         assembly = app.synth()
     templates = {stack.stack_name: stack.template for stack in assembly.stacks}

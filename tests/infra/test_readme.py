@@ -1,4 +1,4 @@
-"""Every snippet of the README's CDK section runs, or is checked, exactly as written."""
+"""Every snippet of the CDK guide (docs/cdk-guide.md) runs, or is checked, exactly as written."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import pytest
 
 from app import read_config
 from stacks.bundle import spark_job_scripts
-from tests.infra.conftest import REPO, TeamApp, code_blocks, readme_section
+from tests.docs import code_blocks, doc_text
+from tests.infra.conftest import CDK_GUIDE, REPO, TeamApp
 
-SECTION = readme_section("CDK app")
+SECTION = doc_text(CDK_GUIDE)
 
 
 def test_every_python_snippet_ran_in_the_team_app(team_app: TeamApp) -> None:

@@ -1,4 +1,4 @@
-"""A team's own stack, built exactly as the README shows (one in-process synth per session):
+"""A team's own stack, built exactly as the CDK guide shows (one in-process synth per session):
 its code folder lives outside the repository and outside `examples/`."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def test_the_team_stack_synthesizes_beside_the_platform_and_examples(team_app: T
 
 
 def test_the_image_asset_holds_the_team_code_and_the_library(team_app: TeamApp) -> None:
-    # Given the team's folder, written from the README outside the repository
+    # Given the team's folder, written from the CDK guide outside the repository
     consumers = team_app.folder / "payments" / "consumers.py"
     assert consumers.is_file()
     # When the stack is synthesized, Then its one image asset is built from the consumer
@@ -62,7 +62,7 @@ def test_the_task_runs_the_team_class_on_the_image_platform(team_app: TeamApp) -
 
 
 def test_the_team_stack_deploys_where_the_platform_does(team_app: TeamApp) -> None:
-    # The README's ChannelStack passes no env: it inherits the platform's, so the cross-stack
+    # The CDK guide's ChannelStack passes no env: it inherits the platform's, so the cross-stack
     # references to the platform key and cluster are legal.
     assert team_app.environments[STACK] == team_app.environments[PLATFORM] == (
         f"aws://{ACCOUNT}/{REGION}"

@@ -1,0 +1,30 @@
+"""`make test` hands its ARGS to pytest as given (what the README and docs/local-development.md
+show), and runs every test without them."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _pytest_line(*make_args: str) -> str:
+    # -n prints the recipe without running it; -o keeps the set-up steps out of the listing
+    dry = subprocess.run(
+        ["make", "-n", "-o", ".venv/.installed", "-o", "node_modules/.installed", "test",
+         *make_args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True,
+    )
+    (line,) = [line for line in dry.stdout.splitlines() if " -m pytest" in line]
+    return line
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_test_passes_args_to_pytest() -> None:
+    assert _pytest_line().rstrip() == ".venv/bin/python -m pytest"
+    assert _pytest_line("ARGS=tests/unit -x -k 'a or b'") == (
+        ".venv/bin/python -m pytest tests/unit -x -k 'a or b'"
+    )
