@@ -39,7 +39,7 @@ class ByOrder(Recording):
             raise RuntimeError("first attempt fails")
 
 
-def test_same_key_twice_runs_the_handler_once_and_deletes_the_duplicate(running, settings):
+def test_same_key_twice_runs_the_handler_once_and_deletes_the_duplicate(running, settings):  # noqa: F811, E501
     # Given an idempotent consumer keyed on the order
     run = running(ByOrder)
     push = producer_for(settings, "idem_orders")
@@ -65,7 +65,7 @@ def _queue_empty(run: Any) -> bool:
         attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
 
 
-def test_a_handler_that_raised_is_not_recorded_as_done(running, settings):
+def test_a_handler_that_raised_is_not_recorded_as_done(running, settings):  # noqa: F811
     # Given a handler that fails its first attempt
     run = running(ByOrder, retry_delay=0)
     producer_for(settings, "idem_orders").push({"order": "B-1", "fail": True})
@@ -99,7 +99,7 @@ def test_a_key_in_progress_elsewhere_is_not_run_twice(settings: Settings, client
 
 
 def test_killed_between_handler_and_delete_the_redelivery_does_not_run_again(
-        start, producer, clients, settings, tmp_path: Path):
+        start, producer, clients, settings, tmp_path: Path):  # noqa: F811
     # Given an idempotent consumer process that dies right before it deletes its first message
     marker = tmp_path / "died"
     dying = start("IdempotentConsumer", CONSUMER_TEST_DIE_BEFORE_DELETE=str(marker))
