@@ -7,7 +7,7 @@ NODE_STAMP := node_modules/.installed
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
 .PHONY: test test-plain-botocore demo bench lint synth clean consumer-image consumer-image-engine \
-	emr-env
+	emr-env browser
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -54,6 +54,13 @@ synth: $(STAMP) $(NODE_STAMP)
 # APP_DIR=<folder> for a team's own code. The engine and base images are set up once (root).
 consumer-image-engine:
 	consumer_image/build_local.sh --setup
+
+# Headless Chromium for the dashboard's browser tests (Debian's packages; as root, ~1 min once).
+# Without it those tests skip (fail with MESSENGER_REQUIRE_BROWSER=1).
+browser:
+	test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+		chromium chromium-driver >/dev/null; }
 
 consumer-image: $(STAMP)
 	consumer_image/build_local.sh $(if $(APP_DIR),--app-dir $(APP_DIR)) $(if $(TAG),--tag $(TAG))

@@ -110,6 +110,14 @@ BENCHES = (
         Figure("dedup off: extra requests per message",
                ("dedup", "extra_requests_per_message_off"), 0.0),
     )),
+    Bench("dashboard.py", "Dashboard on a 10,000-letter DLQ (one page, not the whole queue)", (
+        Figure("channel page: ReceiveMessage calls (50 letters)", ("channel_page", "receives"),
+               6),
+        Figure("channel page (s)", ("channel_page", "seconds")),
+        Figure("channel page of 100 (s)", ("channel_page_100", "seconds")),
+        Figure("letter found mid-DLQ (s)", ("letter_deep", "seconds")),
+        Figure("overview refresh: requests", ("overview_fragment", "requests")),
+    )),
     Bench("lambda_consumer.py", "Lambda consumer runtime, batches of 10, per message", (
         Figure("function requests, handled", ("handled", "function_requests_per_message"), 0),
         Figure("function requests, failed (retry delay)",

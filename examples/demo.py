@@ -375,8 +375,17 @@ def run(steps: list[tuple[str, Callable[[DemoContext], str]]]) -> int:
     console.print(
         f"{len(results) - failed} of {len(results)} steps ok in {time.monotonic() - started:.0f} s"
     )
+    console.print(dashboard_hint(), markup=False)
     console.print(f"logs: {workdir}", soft_wrap=True)
     return 1 if failed else 0
+
+
+def dashboard_hint() -> str:
+    """How to look at channels like these in the browser (the demo opens nothing)."""
+    return ("Browse channels in the browser (pip install 'messenger[dashboard]'): "
+            "`messenger local --port 4566`, then in another shell with the exports it prints: "
+            f"`MESSENGER_NAMESPACE={NAMESPACE} messenger dashboard --port 8080` and open "
+            "http://127.0.0.1:8080/ (docs/dashboard.md)")
 
 
 def main() -> int:

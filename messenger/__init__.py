@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from messenger.channel import ChannelSpec, ChannelTags, MessageFilter
 from messenger.errors import (
     ChannelNotFound,
+    InvalidBody,
     InvalidChannelSpec,
     InvalidMessage,
     InvalidSettings,
@@ -78,6 +79,7 @@ __all__ = [
     "Consumer",
     "ConsumerSettings",
     "ConsumerState",
+    "InvalidBody",
     "InvalidChannelSpec",
     "InvalidMessage",
     "InvalidSettings",

@@ -30,6 +30,8 @@ SQS_MAX_RETENTION_SECONDS = 1_209_600
 SQS_MAX_RECEIVE_COUNT = 1_000
 #: An SQS message (body and attributes) is at most 1 MiB since 2025.
 SQS_MAX_MESSAGE_BYTES = 1_048_576
+#: An SQS message carries at most 10 message attributes (SNS passes on what SQS accepts).
+SQS_MAX_MESSAGE_ATTRIBUTES = 10
 #: A batch call carries at most 10 entries.
 MAX_BATCH_ENTRIES = 10
 # SNS quotas

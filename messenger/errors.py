@@ -27,6 +27,10 @@ class MessageDecodeError(MessengerError):
     """A received message cannot be decoded into a `Message`."""
 
 
+class InvalidBody(InvalidMessage, MessageDecodeError):
+    """A body does not validate against its declared model: 'invalid: <field>: <error>'."""
+
+
 class PayloadTooLarge(MessengerError, ValueError):
     """A message is larger than the largest payload the channel can carry, even offloaded."""
 

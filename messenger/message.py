@@ -11,12 +11,14 @@ routing key and the body stays readable by any client:
 | message_id     | String | id given by the producer (uuid4 hex)      |
 | produced_at    | Number | epoch seconds when the producer encoded it |
 | max_attempts   | Number | attempts the job may take (absent: the consumer's) |
+| schema_version | String | the body model's version (typed messages) |
 | dead_letter_reason | String | why a consumer sent it to the DLQ (DLQ only) |
 | dead_letter_failure | String | JSON of what failed (DLQ only; `messenger.consume.failures`) |
 
-A message carries at most 9 of the 10 attributes SQS allows: the first five above, `priority`
-(prioritized exchanges, `messenger.channel`), the offload size (`messenger.offload`) and, in a
-DLQ, the two dead-letter ones.
+A message carries at most all 10 of the attributes SQS allows (`SQS_MAX_MESSAGE_ATTRIBUTES`): the
+six above, `priority` (prioritized exchanges, `messenger.channel`), the offload size
+(`messenger.offload`) and, in a DLQ, the two dead-letter ones. A feature that adds one more must
+share a slot (tests/unit/test_message.py counts them).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
         drops, PriceDropProducer,
         body=["user_id", "item_id", "old_price", "new_price"],
         routing_key="routing_key",           # a column, or a function of the Row
-        group_id="user_id",                  # ordered channels: the FIFO message group
+        group_id="user_id",                  # the FIFO group (ordered) or fair-queue tenant
         dedup_key=["user_id", "item_id", "price_date"],   # ordered: dedup id = sha256 of these
         failed_path="s3://bucket/failed/2026-11-21",
     )
@@ -162,9 +162,9 @@ class RowMapping:
                     f"publish({name}=...): no column {', '.join(map(repr, missing))}; the "
                     f"DataFrame has {', '.join(columns)}"
                 )
-        if not producer_class.ordered and (self.group_id is not None or self.dedup_key is not None):
+        if not producer_class.ordered and self.dedup_key is not None:
             raise InvalidSettings(
-                f"publish(group_id=, dedup_key=) apply to ordered channels only; "
+                f"publish(dedup_key=) applies to ordered channels only; "
                 f"{producer_class.__name__}.channel {producer_class.channel!r} is not ordered"
             )
 
@@ -396,8 +396,9 @@ def publish(
     body: None (the whole row as an object), a column, a list of columns, or a function of
         the Row. Dates become ISO 8601 strings, decimals exact strings.
     routing_key: a column or a function of the Row (None: no routing key).
-    group_id: ordered channels: the FIFO message group, a column or function (e.g. 'user_id').
-        A column: rows are partitioned by it so each group is published by one task, in order.
+    group_id: a column or function (e.g. 'user_id'). Ordered channels: the FIFO message
+        group; a column's rows are partitioned by it so each group is published by one task, in
+        order. Standard channels: the fair-queue tenant key (rows are not partitioned by it).
     dedup_key: ordered channels: columns (or a function) identifying a row; the message
         deduplication id is their sha256, so a rerun within 5 minutes publishes nothing twice.
         None: the sha256 of the message content (group, routing key, headers, priority, body).
@@ -443,7 +444,7 @@ def publish(
         run_ledger.check(executor.client_factory())
     # An explicit number of partitions: adaptive query execution keeps it (it coalesces only
     # shuffles whose number it chose), so all executors publish.
-    if isinstance(group_id, str):
+    if isinstance(group_id, str) and producer_class.ordered:
         df = df.repartition(count, group_id)
     elif run_ledger is not None:  # a row's partition must not depend on the input's order
         if isinstance(dedup_key, str):

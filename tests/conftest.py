@@ -54,3 +54,19 @@ def settings(endpoint: str) -> Settings:
 @pytest.fixture
 def clients(endpoint: str) -> ClientFactory:
     return ClientFactory("us-east-1")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    """Headless Chromium driven by Selenium, started once per session (tests/dashboard.py);
+    skips with one line where none is installed, fails instead with MESSENGER_REQUIRE_BROWSER=1."""
+    from tests.dashboard import REQUIRE_VARIABLE, BrowserUnavailable, start_chromium
+
+    try:
+        driver = start_chromium()
+    except BrowserUnavailable as error:
+        if os.environ.get(REQUIRE_VARIABLE) == "1":
+            pytest.fail(f"{error} ({REQUIRE_VARIABLE}=1)")
+        pytest.skip(str(error))
+    yield driver
+    driver.quit()

@@ -66,6 +66,7 @@ from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import WorkerRegistry
 from messenger.offload import PayloadStore
 from messenger.provision import ChannelResources, Provisioner
+from messenger.schema import BodySchema
 from messenger.settings import Settings
 
 logger = logging.getLogger("messenger.consumer")
@@ -141,6 +142,8 @@ class Consumer:
     retry_delay: ClassVar[float] = RETRY_DELAY_SECONDS
     retry_backoff: ClassVar[float] = 2.0
     max_retry_delay: ClassVar[float] = 600
+    #: pydantic model(s) of the body (see `messenger.schema`): the handler gets the instance.
+    model: ClassVar[Any] = None
     #: The runtime engine; a subclass of `Runtime` may poll other sources (override `poll`).
     runtime_class: ClassVar[type[Runtime]] = Runtime
 
@@ -157,6 +160,7 @@ class Consumer:
         )
         self._validate()
         self.spec = self.channel_spec(self.settings.namespace)
+        self.body_schema = BodySchema.of(type(self).__name__, self.model)
         self.policy = self._priority_policy()
         self.clients = clients or ClientFactory(self.settings.region)
         #: Status tracking (track_status); tests may swap `status.store`.

@@ -13,6 +13,7 @@ from messenger.consume.failures import RetryPolicy
 from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
 from messenger.consume.mailbox import ReceivedMessage
 from messenger.consume.settings import ConsumerSettings
+from messenger.schema import BodySchema
 
 
 class RuntimeHost(Protocol):
@@ -20,6 +21,7 @@ class RuntimeHost(Protocol):
 
     runtime: ConsumerSettings
     transition_lock: threading.RLock
+    body_schema: BodySchema | None
 
     # The consumer class's attributes (class variables): read-only here.
     @property

@@ -59,7 +59,14 @@ from messenger.consume.lifecycle import (
     configure_json_logging,
     one_received_line,
 )
-from messenger.consume.mailbox import Delivery, EntryError, Mailbox, ReceivedMessage, Stage
+from messenger.consume.mailbox import (
+    Delivery,
+    EntryError,
+    Mailbox,
+    ReceivedMessage,
+    Stage,
+    unreadable_reason,
+)
 from messenger.consume.tracking import consumer_id
 from messenger.consume.watchdog import ProcessingTimeout, interrupt
 from messenger.errors import InvalidSettings, MessageDecodeError, MessengerError, PayloadMissing
@@ -373,12 +380,11 @@ class _Batch:
         assert mailbox is not None
         try:
             budget = max(0.1, min(mailbox.budget, self.deadline - time.monotonic()))
-            message = delivery.decode(self.runtime.store, budget)
+            message = delivery.decode(self.runtime.store, budget, consumer.body_schema)
         except (MessageDecodeError, PayloadMissing) as bad:
             if not delivery.claim(Stage.RUNNING, Stage.DONE):
                 return None
-            kind = "undecodable" if isinstance(bad, MessageDecodeError) else "payload_missing"
-            return self.dead_letter(delivery, f"{kind}: {bad}")
+            return self.dead_letter(delivery, unreadable_reason(bad))
         except ProcessingTimeout:
             raise
         except Exception as unreadable:  # S3 unreachable past the budget: try again later

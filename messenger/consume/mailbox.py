@@ -17,7 +17,12 @@ from typing import Any
 
 from messenger.aws import call_with_budget, is_transient
 from messenger.channel import MAX_BATCH_ENTRIES, SQS_MAX_MESSAGE_BYTES
-from messenger.errors import QueueCallFailed, RetryBudgetExhausted
+from messenger.errors import (
+    InvalidBody,
+    MessageDecodeError,
+    QueueCallFailed,
+    RetryBudgetExhausted,
+)
 from messenger.message import (
     DEAD_LETTER_FAILURE_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
@@ -26,6 +31,7 @@ from messenger.message import (
     sendable_attributes,
 )
 from messenger.offload import OffloadPointer, PayloadStore
+from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
 
 #: A delete that failed (throttled past the retry budget, an SQS error) is tried again this long
 #: later, while the message's lease is kept.
@@ -53,7 +59,8 @@ class ReceivedMessage:
     body: the producer's JSON value. meta_headers: string headers. routing_key: or None.
     message_id: the producer's id (the SQS MessageId for foreign messages). receive_count: 1 on
     the first delivery. produced_at: epoch seconds at the producer (0 when unknown).
-    sent_at: epoch seconds SQS accepted it. group_id: MessageGroupId on ordered channels.
+    sent_at: epoch seconds SQS accepted it. group_id: MessageGroupId (ordered channel: the FIFO
+    group; standard channel: the fair-queue tenant key, or None).
     """
 
     body: Any
@@ -147,8 +154,10 @@ class Delivery:
             self.stage = new
             return True
 
-    def decode(self, store: PayloadStore, budget: float) -> ReceivedMessage:
-        """The handler's message; raises MessageDecodeError or PayloadMissing."""
+    def decode(self, store: PayloadStore, budget: float, schema: BodySchema | None = None
+               ) -> ReceivedMessage:
+        """The handler's message, its body the `schema`'s model instance when given; raises
+        MessageDecodeError (InvalidBody when the body does not validate) or PayloadMissing."""
         body = str(self.raw.get("Body", ""))
         attributes = self.raw.get("MessageAttributes", {})
         pointer = OffloadPointer.parse(body, attributes)
@@ -156,6 +165,9 @@ class Delivery:
             body = call_with_budget(lambda: store.get(pointer), budget, "reading offloaded payload")
         value, routing_key, meta, message_id, produced_at = decode_envelope(
             body, attributes, fallback_id=self.sqs_message_id)
+        if schema is not None:
+            version = attributes.get(SCHEMA_VERSION_ATTRIBUTE, {}).get("StringValue")
+            value = schema.load(value, routing_key, version)
         sent = float(self.raw.get("Attributes", {}).get("SentTimestamp", "0")) / 1000.0
         return ReceivedMessage(
             body=value,
@@ -186,6 +198,15 @@ class EntryError:
         """Every entry of a batch call that raised `error`."""
         transient = isinstance(error, RetryBudgetExhausted) or is_transient(error)
         return [cls(d, type(error).__name__, str(error), transient) for d in deliveries]
+
+
+def unreadable_reason(error: BaseException) -> str:
+    """The dead-letter reason of a message that can never be handled: `invalid: <field>:
+    <error>` (its body does not validate), `undecodable: ...` or `payload_missing: ...`."""
+    if isinstance(error, InvalidBody):
+        return str(error)
+    kind = "undecodable" if isinstance(error, MessageDecodeError) else "payload_missing"
+    return f"{kind}: {error}"
 
 
 def _chunks(items: Sequence[Delivery]) -> Iterable[Sequence[Delivery]]:
@@ -319,6 +340,8 @@ class Mailbox:
                 "MessageGroupId": delivery.group_id or "dead-letter",
                 "MessageDeduplicationId": f"dl-{delivery.sqs_message_id}"[:128],
             }
+        elif delivery.group_id:  # a fair queue's tenant key stays with the message
+            fifo = {"MessageGroupId": delivery.group_id}
         self._call(
             "SendMessage to the DLQ",
             lambda: self.sqs.send_message(

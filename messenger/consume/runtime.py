@@ -56,6 +56,7 @@ from messenger.consume.mailbox import (
     Mailbox,
     ReceivedMessage,
     Stage,
+    unreadable_reason,
 )
 from messenger.consume.tracking import consumer_id
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog, interrupt
@@ -437,10 +438,9 @@ class Runtime:
         consumer = self.consumer
         consumer.emit("started", delivery.log_id, fields={"receive_count": delivery.receive_count})
         try:
-            message = delivery.decode(self.store, self.mailbox.budget)
-        except (MessageDecodeError, PayloadMissing) as bad:
-            kind = "undecodable" if isinstance(bad, MessageDecodeError) else "payload_missing"
-            return self.dead_letter(delivery, f"{kind}: {bad}", Stage.RUNNING)
+            message = delivery.decode(self.store, self.mailbox.budget, consumer.body_schema)
+        except (MessageDecodeError, PayloadMissing) as bad:  # never readable: the DLQ at once
+            return self.dead_letter(delivery, unreadable_reason(bad), Stage.RUNNING)
         except Exception as unreadable:  # S3 unreachable past the budget: try again later
             return self._failed(delivery, None, unreadable)
         delivery.message = message

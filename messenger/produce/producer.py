@@ -64,6 +64,7 @@ from messenger.produce.checks import (
 from messenger.produce.push import PreparedItem, PushedId, PushFailure, PushItem, PushManyResult
 from messenger.produce.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, is_missing_resource
+from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
 from messenger.settings import Settings
 
 __all__ = ["MultiProducer", "Producer", "PushFailure", "PushItem", "PushManyResult", "PushedId"]
@@ -79,7 +80,8 @@ class _BaseProducer:
     ordered: ClassVar[bool] = False
     #: Offload bodies larger than this many bytes (None: the setting, default 256 KiB).
     offload_threshold: ClassVar[int | None] = None
-    #: Message group of an ordered channel when a push names none (None: the channel name).
+    #: Message group when a push names none. Ordered channel: the FIFO group (None: the
+    #: channel name). Standard channel: the fair-queue tenant key (None: no tenant).
     group_id: ClassVar[str | None] = None
     max_payload_bytes: ClassVar[int] = MAX_OFFLOADED_BYTES
     #: Priority levels, highest first (e.g. ('high', 'default', 'low')); () for none.
@@ -94,6 +96,8 @@ class _BaseProducer:
     dedup: ClassVar[bool] = False
     #: Seconds a pushed id counts as taken (1 to 14 days; default 5 minutes).
     dedup_window: ClassVar[int] = DEFAULT_WINDOW_SECONDS
+    #: pydantic model(s) of the body (see `messenger.schema`): validated before sending.
+    model: ClassVar[Any] = None
 
     _instances: ClassVar[dict[type, _BaseProducer]] = {}
     _instances_lock: ClassVar[threading.Lock] = threading.Lock()
@@ -151,6 +155,7 @@ class _BaseProducer:
         #: Ordered channels: deduplication ids sent in SQS's own 5-minute interval.
         self.recent_ids = RecentIds() if self.ordered else None
         self.threshold = self._threshold()
+        self.body_schema = BodySchema.of(type(self).__name__, self.model)
 
     # -- to override ----------------------------------------------------------------------
     def meta_headers(self) -> dict[str, str]:
@@ -183,6 +188,8 @@ class _BaseProducer:
         a duplicate and not sent). Raises InvalidMessage, PayloadTooLarge, ChannelNotFound
         (verify mode) or PublishFailed (transient errors past the budget).
 
+        group_id: ordered channel: the FIFO group (default: the class's, else the channel name);
+        standard channel: the fair-queue tenant key (default: the class's, else none).
         message_id: the caller's own id (1-128 letters, digits, punctuation) instead of a new
         one, so a retry after a crash is recognisable. On an ordered channel the id is derived
         from the deduplication key: a duplicate returns the id of the message it repeats, and a
@@ -310,13 +317,16 @@ class _BaseProducer:
         if item.message_id is not None:
             check_id("message_id", item.message_id)
         group_id, dedup_id = self._fifo_fields(item)
-        message = Message(body=item.body, routing_key=item.routing_key, meta_headers=headers)
+        body, version = item.body, None
+        if self.body_schema is not None:
+            body, version = self.body_schema.dump(item.body, item.routing_key)
+        message = Message(body=body, routing_key=item.routing_key, meta_headers=headers)
         if item.message_id is not None:
             message = dataclasses.replace(message, message_id=item.message_id)
         encoded = message.encode()
         check_text("body", encoded.body)
         message_id = message.message_id
-        if group_id is not None:
+        if group_id is not None and self.ordered:
             # Ordered: an explicit dedup key (dedup_id, else the caller's message id) or the
             # content's own; the message id follows from it, so a duplicate shows as one.
             dedup_id = dedup_id or item.message_id or content_dedup_id(
@@ -335,6 +345,8 @@ class _BaseProducer:
             check_attempts(item.max_attempts, self._max_receives(level), self.channel)
             encoded = _with_attribute(encoded, MAX_ATTEMPTS_ATTRIBUTE, "Number",
                                       str(item.max_attempts))
+        if version is not None:
+            encoded = _with_attribute(encoded, SCHEMA_VERSION_ATTRIBUTE, "String", version)
         offloaded = 0
         if encoded.size > self.threshold:
             encoded = self._offload(encoded)
@@ -385,17 +397,19 @@ class _BaseProducer:
             self.status.record(StatusRecord(message_id, event, self.channel, at=sent_at))
 
     def _fifo_fields(self, item: PushItem) -> tuple[str | None, str | None]:
-        if not self.ordered:
-            if item.group_id is not None or item.dedup_id is not None:
+        """(MessageGroupId, MessageDeduplicationId) of an item. On a standard channel the group
+        is the fair-queue tenant key (SQS, 2025): optional, never an order; dedup ids are FIFO's."""
+        if item.dedup_id is not None:
+            if not self.ordered:
                 raise InvalidMessage(
-                    f"group_id and dedup_id apply to ordered channels only; {self.channel!r} "
-                    f"is not ordered"
+                    f"dedup_id applies to ordered channels only; {self.channel!r} is not "
+                    f"ordered (group_id on a standard channel is a fair-queue tenant key)"
                 )
-            return None, None
-        for field in ("group_id", "dedup_id"):
-            if getattr(item, field) is not None:
-                check_id(field, getattr(item, field))
-        return item.group_id or self.group_id or self.channel, item.dedup_id
+            check_id("dedup_id", item.dedup_id)
+        if item.group_id is not None:
+            check_id("group_id", item.group_id)
+            return item.group_id, item.dedup_id
+        return self.group_id or (self.channel if self.ordered else None), item.dedup_id
 
     def _offload(self, encoded: EncodedMessage) -> EncodedMessage:
         body_size = len(encoded.body.encode("utf-8"))

@@ -16,6 +16,8 @@ class PushItem:
 
     body: Any
     routing_key: str | None = None
+    #: Ordered channel: the FIFO message group. Standard channel: the fair-queue tenant key
+    #: (e.g. a customer id), so one tenant's backlog does not delay the others.
     group_id: str | None = None
     dedup_id: str | None = None
     meta_headers: Mapping[str, str] | None = None

@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     local.set_defaults(run=_local)
 
+    from messenger.tools.dashboard import add_parser as add_dashboard
     from messenger.tools.dlq import add_parser as add_dlq
     from messenger.tools.top import add_parser as add_top
     from messenger.tools.workers import add_parser as add_workers
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_top(commands)
     add_workers(commands)
     add_dlq(commands)
+    add_dashboard(commands)
 
     from messenger.tools.adopt import add_parser as add_adopt
 

@@ -347,10 +347,10 @@ class Requeuer:
         attributes = sendable_attributes(message.get("MessageAttributes", {}))
         attributes.pop(DEAD_LETTER_REASON_ATTRIBUTE, None)
         attributes.pop(DEAD_LETTER_FAILURE_ATTRIBUTE, None)
-        group_id = dedup_id = None
+        # A fair queue's tenant key travels back with the message; FIFO needs a group.
+        group_id, dedup_id = message.get("Attributes", {}).get("MessageGroupId"), None
         if self.ordered:
-            system = message.get("Attributes", {})
-            group_id = system.get("MessageGroupId") or self.destination_channel
+            group_id = group_id or self.destination_channel
             # The DLQ copy's id is unique per copy: a second requeue of a new copy is not deduped.
             dedup_id = message["MessageId"]
         return OutgoingMessage(EncodedMessage(message["Body"], attributes), group_id, dedup_id)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from messenger.aws import ClientFactory
 from messenger.channel import FIFO_SUFFIX
@@ -30,6 +30,9 @@ from messenger.jobs.workers import list_workers
 from messenger.ops.inventory import list_platform_resources
 from messenger.ops.metrics import fetch_series, latest, sqs_metric, total
 from messenger.settings import Settings
+
+if TYPE_CHECKING:
+    from messenger.tools.requeue import RequeueReport
 
 #: Window of the rate and consumer columns.
 WINDOW_MINUTES = 5
@@ -174,8 +177,20 @@ def requeue_channel(
     'exchange.queue' requeues to that consumer's queue only (the exchange's other consumers
     already did the work); a priority channel's logical name requeues every level's DLQ to
     that level's queue."""
-    from messenger.tools.requeue import Requeuer, SubscriberTypes
+    rows = channel_dlq_rows(clients, settings, channel)
+    moves = ", ".join(f"{r.dlq_depth} from {r.dlq} to {r.channel}" for r in rows)
+    if not confirm(f"Requeue {moves}? [y/N] "):
+        print("nothing moved")
+        return 1
+    reports = requeue_rows(clients, settings, rows)
+    for report in reports:
+        print(report.summary())
+    return 0 if all(report.done for report in reports) else 1
 
+
+def channel_dlq_rows(clients: ClientFactory, settings: Settings, channel: str) -> list[ChannelRow]:
+    """The rows of `channel` that have a DLQ (every level's for a priority channel's name);
+    ChannelNotFound when there is none."""
     rows = [r for r in snapshot(clients, settings) if channel in (r.channel, r.queue)]
     if not rows:  # a priority channel: one queue and DLQ per level, 'jobs-high', 'jobs-low'
         rows = [r for r in snapshot(clients, settings) if _is_level_of(r.channel, channel)]
@@ -183,24 +198,27 @@ def requeue_channel(
     if not rows:
         raise ChannelNotFound(f"no channel {channel!r} with a DLQ in namespace "
                               f"{settings.namespace or '(none)'!r}")
-    moves = ", ".join(f"{r.dlq_depth} from {r.dlq} to {r.channel}" for r in rows)
-    if not confirm(f"Requeue {moves}? [y/N] "):
-        print("nothing moved")
-        return 1
-    done = True
+    return rows
+
+
+def requeue_rows(clients: ClientFactory, settings: Settings,
+                 rows: list[ChannelRow]) -> list[RequeueReport]:
+    """Move each row's DLQ back to its queue (delete only after the queue accepted a message);
+    one report per DLQ, as it really happened."""
+    from messenger.tools.requeue import Requeuer, SubscriberTypes
+
+    reports = []
     for row in rows:
         assert row.dlq is not None
-        report = Requeuer(
+        reports.append(Requeuer(
             source_queue=row.dlq,
             destination_channel=row.channel,
             destination_type=SubscriberTypes.SingleConsumer,
             ordered=row.queue.endswith(FIFO_SUFFIX),
             settings=settings,
             clients=clients,
-        ).start()
-        print(report.summary())
-        done = done and report.done
-    return 0 if done else 1
+        ).start())
+    return reports
 
 
 def _is_level_of(row_channel: str, channel: str) -> bool:

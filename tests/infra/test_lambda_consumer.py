@@ -71,6 +71,10 @@ def test_the_example_function_runs_the_class_on_its_queue_with_partial_batch_fai
     assert visibility >= 6 * resources[function_id]["Properties"]["Timeout"]
 
 
+#: What `Foundation.grant_workers_write` gives a Fargate consumer (its registry entry).
+WORKER_REGISTRY_ACTIONS = {"dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:DescribeTable"}
+
+
 def test_the_function_has_a_consumer_services_grants_and_no_more(assembly: CloudAssembly) -> None:
     resources = assembly.template("examples")["Resources"]
     queues = _queue_ids(resources)
@@ -86,13 +90,15 @@ def test_the_function_has_a_consumer_services_grants_and_no_more(assembly: Cloud
     assert "payloads/*" in json.dumps(by_actions[("s3:GetObject",)])
     assert all(s["Resource"] != "*" for s in statements)
     # The same actions as the Fargate consumer of a queue channel (orders), less ECS task
-    # protection, plus writing its own log group
+    # protection and the worker registry (a long-running process registers itself for
+    # `messenger workers`; an invocation does not), plus writing its own log group
     task = next(t for t in _of_type(resources, "AWS::ECS::TaskDefinition").values()
                 if EXAMPLE_CONSUMERS["orders"] in json.dumps(t))
     fargate = _role_statements(resources, task["Properties"]["TaskRoleArn"]["Fn::GetAtt"][0])
     actions = {a for s in statements for a in as_list(s["Action"])}
     assert actions - {"logs:CreateLogStream", "logs:PutLogEvents"} == \
-        {a for s in fargate for a in as_list(s["Action"])} - {"ecs:UpdateTaskProtection"}
+        {a for s in fargate for a in as_list(s["Action"])} - {"ecs:UpdateTaskProtection"} \
+        - WORKER_REGISTRY_ACTIONS
 
 
 def test_errors_throttles_and_queue_age_alarm_to_the_ops_topic(assembly: CloudAssembly) -> None:

@@ -29,6 +29,8 @@ from messenger.aws import ClientFactory, RequestCounter
 from messenger.consume.lifecycle import LifecycleEvent, configure_json_logging
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.offload import OffloadPointer, pointer_attributes
+from messenger.tools.requeue import Requeuer
+from tests.integration.helpers import drain
 
 
 class Running:
@@ -188,6 +190,36 @@ def test_undecodable_and_missing_payloads_are_dead_lettered_at_once(settings, cl
     assert sorted(m["Body"] for m in dead) == sorted(["not json {", pointer.encode()])
     assert [m.body for m in run.consumer.handled] == [{"warm": "up"}, {"after": "them"}]
     assert len(run.consumer.named("dead_lettered")) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_fair_queue_tenant_reaches_the_handler_the_dlq_and_back(settings, clients, running):
+    # Given a standard channel whose messages carry tenant keys (fair queues)
+    producer = producer_for(settings, "runtime_test")
+    producer.push({"warm": "up"}, group_id="tenant-a")
+    run = running(Recording)
+    wait_until(lambda: run.consumer.handled)
+    sqs = clients.client("sqs")
+    # When one tenant's message cannot be decoded (the consumer dead-letters it itself)
+    sqs.send_message(QueueUrl=run.consumer.resources.queue.url, MessageBody="not json {",
+                     MessageGroupId="tenant-b")
+    dead = dead_letters(clients, run.consumer, expected=1)
+    run.stop()
+    # Then the handler saw the tenant, and the DLQ copy keeps it
+    assert run.consumer.handled[0].group_id == "tenant-a"
+    dlq = run.consumer.resources.dlq.url
+    sqs.change_message_visibility(QueueUrl=dlq, ReceiptHandle=dead[0]["ReceiptHandle"],
+                                  VisibilityTimeout=0)
+    (copy,) = sqs.receive_message(QueueUrl=dlq, VisibilityTimeout=0,
+                                  MessageSystemAttributeNames=["MessageGroupId"])["Messages"]
+    assert copy["Attributes"]["MessageGroupId"] == "tenant-b"
+    # And a requeue sends it back under the same tenant
+    report = Requeuer(source_queue=f"{settings.namespace}-runtime_test-dlq",
+                      destination_channel="runtime_test", settings=settings,
+                      clients=clients).start()
+    assert (report.moved, report.failed) == (1, 0)
+    (back,) = drain(sqs, run.consumer.resources.queue.url)
+    assert back["Attributes"]["MessageGroupId"] == "tenant-b"
 
 
 @pytest.mark.timeout(60)

@@ -191,8 +191,8 @@ def test_bad_input_gets_specific_errors(settings, clients):
     orders = OrderProducer(settings=settings, clients=clients)
     with pytest.raises(InvalidMessage, match="JSON-serializable"):
         orders.push({"when": object()})
-    with pytest.raises(InvalidMessage, match="ordered channels only"):
-        orders.push({"n": 1}, group_id="g")
+    with pytest.raises(InvalidMessage, match="dedup_id applies to ordered channels only"):
+        orders.push({"n": 1}, dedup_id="d")
 
     class Tiny(Producer):
         channel = "orders"

@@ -28,6 +28,7 @@ from messenger.spark import (
     NOT_ATTEMPTED,
     ExecutorSettings,
     PublishReport,
+    RowMapping,
     publish,
 )
 from messenger.tools.local import LocalProcess
@@ -245,8 +246,10 @@ def test_bad_arguments_fail_on_the_driver(spark: SparkSession, tmp_path: Path) -
     df = spark.createDataFrame([(1, "a")], "n int, key string")
     with pytest.raises(ValueError, match="routing_key=.*'missing'.*n, key"):
         publish(df, AuditProducer, routing_key="missing", failed_path=str(tmp_path / "f"))
-    with pytest.raises(ValueError, match="ordered channels only.*'audit'"):
-        publish(df, AuditProducer, group_id="key", failed_path=str(tmp_path / "f"))
+    with pytest.raises(ValueError, match=r"dedup_key=\) applies to ordered.*'audit'"):
+        publish(df, AuditProducer, dedup_key=["key"], failed_path=str(tmp_path / "f"))
+    # group_id on a standard channel is the fair-queue tenant key: accepted
+    RowMapping(group_id="key").check(df.columns, AuditProducer)
 
 
 # -- the price-drop job -------------------------------------------------------------------------
@@ -359,7 +362,6 @@ def test_row_mapping_makes_json_ready_items_and_stable_dedup_ids() -> None:
 
     from pyspark.sql import Row
 
-    from messenger.spark import RowMapping
 
     mapping = RowMapping(routing_key="key", group_id="user", dedup_key=["user", "day"])
     row = Row(user=7, day=datetime.date(2026, 11, 21), price=Decimal("9.90"), key="TV.LG")

@@ -81,3 +81,21 @@ def test_a_body_nested_past_the_recursion_limit_is_undecodable_not_a_crash():
     deep_headers = {"meta_headers": {"DataType": "String", "StringValue": deep}}
     with pytest.raises(MessageDecodeError, match="malformed: RecursionError"):
         Message.decode("{}", deep_headers)
+
+
+def test_the_fullest_envelope_fits_the_ten_attributes_sqs_takes():
+    # Every attribute any feature can put on one message: the envelope, a job's max_attempts, an
+    # exchange's priority, a typed body's schema version, an offload pointer and a consumer's
+    # dead-letter reason and failure note. SQS refuses an 11th.
+    from messenger.channel import PRIORITY_ATTRIBUTE, SQS_MAX_MESSAGE_ATTRIBUTES
+    from messenger.message import (
+        DEAD_LETTER_FAILURE_ATTRIBUTE,
+        DEAD_LETTER_REASON_ATTRIBUTE,
+        MAX_ATTEMPTS_ATTRIBUTE,
+    )
+    from messenger.schema import SCHEMA_VERSION_ATTRIBUTE
+
+    envelope = Message({"n": 1}, "KEY", {"locale": "fr"}).encode().attributes
+    names = {*envelope, MAX_ATTEMPTS_ATTRIBUTE, PRIORITY_ATTRIBUTE, SCHEMA_VERSION_ATTRIBUTE,
+             *pointer_attributes(1), DEAD_LETTER_REASON_ATTRIBUTE, DEAD_LETTER_FAILURE_ATTRIBUTE}
+    assert len(names) == 10 <= SQS_MAX_MESSAGE_ATTRIBUTES, sorted(names)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from messenger import Consumer, ConsumerSettings, LifecycleHooks, ReceivedMessage, register_hook
 from messenger.aws import ClientFactory
@@ -291,6 +292,31 @@ def test_undecodable_and_missing_payloads_are_dead_lettered_at_once(function) ->
     assert reasons[0].startswith("payload_missing: offloaded payload s3://")
     assert reasons[1].startswith("undecodable: message body is not JSON")
     assert not [event for event, _ in RECORD if event == "handler"]
+    assert fn.counts() == (0, 0)
+
+
+class JobBody(BaseModel):
+    n: int
+
+
+class TypedJobs(Jobs):
+    channel = "lambda_typed"
+    model = JobBody
+
+    def handler(self, message: ReceivedMessage) -> None:
+        RECORD.append(("handler", message.body))
+
+
+def test_a_typed_consumer_gets_instances_and_dead_letters_invalid_bodies_at_once(function
+                                                                                 ) -> None:
+    fn = function(TypedJobs)
+    fn.sqs.send_message(QueueUrl=fn.queue_url, MessageBody='{"n": 7}')
+    fn.sqs.send_message(QueueUrl=fn.queue_url, MessageBody='{"n": "seven"}')
+    response = fn.invoke(fn.receive_all(2))
+    assert failures(response) == []
+    assert [body for event, body in RECORD if event == "handler"] == [JobBody(n=7)]
+    (dead,) = fn.dead_letters()
+    assert reason(dead).startswith("invalid: n: Input should be a valid integer")
     assert fn.counts() == (0, 0)
 
 

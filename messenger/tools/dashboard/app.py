@@ -1,0 +1,306 @@
+"""The dashboard's web app: pages read through `messenger top`'s snapshot, the worker registry,
+the dead-letter workbench and the status store; actions go through the workbench and the
+Requeuer, so they keep the CLI's never-lose rule (a message leaves a DLQ only after its queue
+accepted it).
+
+Safety (docs/dashboard.md): every request's Host header must be `127.0.0.1:<port>` or
+`localhost:<port>` (a DNS-rebinding page has its own host name there); every action is a POST
+carrying this process's random token (another site cannot read it, so cannot forge the form)
+and an Origin, when the browser sends one, of the same two hosts; an action first renders a
+confirmation page and runs only when that page's form comes back with `confirmed=yes`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+from starlette.applications import Starlette
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from messenger.aws import ClientFactory
+from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSettings, MessengerError
+from messenger.jobs.status import StatusStore
+from messenger.jobs.workers import list_workers
+from messenger.settings import Settings
+from messenger.tools.dlq import DeadLetterWorkbench
+from messenger.tools.dlq import _age as age_text
+from messenger.tools.top import _serves as serves
+from messenger.tools.top import channel_dlq_rows, requeue_rows, snapshot
+
+HERE = Path(__file__).parent
+#: Dead letters a channel page lists at first, and at most (one scan holds them all briefly).
+PAGE_SIZE = 50
+MAX_LETTERS = 1000
+#: Ids one action may name, and the longest id accepted (SQS ids are 36, messenger's <= 128).
+MAX_IDS = 100
+MAX_ID_LENGTH = 200
+
+
+@dataclass
+class Dashboard:
+    """What the pages share: settings, clients, this process's action token, allowed hosts."""
+
+    settings: Settings
+    clients: ClientFactory
+    port: int
+    refresh_seconds: float = 5.0
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    extra_hosts: tuple[str, ...] = ()
+
+    @property
+    def allowed_hosts(self) -> set[str]:
+        return {f"{host}:{self.port}" for host in ("127.0.0.1", "localhost", *self.extra_hosts)}
+
+    def workbench(self, channel: str) -> DeadLetterWorkbench:
+        return DeadLetterWorkbench(channel, self.settings, self.clients)
+
+
+class HostCheck:
+    """403 for any request whose Host header is not one of the dashboard's own (DNS rebinding:
+    a hostile name resolving to 127.0.0.1 arrives with that name as its Host)."""
+
+    def __init__(self, app: ASGIApp, allowed: set[str]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            host = headers.get(b"host", b"").decode("latin-1").lower()
+            if host not in self.allowed:
+                response = HTMLResponse(
+                    _page_text("Forbidden", f"Host {host!r} is not this dashboard's; use "
+                               f"{sorted(self.allowed)[0]!r}. Nothing changed."), 403)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _page_text(title: str, text: str) -> str:
+    from html import escape
+
+    return (f"<!doctype html><title>{escape(title)}</title><h1>{escape(title)}</h1>"
+            f"<p class=error>{escape(text)}</p>")
+
+
+def build_app(dashboard: Dashboard) -> ASGIApp:
+    """The ASGI app (routes, templates, static assets, error pages, host check)."""
+    templates = Jinja2Templates(directory=str(HERE / "templates"))
+    templates.env.filters["age"] = age_text
+    templates.env.filters["clock"] = lambda at: time.strftime("%Y-%m-%d %H:%M:%S",
+                                                              time.gmtime(at))
+    templates.env.filters["pretty"] = lambda body: (
+        body if isinstance(body, str) else json.dumps(body, indent=2, ensure_ascii=False))
+
+    def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
+        context.update(namespace=dashboard.settings.namespace or "(no namespace)",
+                       token=dashboard.token, refresh=dashboard.refresh_seconds)
+        return templates.TemplateResponse(request, name, context, status_code=status)
+
+    def problem(request: Request, status: int, title: str, text: str) -> Response:
+        return render(request, "problem.html", status, title=title, text=text)
+
+    # -- pages ------------------------------------------------------------------------------
+    def overview(request: Request) -> Response:
+        return render(request, "overview.html", rows=snapshot(dashboard.clients,
+                                                              dashboard.settings))
+
+    def channel_rows(request: Request) -> Response:
+        return render(request, "channel_rows.html", rows=snapshot(dashboard.clients,
+                                                                  dashboard.settings))
+
+    def channel(request: Request) -> Response:
+        name = request.path_params["channel"]
+        limit = _int_param(request.query_params.get("limit"), "limit", PAGE_SIZE, MAX_LETTERS)
+        bench = dashboard.workbench(name)
+        listing = bench.list(limit=limit)
+        # A priority channel's workers register under its name and serve every level's queue.
+        workers = [w for w in list_workers(dashboard.clients, dashboard.settings)
+                   if serves(w.channel, name)]
+        return render(request, "channel.html", channel=name, listing=listing, workers=workers,
+                      limit=limit, next_limit=min(MAX_LETTERS, limit + PAGE_SIZE),
+                      max_letters=MAX_LETTERS, now=time.time())
+
+    def letter(request: Request) -> Response:
+        name, letter_id = request.path_params["channel"], request.path_params["letter_id"]
+        found, body, timeline = dashboard.workbench(name).show(_id(letter_id))
+        return render(request, "letter.html", channel=name, letter=found, body=body,
+                      timeline=timeline)
+
+    def lookup(request: Request) -> Response:
+        letter_id = _id(request.query_params.get("id", "").strip())
+        name = request.query_params.get("channel", "").strip()
+        store = StatusStore(dashboard.clients, dashboard.settings)
+        timeline = store.timeline(letter_id) if store.exists() else []
+        channels = [name] if name else list(dict.fromkeys(r.channel for r in timeline))
+        searched = []
+        for candidate in channels:
+            try:
+                found, body, records = dashboard.workbench(candidate).show(letter_id)
+            except (ChannelNotFound, DeadLetterNotFound):
+                if name:
+                    raise
+                searched.append(candidate)
+                continue
+            return render(request, "letter.html", channel=candidate, letter=found, body=body,
+                          timeline=records)
+        if not timeline:
+            return problem(request, 404, "Not found",
+                           f"no status recorded for {letter_id!r}; name its channel to search "
+                           f"that channel's dead letters")
+        return render(request, "lookup.html", letter_id=letter_id, timeline=timeline,
+                      searched=searched)
+
+    # -- actions ----------------------------------------------------------------------------
+    async def action(request: Request) -> Response:
+        form = await request.form()
+        check = _check_action(request, form, dashboard)
+        if check:
+            return problem(request, 403, "Forbidden", check + "; nothing changed")
+        name, kind = request.path_params["channel"], request.path_params["action"]
+        ids = list(dict.fromkeys(str(v) for v in form.getlist("ids")))
+        confirmed = form.get("confirmed") == "yes"
+        from starlette.concurrency import run_in_threadpool
+
+        return await run_in_threadpool(_act, request, name, kind, ids, confirmed)
+
+    def _act(request: Request, name: str, kind: str, ids: list[str], confirmed: bool) -> Response:
+        if kind in ("requeue", "delete"):
+            if not ids:
+                raise InvalidSettings("select at least one dead letter")
+            if len(ids) > MAX_IDS:
+                raise InvalidSettings(f"at most {MAX_IDS} dead letters per action, got {len(ids)}")
+            ids = [_id(i) for i in ids]
+            bench = dashboard.workbench(name)
+            if not confirmed:
+                return render(request, "confirm.html", channel=name, kind=kind, ids=ids,
+                              dlqs=bench.dlqs)
+            if kind == "requeue":
+                return render(request, "result.html", channel=name, kind=kind,
+                              reports=bench.requeue(ids))
+            return render(request, "result.html", channel=name, kind=kind,
+                          deleted=bench.delete(ids), dlqs=bench.dlqs)
+        if kind == "requeue-all":
+            rows = channel_dlq_rows(dashboard.clients, dashboard.settings, name)
+            if not confirmed:
+                return render(request, "confirm.html", channel=name, kind=kind, ids=[],
+                              rows=rows)
+            return render(request, "result.html", channel=name, kind=kind,
+                          reports=requeue_rows(dashboard.clients, dashboard.settings, rows))
+        return problem(request, 404, "Not found", f"no action {kind!r} (requeue, requeue-all, "
+                                                  f"delete); nothing changed")
+
+    # -- errors -----------------------------------------------------------------------------
+    async def not_found(request: Request, error: Exception) -> Response:
+        return problem(request, 404, "Not found", f"{error}")
+
+    async def bad_request(request: Request, error: Exception) -> Response:
+        return problem(request, 400, "Bad request", f"{error}; nothing changed")
+
+    async def aws_error(request: Request, error: Exception) -> Response:
+        return problem(request, 502, "AWS error", f"{error}")
+
+    async def http_error(request: Request, error: Exception) -> Response:
+        status = getattr(error, "status_code", 500)
+        return problem(request, status, "Not found" if status == 404 else "Error",
+                       f"{getattr(error, 'detail', error)}")
+
+    app = Starlette(
+        routes=[
+            Route("/", overview),
+            Route("/fragment/channels", channel_rows),
+            Route("/job", lookup),
+            Route("/channels/{channel}", channel),
+            Route("/channels/{channel}/letters/{letter_id}", letter),
+            Route("/channels/{channel}/{action}", action, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
+        ],
+        exception_handlers={
+            ChannelNotFound: not_found, DeadLetterNotFound: not_found,
+            MessengerError: bad_request, ClientError: aws_error, BotoCoreError: aws_error,
+            404: http_error, 405: http_error,
+        },
+    )
+    return HostCheck(app, dashboard.allowed_hosts)
+
+
+def _check_action(request: Request, form: FormData, dashboard: Dashboard) -> str:
+    """Why this POST may not act ('' when it may): the token, and the Origin when sent."""
+    token = form.get("token")
+    if not isinstance(token, str) or not hmac.compare_digest(token.encode(),
+                                                             dashboard.token.encode()):
+        return "missing or wrong action token (reload the page: the dashboard was restarted?)"
+    origin = request.headers.get("origin")
+    if origin is not None and origin.removeprefix("http://") not in dashboard.allowed_hosts:
+        return f"request from another site ({origin!r})"
+    return ""
+
+
+def _id(value: str) -> str:
+    if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
+        raise InvalidSettings(f"a dead letter id is 1 to {MAX_ID_LENGTH} printable characters")
+    return value
+
+
+def _int_param(raw: str | None, name: str, default: int, maximum: int) -> int:
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= maximum:
+        raise InvalidSettings(f"{name} must be 1 to {maximum}, got {raw!r}")
+    return value
+
+
+@contextmanager
+def running(dashboard: Dashboard, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve `dashboard` from a thread of this process for the block (tests, benchmarks);
+    yields its URL."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(build_app(dashboard), host=host, port=dashboard.port,
+                                           log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, name="messenger-dashboard", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:  # uvicorn offers no event to wait on
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the dashboard did not start on {host}:{dashboard.port}")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{dashboard.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def serve(host: str, port: int, refresh_seconds: float = 5.0) -> int:
+    """Serve the dashboard until Ctrl-C (SIGINT) or SIGTERM."""
+    import uvicorn
+
+    settings = Settings.from_env()
+    dashboard = Dashboard(settings, ClientFactory(settings.region), port, refresh_seconds,
+                          extra_hosts=() if host in ("127.0.0.1", "localhost") else (host,))
+    print(f"messenger dashboard for namespace {settings.namespace or '(none)'!r} at "
+          f"http://127.0.0.1:{port}/ (Ctrl-C stops)", flush=True)
+    uvicorn.run(build_app(dashboard), host=host, port=port, log_level="warning",
+                access_log=False, server_header=False)
+    return 0
