@@ -105,8 +105,10 @@ class Consumer:
     in-flight limit less `visibility_timeout` and a minute (43,110 s with the default
     lease). delay_tolerance: seconds of lag (now - produced_at)
     above which a 'delayed' event is logged (None: never). visibility_timeout: the queue lease,
-    2-43200 s (default 30), extended by the heartbeat. max_receives: receives before SQS moves
-    a failing message to the DLQ, 1-1000 (default 3). concurrency / shutdown_timeout: defaults
+    2-43200 s (default 30), extended by the heartbeat. max_receives: the queue's redrive
+    count, 1-1000 (default 3): the safety net that moves a message to the DLQ when no consumer
+    gave a verdict (one died); a failing job is dead-lettered by the consumer itself after
+    `max_attempts` (see below). concurrency / shutdown_timeout: defaults
     for ConsumerSettings (the environment wins).
     priorities: the channel's levels, highest first (default none); default_priority: see
     ChannelSpec. priority_weights: a whole number >= 1 per level (default halving: 4, 2, 1);

@@ -6,9 +6,10 @@
     messenger top --requeue orders [--yes]   # move a channel's DLQ back (asks first)
 
 Per channel queue: visible, in flight, delayed, DLQ depth (from queue attributes), age of the oldest
-message, messages/min in and out, and whether consumers received in the last 5 minutes (from
-CloudWatch; '-' when CloudWatch has no datapoint, as on the local endpoint), consumer processes
-registered and alive (`messenger workers`), critical flag. Fits an 80-column terminal.
+message, messages/min in and out, consumer processes registered and alive (`messenger workers`),
+and whether consumers received in the last 5 minutes (from CloudWatch, which the local endpoint
+also publishes; '-' when CloudWatch has no datapoint), critical channels marked '!'. Fits an
+80-column terminal.
 """
 
 from __future__ import annotations
@@ -139,8 +140,8 @@ def _fmt(value: Any) -> str:
 
 def render(rows: list[ChannelRow], namespace: str) -> Any:
     """A rich Table of the rows, readable at 80 columns (the queue's physical name is in
-    --json; 'oldest' is the age of the oldest message in seconds, 'workers' the consumer
-    processes alive, 'consumers' whether any received in the last 5 minutes)."""
+    --json; 'oldest' is the age of the oldest message in seconds, 'work' the consumer
+    processes alive, 'recv' whether any received in the last 5 minutes)."""
     from rich import box
     from rich.table import Table
 
