@@ -85,7 +85,9 @@ class IdempotencyGuard:
         # No key (None or empty) raises: a message is never run unguarded by mistake.
         self.config = IdempotencyConfig(expires_after_seconds=window,
                                         raise_on_no_idempotency_key=True,
-                                        lambda_context=_Deadline(processing_timeout))
+                                        # Powertools reads only get_remaining_time_in_millis.
+                                        lambda_context=_Deadline(  # type: ignore[arg-type]
+                                            processing_timeout))
         self.store = DynamoDBPersistenceLayer(
             table_name=self.table, key_attr=KEY_ATTRIBUTE, expiry_attr=EXPIRES_AT,
             boto3_client=clients.client("dynamodb"),

@@ -4,6 +4,8 @@ a handler that raised is not recorded as done; a key in progress elsewhere is no
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -115,3 +117,19 @@ def test_killed_between_handler_and_delete_the_redelivery_does_not_run_again(
     assert len(again.records()) == 1
     url = queue_url(clients, settings)
     wait_until(lambda: messages_held(clients, url) == 0, timeout=15)
+
+
+def test_a_consumer_without_idempotent_loads_no_powertools() -> None:
+    # A fresh interpreter that builds a plain consumer and its runtime imports nothing new
+    code = (
+        "import sys\n"
+        "from messenger import Consumer\n"
+        "import messenger.consume.runtime, messenger.consume.idempotency\n"
+        "class Plain(Consumer):\n"
+        "    channel = 'plain'\n"
+        "    def handler(self, message): pass\n"
+        "assert Plain.idempotent is False\n"
+        "print('aws_lambda_powertools' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
