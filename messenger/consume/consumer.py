@@ -525,6 +525,8 @@ class Consumer:
                 )
                 if self.status is not None:
                     self.status.start()
+                if self.idempotency is not None:  # a missing table stops the start, once
+                    self.idempotency.ensure()
             except BaseException as error:  # raised on the main thread
                 outcome["error"] = error
             finally:

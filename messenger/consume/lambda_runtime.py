@@ -213,6 +213,8 @@ class LambdaConsumerRuntime:
         )
         if consumer.status is not None:
             consumer.status.start()
+        if consumer.idempotency is not None:  # a missing table fails the cold start
+            consumer.idempotency.ensure()
         default, poller = consumer._mailboxes(consumer.resources)  # the Fargate runtime's own
         boxes = list(poller.by_level.values()) if poller is not None else [default]
         for box in boxes:

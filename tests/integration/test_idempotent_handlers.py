@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from messenger import ReceivedMessage
+from messenger import ConsumerSettings, ReceivedMessage
 from messenger.aws import ClientFactory
 from messenger.consume.idempotency import IdempotencyGuard, InProgressElsewhere
+from messenger.errors import ChannelNotFound
 from messenger.settings import Settings
 from tests.integration.test_consumer_process import (  # noqa: F401 - fixtures
     messages_held,
@@ -133,3 +134,15 @@ def test_a_consumer_without_idempotent_loads_no_powertools() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_missing_table_in_verify_mode_stops_the_start_naming_it(
+        settings: Settings, clients: ClientFactory, tmp_path: Path) -> None:
+    # Given the channel deployed but not the idempotency table (provisioning=verify)
+    producer_for(settings, "idem_orders").push({"order": "warm"})
+    verify = settings.with_changes(provisioning="verify")
+    consumer = ByOrder(settings=verify, clients=clients,
+                       runtime=ConsumerSettings(health_file=str(tmp_path / "h.json")))
+    # When it starts, Then it stops before taking a message, naming the table
+    with pytest.raises(ChannelNotFound, match="idempotency table .*messenger-idempotency"):
+        consumer.run()
