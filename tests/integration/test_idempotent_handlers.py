@@ -146,3 +146,31 @@ def test_a_missing_table_in_verify_mode_stops_the_start_naming_it(
     # When it starts, Then it stops before taking a message, naming the table
     with pytest.raises(ChannelNotFound, match="idempotency table .*messenger-idempotency"):
         consumer.run()
+
+
+def test_a_delivery_whose_key_runs_elsewhere_goes_back_to_the_queue_not_failed(
+        running, settings):  # noqa: F811
+    # Given a consumer, and another run of key C-1 in progress (held open by this test)
+    run = running(ByOrder)
+    wait_until(lambda: run.consumer.resources)
+    entered, release = threading.Event(), threading.Event()
+
+    def elsewhere(_: Any) -> None:
+        entered.set()
+        release.wait(20)
+
+    holder = threading.Thread(target=run.consumer.idempotency.run,
+                              args=(elsewhere, type("M", (), {"body": {"order": "C-1"}})()))
+    holder.start()
+    assert entered.wait(10)
+    # When a message for C-1 arrives
+    producer_for(settings, "idem_orders").push({"order": "C-1"})
+    busy = wait_until(lambda: run.consumer.named("duplicate_in_progress"))
+    # Then its handler did not run, it was neither failed nor dead-lettered, and it waits in
+    # the queue for the processing timeout
+    release.set()
+    holder.join()
+    assert busy[0].fields["retry_after"] == ByOrder.processing_timeout
+    assert run.consumer.handled == []
+    assert not run.consumer.named("failed") and not run.consumer.named("dead_lettered")
+    assert not _queue_empty(run)
