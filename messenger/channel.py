@@ -143,6 +143,11 @@ def dedup_table_name(namespace: str = "") -> str:
     return f"{namespace}-messenger-dedup" if namespace else "messenger-dedup"
 
 
+def idempotency_table_name(namespace: str = "") -> str:
+    """The idempotent handlers' records: '<namespace->messenger-idempotency'."""
+    return f"{namespace}-messenger-idempotency" if namespace else "messenger-idempotency"
+
+
 def workers_table_name(namespace: str = "") -> str:
     """The consumer-process registry: '<namespace->messenger-workers'."""
     return f"{namespace}-messenger-workers" if namespace else "messenger-workers"

@@ -69,6 +69,8 @@ class ConsumerService(Construct):
     capacity: 'on-demand' (default), 'spot', or `FargateCapacity.mix(on_demand_base=...,
         spot_weight=...)`; the cluster needs the Fargate capacity providers (the platform's has).
     environment: extra environment variables (no secrets: they are visible in the task definition).
+    idempotent: the class is idempotent (`idempotent = True` or `idempotency_key`): grant its
+        records' table (default False: no access to it).
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class ConsumerService(Construct):
         capacity: str | FargateCapacity = "on-demand",
         subnets: ec2.SubnetSelection | None = None,
         environment: Mapping[str, str] | None = None,
+        idempotent: bool = False,
     ) -> None:
         super().__init__(scope, id)
         module, _, class_name = consumer_class.partition(":")
@@ -172,6 +175,8 @@ class ConsumerService(Construct):
         foundation.grant_workers_write(self.task_definition.task_role)  # `messenger workers`
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.task_definition.task_role)
+        if idempotent:  # the class says `idempotent = True`: its records' table
+            foundation.grant_idempotency(self.task_definition.task_role)
 
         self.security_group = ec2.SecurityGroup(
             self,

@@ -19,6 +19,7 @@ from messenger.channel import (
     TAG_MANAGED,
     TAG_NAMESPACE,
     dedup_table_name,
+    idempotency_table_name,
     offload_bucket_name,
     platform_key_alias,
     status_table_name,
@@ -126,6 +127,9 @@ class Foundation(Construct):
                                            "dedup_key", None, removal_policy)
         self.workers_table = self._ttl_table("WorkersTable", workers_table_name(namespace),
                                              "channel", "worker_id", removal_policy)
+        # Idempotent handlers' records (messenger.consume.idempotency, Powertools' layout).
+        self.idempotency_table = self._ttl_table(
+            "IdempotencyTable", idempotency_table_name(namespace), "id", None, removal_policy)
         Tags.of(self).add(TAG_MANAGED, "true")
         if namespace:
             Tags.of(self).add(TAG_NAMESPACE, namespace)
@@ -160,6 +164,12 @@ class Foundation(Construct):
         """Register a consumer process (`jobs.workers.WorkerRegistry`): write its entry,
         delete it at exit."""
         self._grant_table(grantee, self.workers_table, "dynamodb:PutItem", "dynamodb:DeleteItem")
+
+    def grant_idempotency(self, grantee: iam.IGrantable) -> None:
+        """Run idempotent handlers (`consume.idempotency`, Powertools): conditional put of the
+        in-progress record, read it back, mark it completed, delete it when the handler failed."""
+        self._grant_table(grantee, self.idempotency_table, "dynamodb:PutItem",
+                          "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
 
     def _grant_table(self, grantee: iam.IGrantable, table: dynamodb.Table, *actions: str) -> None:
         iam.Grant.add_to_principal(

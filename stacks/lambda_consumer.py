@@ -73,6 +73,8 @@ class LambdaConsumer(Construct):
     alarm_topic: where the alarms notify (default: nowhere; e.g. the platform's ops topic).
     layers: Lambda layers with the code's third-party packages.
     environment: extra environment variables (no secrets: they are visible in the function).
+    idempotent: the class is idempotent (`idempotent = True` or `idempotency_key`): grant its
+        records' table (default False: no access to it).
     Outputs: `function`, `role`, `event_sources` (one per queue), `alarms` (errors, throttles,
     and the age of the oldest message per queue).
     """
@@ -97,6 +99,7 @@ class LambdaConsumer(Construct):
         alarm_topic: sns.ITopic | None = None,
         layers: Sequence[lambda_.ILayerVersion] = (),
         environment: Mapping[str, str] | None = None,
+        idempotent: bool = False,
     ) -> None:
         super().__init__(scope, id)
         module, _, class_name = consumer_class.partition(":")
@@ -193,6 +196,8 @@ class LambdaConsumer(Construct):
         foundation.grant_offload_read(self.role)
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.role)
+        if idempotent:  # the class says `idempotent = True`: its records' table
+            foundation.grant_idempotency(self.role)
         # Mappings without the L2 event source's own grants: the channel's cover them.
         self.event_sources = [
             self.function.add_event_source_mapping(

@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -146,6 +146,12 @@ class Consumer:
     max_retry_delay: ClassVar[float] = 600
     #: pydantic model(s) of the body (see `messenger.schema`): the handler gets the instance.
     model: ClassVar[Any] = None
+    #: Run each message's handler to completion at most once within `idempotency_window`
+    #: seconds (`messenger.consume.idempotency`); `idempotency_key` (message → key, default
+    #: the message id) implies it.
+    idempotent: ClassVar[bool] = False
+    idempotency_key: ClassVar[Callable[[Any], Any] | None] = None
+    idempotency_window: ClassVar[int] = 3600
     #: The runtime engine; a subclass of `Runtime` may poll other sources (override `poll`).
     runtime_class: ClassVar[type[Runtime]] = Runtime
 
@@ -174,6 +180,7 @@ class Consumer:
         self.workers = WorkerRegistry(self.clients, self.settings, self.spec.name,
                                       f"{type(self).__module__}.{type(self).__qualname__}")
         self.hooks = collect_hooks(type(self))
+        self.idempotency = self._idempotency_guard()
         self.health = HealthFile(self.runtime.health_file or default_health_file(
             f"{type(self).__module__}.{type(self).__qualname__}"))
         try:
@@ -195,6 +202,28 @@ class Consumer:
         self._runtime: Runtime | None = None
         self._stop_requested = threading.Event()
         self.resources: ChannelResources | None = None
+
+    def _idempotency_guard(self) -> Any:
+        key = type(self).__dict__.get("idempotency_key", self.idempotency_key)
+        if isinstance(key, staticmethod):
+            key = key.__func__
+        if not isinstance(self.idempotent, bool) or (key is not None and not callable(key)):
+            raise InvalidSettings(f"{type(self).__name__}.idempotent must be True or False and "
+                                  f"idempotency_key a function of the message, got "
+                                  f"{self.idempotent!r} and {key!r}")
+        if not self.idempotent and key is None:
+            return None
+        from messenger.consume.idempotency import IdempotencyGuard  # loads Powertools
+
+        return IdempotencyGuard(self.clients, self.settings, self.spec.name,
+                                float(self.processing_timeout), self.idempotency_window, key)
+
+    def call_handler(self, message: ReceivedMessage) -> None:
+        """The handler, through the idempotency guard when the class is idempotent."""
+        if self.idempotency is None:
+            self.handler(message)
+        else:
+            self.idempotency.run(self.handler, message)
 
     # -- to override --------------------------------------------------------------------------
     def handler(self, message: ReceivedMessage) -> None:
@@ -496,6 +525,8 @@ class Consumer:
                 )
                 if self.status is not None:
                     self.status.start()
+                if self.idempotency is not None:  # a missing table stops the start, once
+                    self.idempotency.ensure()
             except BaseException as error:  # raised on the main thread
                 outcome["error"] = error
             finally:

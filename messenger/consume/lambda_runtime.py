@@ -53,6 +53,7 @@ from messenger.aws import call_with_budget
 from messenger.channel import MAX_BATCH_ENTRIES
 from messenger.consume.consumer import Consumer, load_consumer
 from messenger.consume.failures import HandlerFailure, exhausted_reason, failure_note
+from messenger.consume.idempotency import AlreadyDone, InProgressElsewhere
 from messenger.consume.lifecycle import (
     ConsumerState,
     LifecycleHooks,
@@ -212,6 +213,8 @@ class LambdaConsumerRuntime:
         )
         if consumer.status is not None:
             consumer.status.start()
+        if consumer.idempotency is not None:  # a missing table fails the cold start
+            consumer.idempotency.ensure()
         default, poller = consumer._mailboxes(consumer.resources)  # the Fargate runtime's own
         boxes = list(poller.by_level.values()) if poller is not None else [default]
         for box in boxes:
@@ -398,9 +401,19 @@ class _Batch:
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
         if not delivery.claim(Stage.RUNNING, Stage.DONE):
             return None
-        if failure is not None:
+        if isinstance(failure, InProgressElsewhere):  # back when that run's record expires
+            fields: dict[str, Any] = {"retry_after": failure.retry_after,
+                                      "receive_count": delivery.receive_count}
+            try:
+                mailbox.retry_later(delivery, failure.retry_after)
+            except Exception as error:  # visible again when its lease ends instead
+                fields["error"] = str(error)
+            consumer.emit("duplicate_in_progress", delivery.log_id, fields=fields)
+            return False
+        if failure is not None and not isinstance(failure, AlreadyDone):
             return self.failed(delivery, message, failure)
-        consumer.emit("completed", delivery.log_id, duration=delivery.running_for(),
+        consumer.emit("duplicate_skipped" if failure else "completed", delivery.log_id,
+                      duration=delivery.running_for(),
                       fields={"receive_count": delivery.receive_count})
         return True
 
@@ -415,7 +428,7 @@ class _Batch:
                     return None
                 delivery.in_handler = True
             try:
-                self.consumer.handler(message)
+                self.consumer.call_handler(message)
             finally:
                 with delivery.lock:
                     delivery.in_handler = False

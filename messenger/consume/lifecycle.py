@@ -124,6 +124,7 @@ def collect_hooks(cls: type) -> dict[LifecycleHooks, list[str]]:
 MESSAGE_EVENTS = (
     "received", "started", "completed", "failed", "retried", "timed_out", "dead_lettered",
     "released", "delayed", "delete_failed", "heartbeat_failed", "lease_lapsed",
+    "duplicate_skipped", "duplicate_in_progress",
 )
 
 

@@ -46,6 +46,7 @@ from messenger.consume.failures import (
     failure_note,
 )
 from messenger.consume.host import RuntimeHost
+from messenger.consume.idempotency import AlreadyDone, InProgressElsewhere
 from messenger.consume.lease import LeaseKeeper, lapse_event, lease_lapsed
 from messenger.consume.levels import LevelPoller
 from messenger.consume.lifecycle import ConsumerState, LifecycleHooks, one_received_line
@@ -453,11 +454,14 @@ class Runtime:
             # Past its deadline before the watchdog's tick saw it: a timeout all the same.
             self.watchdog.timed_out(delivery)
             return False
-        if failure is not None:
+        if isinstance(failure, InProgressElsewhere):
+            return self._in_progress_elsewhere(delivery, failure)
+        if failure is not None and not isinstance(failure, AlreadyDone):
             return self._failed(delivery, message, failure)
         if not delivery.claim(Stage.RUNNING, Stage.DELETING):
             return False  # timed out meanwhile: the watchdog dead-lettered it
-        consumer.emit("completed", delivery.log_id, duration=delivery.running_for(),
+        consumer.emit("duplicate_skipped" if failure else "completed", delivery.log_id,
+                      duration=delivery.running_for(),
                       fields={"receive_count": delivery.receive_count})
         with self._lock:
             self._deleting[delivery.receipt_handle] = delivery
@@ -480,7 +484,7 @@ class Runtime:
                     return None
                 delivery.in_handler = True
             try:
-                self.consumer.handler(message)
+                self.consumer.call_handler(message)
             finally:
                 with delivery.lock:
                     delivery.in_handler = False
@@ -491,6 +495,21 @@ class Runtime:
         except BaseException as error:
             return error
         return None
+
+    def _in_progress_elsewhere(self, delivery: Delivery, busy: InProgressElsewhere) -> bool:
+        """An idempotent handler for the same key runs elsewhere: back to the queue, visible
+        again when that run's in-progress record expires (neither failed nor dead-lettered)."""
+        if not delivery.claim(Stage.RUNNING, Stage.DONE):
+            return False
+        fields: dict[str, Any] = {"retry_after": busy.retry_after,
+                                  "receive_count": delivery.receive_count}
+        try:
+            self.mailbox.retry_later(delivery, busy.retry_after)
+        except Exception as failed:  # its lease runs out instead: redelivered a bit later
+            fields["error"] = str(failed)
+        self.consumer.emit("duplicate_in_progress", delivery.log_id, fields=fields)
+        self._finish(delivery)
+        return False
 
     def _check_lease(self, delivery: Delivery) -> None:
         """Report a lease that ran out while the message ran (the process stalled, e.g. a C call

@@ -17,6 +17,7 @@ from messenger.channel import (
     TAG_CHANNEL,
     TAG_ROLE,
     dedup_table_name,
+    idempotency_table_name,
     status_table_name,
     workers_table_name,
 )
@@ -159,6 +160,7 @@ def test_status_table_matches_the_runtime(assembly: CloudAssembly) -> None:
 
 @pytest.mark.parametrize("name, keys", [
     (dedup_table_name, [{"AttributeName": "dedup_key", "KeyType": "HASH"}]),
+    (idempotency_table_name, [{"AttributeName": "id", "KeyType": "HASH"}]),
     (workers_table_name, [{"AttributeName": "channel", "KeyType": "HASH"},
                           {"AttributeName": "worker_id", "KeyType": "RANGE"}]),
 ])

@@ -14,7 +14,12 @@ from aws_cdk import aws_ecs as ecs
 
 import stacks.nag
 from examples.cdk import add_example_channels
-from messenger.channel import ChannelSpec, MessageFilter, workers_table_name
+from messenger.channel import (
+    ChannelSpec,
+    MessageFilter,
+    idempotency_table_name,
+    workers_table_name,
+)
 from stacks.channel import Channel
 from stacks.config import MessengerConfig
 from stacks.consumer_scaling import BacklogPerTask, FargateCapacity, StepScaling
@@ -283,3 +288,27 @@ def test_the_cluster_must_offer_what_scaling_and_capacity_need(
     app, _ = _consumer_stack(tmp_path, ChannelSpec("orders"), cluster_options, **options)
     with pytest.raises(Exception, match=re.escape(message)):
         app.synth()
+
+
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_an_idempotent_consumer_may_use_the_idempotency_table_only(
+        tmp_path: Path, idempotent: bool) -> None:
+    # Given a consumer service declared idempotent (or not)
+    app, _ = _consumer_stack(tmp_path, ChannelSpec("orders", namespace="p"),
+                             idempotent=idempotent)
+    template = app.synth().get_stack_by_name("Small").template
+    tables = {key: r["Properties"]["TableName"] for key, r in template["Resources"].items()
+              if r["Type"] == "AWS::DynamoDB::Table"}
+    (table_id,) = [key for key, name in tables.items() if name == idempotency_table_name("p")]
+    statements = [s for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Policy"
+                  for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    granted = [s for s in statements if table_id in json.dumps(s["Resource"])]
+    # Then only the idempotent one may use the table: Powertools' four calls on it alone
+    if not idempotent:
+        assert granted == []
+        return
+    (grant,) = granted
+    assert sorted(grant["Action"]) == ["dynamodb:DeleteItem", "dynamodb:DescribeTable",
+                                       "dynamodb:GetItem", "dynamodb:PutItem",
+                                       "dynamodb:UpdateItem"]
+    assert json.dumps(grant["Resource"]).count(table_id) == 1

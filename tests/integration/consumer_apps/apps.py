@@ -55,3 +55,28 @@ class StuckConsumer(Consumer):
     def handler(self, message: ReceivedMessage) -> None:
         record("start", message)
         threading.Event().wait()
+
+
+class IdempotentConsumer(Consumer):
+    """Idempotent; with $CONSUMER_TEST_DIE_BEFORE_DELETE set, the process dies (os._exit, no
+    cleanup, like kill -9) when it first tries to delete a message: after its handler completed
+    and its idempotency record was saved, before SQS heard of it."""
+
+    channel = CHANNEL
+    visibility_timeout = 2
+    processing_timeout = 10
+    idempotent = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        marker = os.environ.get("CONSUMER_TEST_DIE_BEFORE_DELETE")
+        if marker and not os.path.exists(marker):
+            def die(**_: Any) -> None:
+                open(marker, "w").close()
+                os._exit(9)
+
+            for operation in ("DeleteMessage", "DeleteMessageBatch"):
+                self.clients.register(f"before-call.sqs.{operation}", die)
+
+    def handler(self, message: ReceivedMessage) -> None:
+        record("end", message)

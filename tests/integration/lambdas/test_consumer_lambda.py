@@ -24,9 +24,11 @@ from pydantic import BaseModel
 
 from messenger import Consumer, ConsumerSettings, LifecycleHooks, ReceivedMessage, register_hook
 from messenger.aws import ClientFactory
+from messenger.channel import idempotency_table_name
 from messenger.consume.lambda_runtime import LocalEventSource, sqs_event, sqs_message
 from messenger.consume.lifecycle import LifecycleEvent
 from messenger.jobs.status import StatusEvent, StatusStore
+from messenger.jobs.tables import ensure_table
 from messenger.message import DEAD_LETTER_FAILURE_ATTRIBUTE, DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.offload import OffloadPointer
 from messenger.produce.producer import Producer
@@ -99,6 +101,11 @@ class Quick(Jobs):
 class Ordered(Jobs):
     channel = "lambda_ordered"
     ordered = True
+
+
+class IdempotentJobs(Jobs):
+    channel = "lambda_idempotent"
+    idempotency_key = staticmethod(lambda message: message.body.get("n"))
 
 
 class Tracked(Jobs):
@@ -225,6 +232,26 @@ def test_handled_messages_are_deleted_by_the_response(function) -> None:
     assert ("initialized_hook", None) in RECORD  # the cold start ran the state hooks
     assert fn.counts() == (0, 0)
     assert fn.dead_letters() == []
+
+
+def test_an_idempotent_consumer_deletes_a_duplicate_without_running_the_handler(
+    function,
+) -> None:
+    # Given an idempotent consumer Lambda keyed on n, which handled n=1 in one invocation
+    fn = function(IdempotentJobs)
+    # As deployed: the foundation stack made the table (the function runs in verify mode)
+    ensure_table(ClientFactory(REGION), fn.settings, idempotency_table_name(fn.settings.namespace),
+                 "idempotency", "id")
+    fn.producer.push({"n": 1})
+    assert failures(fn.invoke(fn.receive_all(1))) == []
+    # When n=1 arrives again in the next invocation
+    fn.producer.push({"n": 1})
+    response = fn.invoke(fn.receive_all(1))
+    # Then the handler did not run again and the duplicate is deleted by the response
+    assert failures(response) == []
+    assert [body for event, body in RECORD if event == "handler"] == [{"n": 1}]
+    assert ("duplicate_skipped", None) in RECORD
+    assert fn.counts() == (0, 0)
 
 
 def test_a_failed_message_is_a_batch_item_failure_and_comes_back_after_retry_delay(
