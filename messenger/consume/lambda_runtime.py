@@ -69,7 +69,7 @@ from messenger.consume.mailbox import (
     unreadable_reason,
 )
 from messenger.consume.tracking import consumer_id
-from messenger.consume.watchdog import ProcessingTimeout, interrupt
+from messenger.consume.watchdog import ProcessingTimeout, interrupt, run_interruptibly
 from messenger.errors import InvalidSettings, MessageDecodeError, MessengerError, PayloadMissing
 from messenger.offload import PayloadStore
 from messenger.provision import Provisioner
@@ -421,26 +421,11 @@ class _Batch:
         self, delivery: Delivery, message: ReceivedMessage
     ) -> BaseException | None:
         """What the handler raised, or None (also when interrupted: the stage says so).
-        Anything but Ctrl-C is the handler's failure, as on Fargate."""
-        try:
-            with delivery.lock:
-                if delivery.stage is not Stage.RUNNING:  # its time ran out in a START hook
-                    return None
-                delivery.in_handler = True
-            try:
-                self.consumer.call_handler(message)
-            finally:
-                with delivery.lock:
-                    delivery.in_handler = False
-                    if delivery.stage is Stage.TIMED_OUT:  # drop an interruption not yet raised
-                        interrupt(threading.get_ident(), None)
-        except ProcessingTimeout:
-            return None
-        except KeyboardInterrupt:
-            raise
-        except BaseException as error:
-            return error
-        return None
+        Anything but Ctrl-C is the handler's failure."""
+        error = run_interruptibly(delivery, self.consumer.call_handler, message)
+        if isinstance(error, KeyboardInterrupt):
+            raise error
+        return error
 
     def _expire(self, delivery: Delivery) -> str | None:
         """The message's deadline came: interrupt its handler; returns why (OUT_OF_TIME or

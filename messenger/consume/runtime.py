@@ -60,7 +60,7 @@ from messenger.consume.mailbox import (
     unreadable_reason,
 )
 from messenger.consume.tracking import consumer_id
-from messenger.consume.watchdog import ProcessingTimeout, Watchdog, interrupt
+from messenger.consume.watchdog import ProcessingTimeout, Watchdog, run_interruptibly
 from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.offload import PayloadStore
 
@@ -478,23 +478,7 @@ class Runtime:
         included (a real SIGINT reaches the main thread's signal handler, never a worker): the
         message is retried (or dead-lettered on its last attempt) with that reason and the worker
         lives on."""
-        try:
-            with delivery.lock:
-                if delivery.stage is not Stage.RUNNING:  # timed out in a START hook
-                    return None
-                delivery.in_handler = True
-            try:
-                self.consumer.call_handler(message)
-            finally:
-                with delivery.lock:
-                    delivery.in_handler = False
-                    if delivery.stage is Stage.TIMED_OUT:  # drop an interruption not yet raised
-                        interrupt(threading.get_ident(), None)
-        except ProcessingTimeout:
-            return None
-        except BaseException as error:
-            return error
-        return None
+        return run_interruptibly(delivery, self.consumer.call_handler, message)
 
     def _in_progress_elsewhere(self, delivery: Delivery, busy: InProgressElsewhere) -> bool:
         """An idempotent handler for the same key runs elsewhere: back to the queue, visible

@@ -24,8 +24,9 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper
@@ -50,6 +51,34 @@ def interrupt(thread_id: int, exception: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), ctypes.py_object(exception) if exception else None
     )
+
+
+def run_interruptibly(
+    delivery: Delivery, handler: Callable[[Any], None], message: Any
+) -> BaseException | None:
+    """Run `handler(message)` for a RUNNING delivery, interruptible by `interrupt`: what it
+    raised, or None (also when interrupted, or when its time ran out before: the stage says so).
+
+    An interruption raised after the handler returned is cancelled under the delivery's lock,
+    so it never lands in the caller's code. Anything the handler raises is returned, not raised
+    (`SystemExit` and `KeyboardInterrupt` included)."""
+    try:
+        with delivery.lock:
+            if delivery.stage is not Stage.RUNNING:  # timed out in a START hook
+                return None
+            delivery.in_handler = True
+        try:
+            handler(message)
+        finally:
+            with delivery.lock:
+                delivery.in_handler = False
+                if delivery.stage is Stage.TIMED_OUT:  # drop an interruption not yet raised
+                    interrupt(threading.get_ident(), None)
+    except ProcessingTimeout:
+        return None
+    except BaseException as error:
+        return error
+    return None
 
 
 class Watched(Protocol):
