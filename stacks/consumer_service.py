@@ -37,7 +37,35 @@ DEFAULT_SHUTDOWN_TIMEOUT = Duration.seconds(30)
 DEFAULT_PROCESSING_TIMEOUT = Duration.seconds(60)
 
 
-class ConsumerService(Construct):
+class ConsumerClassFacts(Construct):
+    """A construct that runs a consumer class from its code (ConsumerService, LambdaConsumer):
+    what the synth-time lint reads of that class. Needs `image`, `consumer_class` and
+    `requested_processing_timeout`."""
+
+    image: ConsumerImage
+    consumer_class: str
+    requested_processing_timeout: Duration | None
+
+    @property
+    def class_facts(self) -> dict | None:
+        """What the consumer class declares (imported at synth from the image's code), or
+        {'error': ...}; None for a ready image."""
+        if self.image.code_dir is None or not self.image.contains(self.consumer_class):
+            return None
+        return Topology.of(self).consumer_facts(self.image.code_dir, self.consumer_class)
+
+    @property
+    def processing_timeout(self) -> Duration:
+        """The requested one, else the class's `processing_timeout`, else 60 s."""
+        if self.requested_processing_timeout is not None:
+            return self.requested_processing_timeout
+        facts = self.class_facts
+        if facts and "processing_timeout" in facts:
+            return Duration.millis(round(facts["processing_timeout"] * 1000))
+        return DEFAULT_PROCESSING_TIMEOUT
+
+
+class ConsumerService(ConsumerClassFacts):
     """A Fargate service running `messenger consume <consumer_class>` on one channel.
 
     channel: the channel it consumes (grants: consume the queue, forward to the DLQ, the key).
@@ -261,24 +289,6 @@ class ConsumerService(Construct):
     @property
     def task_role(self) -> iam.IRole:
         return self.task_definition.task_role
-
-    @property
-    def class_facts(self) -> dict | None:
-        """What the consumer class declares (imported at synth from the image's code), or
-        {'error': ...}; None for a ready image."""
-        if self.image.code_dir is None or not self.image.contains(self.consumer_class):
-            return None
-        return Topology.of(self).consumer_facts(self.image.code_dir, self.consumer_class)
-
-    @property
-    def processing_timeout(self) -> Duration:
-        """The requested one, else the class's `processing_timeout`, else 60 s."""
-        if self.requested_processing_timeout is not None:
-            return self.requested_processing_timeout
-        facts = self.class_facts
-        if facts and "processing_timeout" in facts:
-            return Duration.millis(round(facts["processing_timeout"] * 1000))
-        return DEFAULT_PROCESSING_TIMEOUT
 
 
 class _ClassValidation:

@@ -24,7 +24,7 @@ from constructs import Construct
 from stacks.bundle import consumer_lambda_bundle
 from stacks.channel import Channel
 from stacks.consumer_image import ConsumerImage
-from stacks.consumer_service import DEFAULT_PROCESSING_TIMEOUT, _ClassValidation
+from stacks.consumer_service import ConsumerClassFacts, _ClassValidation
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge
 from stacks.topology import Topology
@@ -47,7 +47,7 @@ MIN_MAX_CONCURRENCY, MAX_MAX_CONCURRENCY = 2, 1000
 DEFAULT_MAX_MESSAGE_AGE = Duration.minutes(15)
 
 
-class LambdaConsumer(Construct):
+class LambdaConsumer(ConsumerClassFacts):
     """A Lambda function running `consumer_class` on every batch of `channel`'s queue(s).
 
     channel: the channel it consumes (grants: consume the queues, forward to the DLQs, the key).
@@ -263,24 +263,6 @@ class LambdaConsumer(Construct):
             for alarm in alarms:
                 alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
         return alarms
-
-    # -- what the lint reads (as for ConsumerService) -----------------------------------------
-    @property
-    def class_facts(self) -> dict | None:
-        """What the consumer class declares (imported at synth from the code), or {'error': ...}."""
-        if self.image.code_dir is None or not self.image.contains(self.consumer_class):
-            return None
-        return Topology.of(self).consumer_facts(self.image.code_dir, self.consumer_class)
-
-    @property
-    def processing_timeout(self) -> Duration:
-        """The requested one, else the class's `processing_timeout`, else 60 s."""
-        if self.requested_processing_timeout is not None:
-            return self.requested_processing_timeout
-        facts = self.class_facts
-        if facts and "processing_timeout" in facts:
-            return Duration.millis(round(facts["processing_timeout"] * 1000))
-        return DEFAULT_PROCESSING_TIMEOUT
 
     @property
     def timeout_seconds(self) -> int:
