@@ -185,8 +185,8 @@ def headline(value: Any) -> Any:
 def shown(value: Any) -> str:
     """A figure as the table shows it; over rounds: the median, then the rounds' range and IQR."""
     if isinstance(value, dict) and "median" in value:
-        return (f"{value['median']:g} (median; rounds {value['min']:g}-{value['max']:g}, "
-                f"IQR {value['iqr']:g})")
+        return (f"{value['median']:g} (median of {len(value['rounds'])}; rounds {value['min']:g} "
+                f"to {value['max']:g}, IQR {value['iqr']:g})")
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
