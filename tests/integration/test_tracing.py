@@ -21,7 +21,9 @@ from messenger.message import META_HEADERS_ATTRIBUTE
 from messenger.offload import OffloadPointer
 from messenger.provision import Provisioner
 from messenger.tools.requeue import Requeuer
+from tests.integration.consumer_apps.apps import CHANNEL
 from tests.integration.helpers import drain
+from tests.integration.test_consumer_process import start  # noqa: F401 - the fixture
 from tests.integration.test_consumer_runtime import (  # noqa: F401 - fixtures
     Recording,
     dead_letters,
@@ -259,3 +261,34 @@ def test_tracing_on_without_opentelemetry_fails_with_one_line_naming_the_setting
     assert done.returncode == 1
     assert "InvalidSettings: tracing (MESSENGER_TRACING) is 'on' but opentelemetry-api is not " \
         "installed" in done.stderr
+
+
+def test_a_consumer_process_continues_the_trace_and_its_own_pushes_join_it(
+        settings, clients, start, tmp_path):  # noqa: F811 - the fixture
+    from opentelemetry import trace
+
+    spans_file = tmp_path / "spans.jsonl"
+    with in_memory_spans() as exported:
+        # Given a message pushed inside a request's span
+        with trace.get_tracer("test").start_as_current_span("request") as request:
+            type("P", (Producer,), {"channel": CHANNEL})(settings=settings).push({"n": 1})
+        (send,) = named(exported.get_finished_spans(), "send ")
+    # When a `messenger consume` process that traces handles it (and pushes on)
+    process = start("TracedConsumer", CONSUMER_TEST_SPANS=str(spans_file))
+    process.wait_for_event("completed")
+    process.stop()
+    spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    # Then its process span is the child of the send span, in the request's trace ...
+    trace_id = f"0x{request.get_span_context().trace_id:032x}"
+    (handled,) = [s for s in spans if s["name"].startswith("process ")]
+    assert handled["context"]["trace_id"] == trace_id
+    assert handled["parent_id"] == f"0x{send.context.span_id:016x}"
+    assert handled["kind"] == "SpanKind.CONSUMER"
+    # ... and the handler's own push is a child of the process span, its message carrying it on
+    (pushed,) = [s for s in spans if s["name"].startswith("send ")]
+    assert pushed["parent_id"] == handled["context"]["span_id"]
+    (forwarded,) = drain(clients.client("sqs"), clients.client("sqs").get_queue_url(
+        QueueName=f"{settings.namespace}-consumer_test_next")["QueueUrl"])
+    headers = json.loads(forwarded["MessageAttributes"][META_HEADERS_ATTRIBUTE]["StringValue"])
+    assert headers["traceparent"].split("-")[1:3] == \
+        [trace_id[2:], pushed["context"]["span_id"][2:]]
