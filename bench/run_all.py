@@ -62,6 +62,8 @@ BENCHES = (
     )),
     Bench("consume.py", "Consumer requests per message, 1,000-message backlog, concurrency 10", (
         Figure("consume", ("requests_per_message",), 0.25),
+        Figure("consumer CPU µs per message tracing adds (SDK, in-memory exporter)",
+               ("tracing", "cpu_us_added_by_tracing")),
     )),
     Bench("peers.py", "Consumer vs aws-sqs-consumer, same backlog, alternating rounds", (
         Figure("CPU ratio messenger/peer", ("cpu_ratio",), 1.0),
