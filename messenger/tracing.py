@@ -267,7 +267,7 @@ class ProcessTrace:
                 messenger__message_id=message_id,
                 messaging__message__body__size=len(str(raw.get("Body", "")).encode()),
                 messenger__receive_count=int(system.get("ApproximateReceiveCount", "1")),
-                messaging__message__conversation_id=system.get("MessageGroupId")))
+                messenger__group_id=system.get("MessageGroupId")))
         token = api.context.attach(api.trace.set_span_in_context(span))
         return cls(api, span, token)
 

@@ -59,3 +59,19 @@ def test_an_executor_that_traces_makes_its_spans_children_of_the_drivers(
     for span in creates:
         assert span.context.trace_id == int(DRIVER["traceparent"].split("-")[1], 16)
         assert span.parent.span_id == int(DRIVER["traceparent"].split("-")[2], 16)
+
+
+def test_publish_ships_the_drivers_current_context():
+    # What `publish` hands each task: the W3C headers of the driver's current span, or nothing
+    from opentelemetry import trace
+
+    from messenger.tracing import current_headers
+
+    assert current_headers("auto") == {}  # no tracer provider: nothing to ship
+    with in_memory_spans():
+        with trace.get_tracer("test").start_as_current_span("nightly export") as export:
+            shipped = current_headers("auto")
+        assert current_headers("off") == {}
+    context = export.get_span_context()
+    assert shipped["traceparent"].split("-")[1:3] == \
+        [f"{context.trace_id:032x}", f"{context.span_id:016x}"]
