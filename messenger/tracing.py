@@ -40,9 +40,6 @@ from typing import Any
 from messenger.errors import InvalidSettings
 from messenger.message import META_HEADERS_ATTRIBUTE, EncodedMessage
 
-#: The W3C Trace Context headers (what OpenTelemetry's default propagator writes, with baggage).
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
 #: `messaging.system` values of the conventions.
 SQS_SYSTEM = "aws_sqs"
 SNS_SYSTEM = "aws.sns"
@@ -178,9 +175,9 @@ class ProducerTrace:
 
     @contextmanager
     def sending(self, count: int) -> Iterator[Any]:
-        """The `send` span of one push (current while it runs) or one batch request (linked
-        to its messages' create spans: `links` of `batch_links`). Yields None without
-        OpenTelemetry."""
+        """The `send` span of one push or of one batch request (`batch_sent` links it to its
+        messages' create spans), current while it runs; an exception out of it is recorded.
+        Yields None without OpenTelemetry."""
         if self.api is None:
             yield None
             return
