@@ -15,9 +15,10 @@ connections in the figures).
 - receive window: from the first ReceiveMessage request going out to the response of the
   DeleteMessageBatch that deleted the last of the 20, both read from botocore's events the same
   way for both sides (`before-send` of each of the side's clients, which also counts the
-  requests in the window, and `after-call` of DeleteMessageBatch). messenger: a `Consumer` as deployed (concurrency `--concurrency`, default
-  10; JSON event log to a file, health file on), started after the send; its startup is not in
-  the window. Peer: the loop its README shows: `receive_message(MaxNumberOfMessages=10,
+  requests in the window, and `after-call` of DeleteMessageBatch). messenger: a `Consumer` as
+  deployed (concurrency `--concurrency`, default 10; JSON event log to a file, health file on),
+  started after the send on the client factory the warm-up's consumer used; its startup is not
+  in the window. Peer: the loop its README shows: `receive_message(MaxNumberOfMessages=10,
   MessageAttributeNames=["All"])` (it reads each body from S3 inside the call), `json.loads` of
   each body, then `delete_message_batch` of the receive's messages (one request per receive, its
   cheapest). Neither deletes the S3 objects (the extended client's default,
