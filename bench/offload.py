@@ -10,8 +10,8 @@ connections in the figures).
 
 - send: wall time to send the 20 bodies one at a time. messenger: `Producer.push(body)` (JSON
   encoding, checks, S3 PutObject with SSE-KMS, SendMessage). Peer: `json.dumps(body)` then
-  `send_message` on an SQS client of its `SQSExtendedClientSession` with `large_payload_support`
-  set to a bucket, as its README shows (PutObject, SendMessage).
+  `send_message` on `boto3.client("sqs")` after importing it, with `large_payload_support` set to
+  a bucket, as its README shows (PutObject, SendMessage).
 - receive window: from the first ReceiveMessage request going out to the response of the
   DeleteMessageBatch that deleted the last of the 20, both read from botocore's events the same
   way for both sides (`before-send` of each of the side's clients, which also counts the
@@ -22,7 +22,9 @@ connections in the figures).
   MessageAttributeNames=["All"])` (it reads each body from S3 inside the call), `json.loads` of
   each body, then `delete_message_batch` of the receive's messages (one request per receive, its
   cheapest). Neither deletes the S3 objects (the extended client's default,
-  `delete_payload_from_s3=False`; messenger never does: a lifecycle rule expires them).
+  `delete_payload_from_s3=False`, the same guarantee as messenger's, which never does: a
+  lifecycle rule expires them; its README's delete example sets True, which would add a
+  DeleteObject per message, made before the message's delete).
 - Every body received is checked against what was sent (after the clock stops).
 
 Goal: send and receive-window ratios (messenger / peer, medians over the rounds) <= 1.0.
@@ -186,11 +188,12 @@ def run_peer(channel: str, namespace: str, messages: int, kib: int) -> dict[str,
     from messenger.aws import RequestCounter
 
     bucket = f"{namespace}-{channel}".replace("_", "-")[:63]
-    session = boto3.session.Session(region_name="us-east-1")
-    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=bucket)
-    sender, receiver = session.client("sqs"), session.client("sqs")
+    # As its README: boto3.client("sqs") after the import, large_payload_support set to a bucket
+    sender = boto3.client("sqs", region_name="us-east-1")
+    receiver = boto3.client("sqs", region_name="us-east-1")
     for client in (sender, receiver):
         client.large_payload_support = bucket
+    sender.s3_client.create_bucket(Bucket=bucket)
     url = sender.create_queue(QueueName=f"{namespace}-{channel}")["QueueUrl"]
     # Warm-up, as for messenger: one offloaded message sent, received and deleted.
     sender.send_message(QueueUrl=url, MessageBody=json.dumps(payload(-1, kib)))
