@@ -50,9 +50,20 @@ BENCHES = (
         Figure("push_many (queue)", ("bench_orders.push_many", "requests_per_message"), 0.11),
         Figure("push (exchange)", ("bench_events.push", "requests_per_message")),
         Figure("push_many (exchange)", ("bench_events.push_many", "requests_per_message"), 0.11),
+        Figure("push_many (queue), tracing off, SDK installed",
+               ("tracing", "push_many.off", "requests_per_message"), 0.11),
+        Figure("push_many (queue), tracing on", ("tracing", "push_many.on",
+                                                 "requests_per_message"), 0.11),
+        Figure("push (queue), tracing on", ("tracing", "push.on", "requests_per_message")),
+        Figure("producer CPU µs per message tracing adds, push",
+               ("tracing", "push.cpu_us_added_by_tracing")),
+        Figure("producer CPU µs per message tracing adds, push_many",
+               ("tracing", "push_many.cpu_us_added_by_tracing")),
     )),
     Bench("consume.py", "Consumer requests per message, 1,000-message backlog, concurrency 10", (
         Figure("consume", ("requests_per_message",), 0.25),
+        Figure("consumer CPU µs per message tracing adds (SDK, in-memory exporter)",
+               ("tracing", "cpu_us_added_by_tracing")),
     )),
     Bench("peers.py", "Consumer vs aws-sqs-consumer, same backlog, alternating rounds", (
         Figure("CPU ratio messenger/peer", ("cpu_ratio",), 1.0),
@@ -67,6 +78,13 @@ BENCHES = (
         Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),
         Figure("rounds (each pairs the drains run back to back)", ("rounds",)),
         Figure("load average during the rounds (median)", ("load_average", "median")),
+    )),
+    Bench("offload.py", "Offloaded payloads, 20 × 600 KiB through S3, vs AWS's "
+                        "amazon-sqs-extended-client, alternating rounds (medians)", (
+        Figure("send time ratio messenger/peer", ("send_ratio",), 1.0),
+        Figure("receive window ratio messenger/peer", ("receive_ratio",), 1.0),
+        Figure("messenger send / receive window (s)", ("messenger", "send_and_receive")),
+        Figure("peer send / receive window (s)", ("peer", "send_and_receive")),
     )),
     Bench("spark_publish.py", "Spark publish from executors", (
         Figure("requests per message", ("conditions", "network_10ms", "requests_per_message"),

@@ -18,7 +18,8 @@ routing key and the body stays readable by any client:
 A message carries at most all 10 of the attributes SQS allows (`SQS_MAX_MESSAGE_ATTRIBUTES`): the
 six above, `priority` (prioritized exchanges, `messenger.channel`), the offload size
 (`messenger.offload`) and, in a DLQ, the two dead-letter ones. A feature that adds one more must
-share a slot (tests/unit/test_message.py counts them).
+share a slot (tests/unit/test_message.py counts them), as the W3C trace context does: it
+travels in `meta_headers` (`messenger.tracing`).
 """
 
 from __future__ import annotations
@@ -88,11 +89,20 @@ class EncodedMessage:
 
     body: str
     attributes: AttributeMap
+    #: The body's size in UTF-8 bytes when the encoder has measured it already (None: measured
+    #: here), so a large body is not encoded again to size it.
+    body_size: int | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def size(self) -> int:
         """Size as SQS and SNS count it: body plus attribute names, types and values, in bytes."""
-        total = len(self.body.encode("utf-8"))
+        body = len(self.body.encode("utf-8")) if self.body_size is None else self.body_size
+        return body + self.attributes_size
+
+    @property
+    def attributes_size(self) -> int:
+        """The attributes' share of `size`: names, types and values, in bytes."""
+        total = 0
         for name, value in self.attributes.items():
             total += len(name.encode()) + len(value["DataType"].encode())
             total += len(value.get("StringValue", "").encode("utf-8"))

@@ -111,6 +111,9 @@ class Runtime:
         self._deleting: dict[str, Delivery] = {}
         self._stuck: dict[int, float] = {}  # handler threads past their timeout → since
         self._last_poll_empty = False
+        #: The last poll brought fewer messages than it asked for: the queue is running dry, so
+        #: once nothing is held the pending deletes go out at once (`DeleteBatcher.went_idle`).
+        self._last_poll_short = False
         self._progress = 0
         self._work = WorkQueue()
         #: The thread that polls; another one after a rescue (`rescue_receiver`).
@@ -120,7 +123,7 @@ class Runtime:
         #: Recent average wall time a worker spends on a chain (None before the first).
         self._chain_seconds: float | None = None
         self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed,
-                                     self._deleted)
+                                     self._deleted, idle=self._holds_nothing)
         self._threads: list[threading.Thread] = []
         self.leases = LeaseKeeper(self, lease_sqs)
         self.watchdog = Watchdog(self)
@@ -128,6 +131,10 @@ class Runtime:
     # -- state ------------------------------------------------------------------------------
     def free_slots(self) -> int:
         return self.config.concurrency - len(self._held) - len(self._stuck)
+
+    def _holds_nothing(self) -> bool:
+        """No message received and not finished (a stuck handler's counts as held)."""
+        return not self._held and not self._stuck
 
     def current_state(self) -> ConsumerState:
         with self._lock:
@@ -269,6 +276,7 @@ class Runtime:
                 self.deleter.flush()
             try:
                 deliveries = self.fetch(count)
+                self._last_poll_short = len(deliveries) < count
             except Exception as error:
                 if not is_transient(error):  # queue gone, access denied: let ECS see it
                     self.fail(error)
@@ -478,7 +486,8 @@ class Runtime:
         included (a real SIGINT reaches the main thread's signal handler, never a worker): the
         message is retried (or dead-lettered on its last attempt) with that reason and the worker
         lives on."""
-        return run_interruptibly(delivery, self.consumer.call_handler, message)
+        return run_interruptibly(delivery, self.consumer.call_handler, message,
+                                 self.consumer.settings.tracing)
 
     def _in_progress_elsewhere(self, delivery: Delivery, busy: InProgressElsewhere) -> bool:
         """An idempotent handler for the same key runs elsewhere: back to the queue, visible
@@ -575,6 +584,8 @@ class Runtime:
             if free == 1 or free >= min(10, self.config.concurrency) or idle or \
                     self.stopping.is_set():
                 self._cond.notify_all()
+        if idle:  # no other message to batch the pending deletes with until the next poll's
+            self.deleter.went_idle(self._last_poll_short)
         if idle or self.stopping.is_set():  # else the state stays PROCESSING
             self.refresh_state()
 

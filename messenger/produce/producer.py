@@ -29,6 +29,8 @@ from messenger.channel import (
     SQS_MAX_RECEIVE_COUNT,
     ChannelSpec,
     default_level,
+    queue_name_for,
+    topic_name_for,
 )
 from messenger.errors import (
     ChannelNotFound,
@@ -56,16 +58,19 @@ from messenger.offload import PayloadStore, pointer_attributes
 from messenger.produce.checks import (
     check_attempts,
     check_id,
+    check_json_text,
     check_text,
     content_dedup_id,
     merged_headers,
     ordered_message_id,
+    utf8_text,
 )
 from messenger.produce.push import PreparedItem, PushedId, PushFailure, PushItem, PushManyResult
 from messenger.produce.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, is_missing_resource
 from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
 from messenger.settings import Settings
+from messenger.tracing import SNS_SYSTEM, SQS_SYSTEM, ProducerTrace
 
 __all__ = ["MultiProducer", "Producer", "PushFailure", "PushItem", "PushManyResult", "PushedId"]
 
@@ -156,6 +161,9 @@ class _BaseProducer:
         self.recent_ids = RecentIds() if self.ordered else None
         self.threshold = self._threshold()
         self.body_schema = BodySchema.of(type(self).__name__, self.model)
+        #: W3C headers of the context pushes belong to when no span is current (a Spark
+        #: executor's: the driver's); see `messenger.tracing`.
+        self.trace_parent: dict[str, str] = {}
 
     # -- to override ----------------------------------------------------------------------
     def meta_headers(self) -> dict[str, str]:
@@ -166,6 +174,13 @@ class _BaseProducer:
     channel_limit: ClassVar[int]
     #: Exchanges route a level by a message attribute; single queues by the level's queue.
     routes_priority_by_attribute: ClassVar[bool]
+    #: `messaging.system` of its spans (`messenger.tracing`).
+    messaging_system: ClassVar[str]
+
+    @property
+    def destination_name(self) -> str:
+        """The queue or topic name its spans name."""
+        raise NotImplementedError
 
     def _make_target(self, level: str | None) -> QueueTarget | TopicTarget:
         raise NotImplementedError
@@ -201,7 +216,17 @@ class _BaseProducer:
         """
         item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id,
                         max_attempts, dedup)
-        prepared, _ = self._prepare(0, item)
+        trace = self._trace(batch=False)
+        if trace is None:
+            return self._push(item, None)
+        with trace.sending(1) as span:
+            pushed = self._push(item, trace)
+            if span is not None:
+                span.set_attribute("messenger.duplicate", pushed.duplicate)
+            return pushed
+
+    def _push(self, item: PushItem, trace: ProducerTrace | None) -> PushedId:
+        prepared, _ = self._prepare(0, item, trace)
         verdict = self._dedup(prepared, item, set())
         if isinstance(verdict, Duplicate):
             logger.info("push to %s: message %s is a duplicate (not sent)", self.channel,
@@ -210,14 +235,16 @@ class _BaseProducer:
             return PushedId(prepared.message_id, duplicate=True)
         sent_at = time.time()  # SQS accepts it after this: a consumer's RECEIVED comes later
         try:
-            self._with_target(prepared.level, lambda target: target.send(prepared.outgoing),
-                              "push")
+            sent_id = self._with_target(
+                prepared.level, lambda target: target.send(prepared.outgoing), "push")
         except BaseException:
             if verdict is not None:
                 self.dedup_store.release(verdict)  # not sent: a retry is not a duplicate
             raise
         self._remember([prepared])
         self._record_queued([prepared.message_id], sent_at)
+        if trace is not None:
+            trace.sent(sent_id)
         return PushedId(prepared.message_id)
 
     def push_many(self, items: Iterable[PushItem | Any]) -> PushManyResult:
@@ -232,9 +259,10 @@ class _BaseProducer:
         by_level: dict[str | None, list[PreparedItem]] = {}
         claims: dict[int, Claim] = {}
         taken: set[str] = set()  # deduplication ids of this call (ordered channels)
+        trace = self._trace(batch=True)
         for index, item in enumerate(items):
             try:
-                prepared, offloaded = self._prepare(index, item)
+                prepared, offloaded = self._prepare(index, item, trace)
                 verdict = self._dedup(prepared, item, taken)
             except Exception as error:  # one bad item never aborts the others
                 result.failures.append(PushFailure(index, _failure_code(error), str(error)))
@@ -249,7 +277,7 @@ class _BaseProducer:
             by_level.setdefault(prepared.level, []).append(prepared)
         for level, entries in by_level.items():
             for batch in self._batches(entries):
-                self._send_batch(level, batch, result)  # records each batch's QUEUED
+                self._send_batch(level, batch, result, trace)  # records each batch's QUEUED
         for index, claim in claims.items():
             if result.message_ids[index] is None:  # not sent: a retry is not a duplicate
                 self.dedup_store.release(claim)
@@ -309,7 +337,13 @@ class _BaseProducer:
             )
         return priority
 
-    def _prepare(self, index: int, item: PushItem) -> tuple[PreparedItem, int]:
+    def _trace(self, batch: bool) -> ProducerTrace | None:
+        """The spans and context of a push (None: tracing is off, `messenger.tracing`)."""
+        return ProducerTrace.of(self.settings.tracing, self.messaging_system,
+                                self.destination_name, batch, self.trace_parent)
+
+    def _prepare(self, index: int, item: PushItem, trace: ProducerTrace | None = None
+                 ) -> tuple[PreparedItem, int]:
         level = self._level(item.priority)
         headers = merged_headers(self.meta_headers(), item.meta_headers)
         if isinstance(item.routing_key, str):
@@ -324,13 +358,14 @@ class _BaseProducer:
         if item.message_id is not None:
             message = dataclasses.replace(message, message_id=item.message_id)
         encoded = message.encode()
-        check_text("body", encoded.body)
+        # Encoded once: the size decision, the dedup id and the S3 object all use these bytes.
+        body_utf8 = utf8_text("body", encoded.body)
         message_id = message.message_id
         if group_id is not None and self.ordered:
             # Ordered: an explicit dedup key (dedup_id, else the caller's message id) or the
             # content's own; the message id follows from it, so a duplicate shows as one.
             dedup_id = dedup_id or item.message_id or content_dedup_id(
-                group_id, item.routing_key, headers, encoded.body, level
+                group_id, item.routing_key, headers, body_utf8, level
             )
             if item.message_id is None:
                 message_id = ordered_message_id(self.channel, dedup_id)
@@ -347,10 +382,17 @@ class _BaseProducer:
                                       str(item.max_attempts))
         if version is not None:
             encoded = _with_attribute(encoded, SCHEMA_VERSION_ATTRIBUTE, "String", version)
+        if trace is not None:  # in meta_headers: every attribute slot may be taken
+            encoded = trace.stamp(index, message_id, encoded)
+        encoded = EncodedMessage(encoded.body, encoded.attributes, body_size=len(body_utf8))
         offloaded = 0
         if encoded.size > self.threshold:
-            encoded = self._offload(encoded)
+            # The body goes to S3 (any valid Unicode), only the pointer to SQS: the characters
+            # SQS refuses are looked for in what goes there, never in a body it does not carry.
+            encoded = self._offload(encoded, body_utf8)
             offloaded = 1
+        else:
+            check_json_text("body", encoded.body)
         outgoing = OutgoingMessage(encoded, group_id, dedup_id)
         return PreparedItem(index, outgoing, message_id, level), offloaded
 
@@ -411,8 +453,9 @@ class _BaseProducer:
             return item.group_id, item.dedup_id
         return self.group_id or (self.channel if self.ordered else None), item.dedup_id
 
-    def _offload(self, encoded: EncodedMessage) -> EncodedMessage:
-        body_size = len(encoded.body.encode("utf-8"))
+    def _offload(self, encoded: EncodedMessage, body_utf8: bytes) -> EncodedMessage:
+        """The pointer message of `encoded`, its body (`body_utf8`) put in the offload bucket."""
+        body_size = len(body_utf8)
         if body_size > self.max_payload_bytes:
             raise PayloadTooLarge(
                 f"message body is {body_size} bytes; the largest offloadable body is "
@@ -420,7 +463,7 @@ class _BaseProducer:
             )
         store = self._payload_store()
         pointer = call_with_budget(
-            lambda: store.put(encoded.body), self.settings.retry_budget_seconds, "offload to S3"
+            lambda: store.put(body_utf8), self.settings.retry_budget_seconds, "offload to S3"
         )
         attributes = {**encoded.attributes, **pointer_attributes(body_size)}
         offloaded = EncodedMessage(body=pointer.encode(), attributes=attributes)
@@ -486,7 +529,16 @@ class _BaseProducer:
         if batch:
             yield batch
 
-    def _send_batch(
+    def _send_batch(self, level: str | None, batch: list[PreparedItem], result: PushManyResult,
+                    trace: ProducerTrace | None = None) -> None:
+        if trace is None:
+            return self._send_entries(level, batch, result)
+        with trace.sending(len(batch)):
+            failed = len(result.failures)
+            self._send_entries(level, batch, result)
+            trace.batch_sent([entry.index for entry in batch], len(result.failures) - failed)
+
+    def _send_entries(
         self, level: str | None, batch: list[PreparedItem], result: PushManyResult
     ) -> None:
         pending = batch
@@ -542,6 +594,11 @@ class Producer(_BaseProducer):
 
     channel_limit = SQS_MAX_MESSAGE_BYTES
     routes_priority_by_attribute = False
+    messaging_system = SQS_SYSTEM
+
+    @property
+    def destination_name(self) -> str:
+        return queue_name_for(self.channel, self.settings.namespace, self.ordered)
 
     def _make_target(self, level: str | None) -> QueueTarget:
         spec = self._spec(self.channel)
@@ -584,6 +641,11 @@ class MultiProducer(_BaseProducer):
 
     channel_limit = SNS_MAX_MESSAGE_BYTES
     routes_priority_by_attribute = True
+    messaging_system = SNS_SYSTEM
+
+    @property
+    def destination_name(self) -> str:
+        return topic_name_for(self.channel, self.settings.namespace, self.ordered)
 
     def _make_target(self, level: str | None) -> TopicTarget:
         arn = self.provisioner.ensure_exchange(self.channel, self.ordered)
