@@ -1,19 +1,33 @@
 """This consumer against the peer `aws-sqs-consumer` (PyPI) draining the same backlog.
 
-Each round pushes a backlog of 1,000 messages to a fresh queue, then drains it in a child
-process with one consumer, alternating which consumer goes first from round to round (times on
-a shared machine vary between runs, not much within one). The child measures its own CPU time
-(all threads) from the start of the drain until every message is handled and deleted, and
-counts its AWS requests with botocore's `before-send` event. For messenger the drain starts
-once it is LISTENING and ends once its deleter has had every message deleted (counted from the
-DeleteMessageBatch responses) and every event of the drain is in the log (the held lines
-written, as the shutdown would); its startup (provisioning or verifying the channel) and its
-shutdown (health file to EXITING and EXITED, threads joined: once per process, ~3-5 ms) are
-reported apart, `startup_cpu_seconds` and `shutdown_cpu_seconds`, and `cpu_ratio_with_shutdown`
-counts the shutdown in. The peer has neither: its clock runs from `start()` until it returns
-after the delete batch of the last message. The benchmark's own readings (the threads' CPU,
-counting the log lines) are not counted. `messages_per_second` is timed from the
-same start (messenger: LISTENING) to the last message handled.
+Each drain pushes a backlog of 1,000 messages to a fresh queue, then drains it in a child
+process with one consumer. A round runs the four drains below back to back, in ORDER or
+reversed (alternating from round to round), and each CPU ratio is taken within a round
+(messenger's drain over the peer's next to it), so a slow spell of the shared machine weighs on
+both sides of a ratio. Every figure is the median over the rounds (12 by default: see ROUNDS),
+with its spread: min, max, quartiles, IQR, MAD and the median's confidence interval (96% with
+12 rounds).
+
+The child measures its own CPU time (all threads) from the start of the drain until every
+message is handled and deleted, and counts its AWS requests with botocore's `before-send`
+event. For messenger the drain starts once it is LISTENING and ends once its deleter has had
+every message deleted (counted from the DeleteMessageBatch responses) and every event of the
+drain is in the log (the held lines written, as the shutdown would); its startup (provisioning
+or verifying the channel) and its shutdown (health file to EXITING and EXITED, threads joined:
+once per process, ~3-5 ms) are reported apart, `startup_cpu_seconds` and
+`shutdown_cpu_seconds`, and `cpu_ratio_with_shutdown` counts the shutdown in. The peer has
+neither: its clock runs from `start()` until it returns after the delete batch of the last
+message. The benchmark's own readings (the threads' CPU, counting the log lines) are not
+counted. `messages_per_second` is timed from the same start (messenger: LISTENING) to the last
+message handled.
+
+No drain leaks into the next one's window: each child is reaped before the next starts, and
+each drains its own fresh queue, so a long poll a child left open when it exited (messenger's
+receiver is not joined at shutdown) waits on an empty queue that nobody uses again. The local
+endpoint records every request (moto's recorder) with the child's user agent app id, and
+`isolation` checks it: every request of a child arrived before the next child's first, its
+receives and deletes went to its own queue, and the endpoint got exactly the requests the
+child counted.
 
 - messenger: `Consumer` as deployed: concurrency 10, JSON event log on (to a file, as a
   container's stderr would be), health file on, messenger.fastboto's fast botocore paths on
@@ -27,21 +41,23 @@ same start (messenger: LISTENING) to the last message handled.
 - peer_attributes: the same, asking for what messenger reads of each message (all message
   attributes: id, routing key, meta headers; receive count, time sent, group): a peer that
   could tell these messages' routing keys and headers. Printed for context
-  (`cpu_ratio_same_attributes`).
+  (`cpu_ratio_same_attributes`; this drain is not next to messenger's in the round).
 
 Messenger's first round also reports its CPU seconds and context switches per thread role
 (receiver, deleter, workers, lease keeper, watchdog; `other` holds the startup): where the CPU goes.
 
-Goal: CPU ratio (messenger / peer) <= 1.0, messenger requests/message <= 0.22.
-The peer is a benchmark-only dependency: `pip install -r bench/requirements.txt`.
+Goal: CPU ratio (messenger / peer), the median of the rounds, <= 1.0; messenger
+requests/message <= 0.22. The peer is a benchmark-only dependency:
+`pip install -r bench/requirements.txt`.
 
-    python bench/peers.py [--rounds 3] [--messages 1000]
+    python bench/peers.py [--rounds 12] [--messages 1000]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -57,7 +73,6 @@ sys.path.insert(0, ROOT)
 
 CPU_RATIO_GOAL = 1.0
 REQUESTS_GOAL = 0.22
-CONSUMERS = ("messenger", "messenger_plain", "peer", "peer_attributes")
 #: MESSENGER_FAST_BOTOCORE in each consumer's child (None: unset, as deployed: messenger's fast
 #: botocore paths on for the verified botocore), whatever the developer's shell has.
 FAST_BOTOCORE_SWITCH = {"messenger_plain": "0"}
@@ -195,6 +210,24 @@ def drain_peer(queue_url: str, messages: int, attributes: bool = False) -> dict[
 
 
 # -- the parent ------------------------------------------------------------------------------
+#: Rounds by default. A round's ratio pairs two drains run back to back, so a slow spell of the
+#: shared machine hits both; rounds still ranged 0.64-1.52 on a loaded machine. With 12 rounds
+#: (an even count: as many rounds start with messenger as with the peer) the 3rd-lowest and
+#: 3rd-highest round ratios bound a 96% confidence interval of the median (order statistics,
+#: whatever the distribution), so two outlying rounds on either side cannot move it; 9 rounds
+#: is the fewest for which such an interval leaves out the extremes at all.
+ROUNDS = 12
+#: Each round runs the four drains in this order, or reversed: messenger next to the peer, and
+#: messenger on plain botocore next to the peer, either way (the ratios pair those).
+ORDER = ("messenger", "peer", "messenger_plain", "peer_attributes")
+#: Each round ratio: (numerator, denominator) drains of the same round.
+RATIOS = {"cpu_ratio": ("messenger", "peer"),
+          "cpu_ratio_plain_botocore": ("messenger_plain", "peer"),
+          "cpu_ratio_same_attributes": ("messenger", "peer_attributes")}
+#: The user agent's app id (AWS_SDK_UA_APP_ID) of each child: which process sent a request.
+APP_ID = "peers-r{round}-{name}"
+
+
 def backlog(namespace: str, channel: str, messages: int) -> str:
     """A fresh queue holding `messages` messages (pushed by messenger); its URL."""
     from messenger.aws import ClientFactory
@@ -209,8 +242,10 @@ def backlog(namespace: str, channel: str, messages: int) -> str:
     return str(sqs.get_queue_url(QueueName=queue_name_for(channel, namespace))["QueueUrl"])
 
 
-def run_child(args: list[str], fast_botocore: str | None = None) -> dict[str, Any]:
+def run_child(args: list[str], app_id: str, fast_botocore: str | None = None) -> dict[str, Any]:
+    """Run one drain in a child process and reap it (subprocess.run waits for its exit)."""
     env = {k: v for k, v in os.environ.items() if k != "MESSENGER_FAST_BOTOCORE"}
+    env["AWS_SDK_UA_APP_ID"] = app_id
     if fast_botocore is not None:
         env["MESSENGER_FAST_BOTOCORE"] = fast_botocore
     result = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
@@ -220,19 +255,123 @@ def run_child(args: list[str], fast_botocore: str | None = None) -> dict[str, An
     return dict(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
-def measure(rounds: int, messages: int) -> dict[str, Any]:
+def spread(values: list[float]) -> dict[str, Any]:
+    """Median of the rounds with its spread: min, max, quartiles, IQR, MAD (median absolute
+    deviation) and the median's distribution-free confidence interval (order statistics)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    median = statistics.median(ordered)
+    q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive") if n > 1 else [median] * 3
+    # The widest k with P(Binomial(n, 1/2) < k) <= 2.5%: [x_k, x_(n+1-k)] holds the median
+    # with probability 1 - 2 P(B < k) (>= 95%); none when even min..max is less sure.
+    below = [math.comb(n, i) / 2 ** n for i in range(n + 1)]
+    k = 0
+    while k < n // 2 and sum(below[:k + 1]) <= 0.025:
+        k += 1
+    found: dict[str, Any] = {
+        "median": round(median, 3), "min": round(ordered[0], 3), "max": round(ordered[-1], 3),
+        "q1": round(q1, 3), "q3": round(q3, 3), "iqr": round(q3 - q1, 3),
+        "mad": round(statistics.median(abs(v - median) for v in ordered), 3),
+    }
+    if k:
+        found["median_ci"] = [round(ordered[k - 1], 3), round(ordered[n - k], 3)]
+        found["median_ci_confidence"] = round(1 - 2 * sum(below[:k]), 3)
+    found["rounds"] = [round(v, 3) for v in values]
+    return found
+
+
+def start_recording(endpoint: str | None) -> str | None:
+    """Have the local endpoint record every request (moto's recorder, in arrival order) into
+    the file MOTO_RECORDER_FILEPATH names; None (no check) against another endpoint."""
+    if endpoint is None:
+        return None
+    import urllib.request
+
+    request = urllib.request.Request(f"{endpoint}/moto-api/recorder/start-recording",
+                                     method="POST", data=b"")
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+    return os.environ["MOTO_RECORDER_FILEPATH"]
+
+
+def requests_by_process(recording: str) -> list[tuple[str, str, str]]:
+    """(app id, SQS action, queue URL) of each recorded request, in arrival order; the parent's
+    own requests (no app id) are left out."""
+    import base64
+
+    found = []
+    with open(recording) as lines:
+        for line in lines:
+            entry = json.loads(line)
+            agent = entry["headers"].get("User-Agent", "")
+            app = next((p[4:] for p in agent.split() if p.startswith("app/peers-")), None)
+            if app is None:
+                continue
+            body = entry.get("body") or ""
+            if entry.get("body_encoded"):
+                body = base64.b64decode(body).decode()
+            target = entry["headers"].get("X-Amz-Target", "")
+            queue = json.loads(body).get("QueueUrl", "") if body.startswith("{") else ""
+            found.append((app, target.rpartition(".")[2], queue))
+    return found
+
+
+def check_isolation(recording: str, drains: list[tuple[str, str, dict[str, Any]]]
+                    ) -> dict[str, Any]:
+    """Prove from the endpoint's side that no drain leaked into another's window: every request
+    of a child arrived before the next child's first (the children ran one after another, each
+    reaped before the next started), its receives and deletes went to its own fresh queue only,
+    and the endpoint got exactly the requests the child counted itself. A long poll still open
+    when a child exited waits on that child's queue, which is empty and never used again.
+
+    drains: (app id, queue URL, the child's result) in the order they ran."""
+    seen = requests_by_process(recording)
+    position = {app: n for n, (app, _, _) in enumerate(drains)}
+    last = -1
+    for app, action, queue in seen:
+        n = position[app]
+        if n < last:
+            raise AssertionError(f"{app} sent {action} after {drains[last][0]} had started")
+        last = n
+        own = drains[n][1]
+        if action in ("ReceiveMessage", "DeleteMessageBatch", "DeleteMessage",
+                      "ChangeMessageVisibility", "ChangeMessageVisibilityBatch") \
+                and queue != own:
+            raise AssertionError(f"{app} sent {action} to {queue}, not its queue {own}")
+    counted = {app: 0 for app, _, _ in drains}
+    receives = dict(counted)
+    for app, action, _ in seen:
+        counted[app] += 1
+        receives[app] += action == "ReceiveMessage"
+    for app, _, result in drains:
+        if counted[app] != result["requests"]:
+            raise AssertionError(f"{app}: the endpoint got {counted[app]} requests, the child "
+                                 f"sent {result['requests']}")
+        if receives[app] != result["by_operation"].get("sqs.ReceiveMessage", 0):
+            raise AssertionError(f"{app}: receives differ between the endpoint and the child")
+    return {"checked": True, "drains": len(drains), "requests": len(seen),
+            "receives": sum(receives.values())}
+
+
+def measure(rounds: int, messages: int, endpoint: str | None = None) -> dict[str, Any]:
     namespace = f"p{uuid.uuid4().hex[:6]}"
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in CONSUMERS}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ORDER}
+    drains: list[tuple[str, str, dict[str, Any]]] = []
+    load = [os.getloadavg()[0]]
+    recording = start_recording(endpoint)
     for round_number in range(rounds):
-        order = CONSUMERS if round_number % 2 == 0 else CONSUMERS[::-1]
+        order = ORDER if round_number % 2 == 0 else ORDER[::-1]
         for name in order:
+            # A fresh queue per drain: nothing of an earlier child can reach this one's.
             channel = f"drain_{name}_{round_number}"
             url = backlog(namespace, channel, messages)
-            if name.startswith("messenger"):
-                args = ["--drain", name, channel, namespace]
-            else:
-                args = ["--drain", name, url, namespace]
-            runs[name].append(run_child([*args, str(messages)], FAST_BOTOCORE_SWITCH.get(name)))
+            target = channel if name.startswith("messenger") else url
+            app_id = APP_ID.format(round=round_number, name=name)
+            result = run_child(["--drain", name, target, namespace, str(messages)], app_id,
+                               FAST_BOTOCORE_SWITCH.get(name))
+            runs[name].append(result)
+            drains.append((app_id, url, result))
+        load.append(os.getloadavg()[0])
     summary: dict[str, Any] = {}
     for name, found in runs.items():
         assert all(r["handled"] >= messages for r in found), (name, found)
@@ -256,31 +395,33 @@ def measure(rounds: int, messages: int) -> dict[str, Any]:
         }
         if "fast_botocore" in found[0]:  # (off with an unverified botocore: see the docs)
             summary[name]["fast_botocore"] = found[0]["fast_botocore"]
-    ratio = summary["messenger"]["cpu_seconds_per_1000"] / summary["peer"]["cpu_seconds_per_1000"]
-    same = (summary["messenger"]["cpu_seconds_per_1000"]
-            / summary["peer_attributes"]["cpu_seconds_per_1000"])
-    # messenger's drain plus stopping the consumer (once per process), per 1,000 messages
-    stopped = statistics.median(
-        (r["cpu_seconds"] + r["shutdown_cpu_seconds"]) * 1000 / messages
-        for r in runs["messenger"])
-    plain = summary["messenger_plain"]["cpu_seconds_per_1000"]
+    ratios = {key: spread([a["cpu_seconds"] / b["cpu_seconds"]
+                           for a, b in zip(runs[top], runs[bottom], strict=True)])
+              for key, (top, bottom) in RATIOS.items()}
+    saving = spread([1 - a["cpu_seconds"] / b["cpu_seconds"]
+                     for a, b in zip(runs["messenger"], runs["messenger_plain"], strict=True)])
+    # messenger's drain plus stopping the consumer (once per process), against the peer
+    with_shutdown = spread([(a["cpu_seconds"] + a["shutdown_cpu_seconds"]) / b["cpu_seconds"]
+                            for a, b in zip(runs["messenger"], runs["peer"], strict=True)])
     requests = summary["messenger"]["requests_per_message"]
     return {
-        "messages": messages, "rounds": rounds, **summary,
-        "cpu_ratio": round(ratio, 3), "cpu_ratio_goal": CPU_RATIO_GOAL,
-        "cpu_ratio_same_attributes": round(same, 3),
-        "cpu_ratio_plain_botocore": round(plain / summary["peer"]["cpu_seconds_per_1000"], 3),
-        "fast_paths_cpu_saving": round(1 - summary["messenger"]["cpu_seconds_per_1000"] / plain,
-                                       3),
-        "cpu_ratio_with_shutdown": round(stopped / summary["peer"]["cpu_seconds_per_1000"], 3),
+        "messages": messages, "rounds": rounds,
+        "load_average": {"start": round(load[0], 2), "end": round(load[-1], 2),
+                         "median": round(statistics.median(load), 2)},
+        **summary, **ratios,
+        "cpu_ratio_goal": CPU_RATIO_GOAL, "cpu_ratio_with_shutdown": with_shutdown,
+        "fast_paths_cpu_saving": saving,
         "requests_goal": REQUESTS_GOAL,
-        "meets_goal": ratio <= CPU_RATIO_GOAL and requests <= REQUESTS_GOAL,
+        "isolation": (check_isolation(recording, drains) if recording
+                      else {"checked": False, "why": "not the local endpoint"}),
+        "meets_goal": ratios["cpu_ratio"]["median"] <= CPU_RATIO_GOAL
+        and requests <= REQUESTS_GOAL,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--drain", nargs=4, metavar=("WHO", "TARGET", "NAMESPACE", "N"))
     args = parser.parse_args()
@@ -293,8 +434,13 @@ def main() -> None:
         return
     from messenger.tools.local import endpoint_from_env
 
-    with endpoint_from_env():
-        print(json.dumps(measure(args.rounds, args.messages), indent=2))
+    recording = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False)
+    os.environ["MOTO_RECORDER_FILEPATH"] = recording.name  # (the local endpoint inherits it)
+    try:
+        with endpoint_from_env() as endpoint:
+            print(json.dumps(measure(args.rounds, args.messages, endpoint), indent=2))
+    finally:
+        os.unlink(recording.name)
 
 
 if __name__ == "__main__":

@@ -67,15 +67,17 @@ BENCHES = (
     )),
     Bench("peers.py", "Consumer vs aws-sqs-consumer, same backlog, alternating rounds", (
         Figure("CPU ratio messenger/peer", ("cpu_ratio",), 1.0),
-        Figure("messenger CPU s per 1,000", ("messenger", "cpu_seconds_per_1000")),
-        Figure("peer CPU s per 1,000", ("peer", "cpu_seconds_per_1000")),
-        Figure("CPU ratio to the peer reading the same attributes",
-               ("cpu_ratio_same_attributes",)),
-        Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),
         Figure("CPU ratio messenger/peer, plain botocore (MESSENGER_FAST_BOTOCORE=0)",
                ("cpu_ratio_plain_botocore",)),
+        Figure("CPU ratio to the peer reading the same attributes",
+               ("cpu_ratio_same_attributes",)),
         Figure("CPU the fast botocore paths save (share of the plain drain)",
                ("fast_paths_cpu_saving",)),
+        Figure("messenger CPU s per 1,000 (median)", ("messenger", "cpu_seconds_per_1000")),
+        Figure("peer CPU s per 1,000 (median)", ("peer", "cpu_seconds_per_1000")),
+        Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),
+        Figure("rounds (each pairs the drains run back to back)", ("rounds",)),
+        Figure("load average during the rounds (median)", ("load_average", "median")),
     )),
     Bench("offload.py", "Offloaded payloads, 20 × 600 KiB through S3, vs AWS's "
                         "amazon-sqs-extended-client, alternating rounds (medians)", (
@@ -192,7 +194,22 @@ def lookup(data: dict[str, Any], path: tuple[str, ...]) -> Any:
     return value
 
 
+def headline(value: Any) -> Any:
+    """The number a figure is judged on: a figure over rounds (a dict with its median and
+    spread, as bench/peers.py reports them) is judged on its median."""
+    return value["median"] if isinstance(value, dict) and "median" in value else value
+
+
+def shown(value: Any) -> str:
+    """A figure as the table shows it; over rounds: the median, then the rounds' range and IQR."""
+    if isinstance(value, dict) and "median" in value:
+        return (f"{value['median']:g} (median of {len(value['rounds'])}; rounds {value['min']:g} "
+                f"to {value['max']:g}, IQR {value['iqr']:g})")
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def verdict(figure: Figure, value: Any) -> str:
+    value = headline(value)
     if figure.target is None or not isinstance(value, (int, float)):
         return ""
     ok = value <= figure.target if figure.at_most else value >= figure.target
@@ -247,10 +264,9 @@ def report(results: list[tuple[Bench, dict[str, Any] | None, float, str]]) -> st
             continue
         for figure in bench.figures:
             value = lookup(data, figure.path)
-            shown = f"{value:g}" if isinstance(value, float) else str(value)
             target = "" if figure.target is None else (
                 f"{'≤' if figure.at_most else '≥'} {figure.target:g}")
-            lines.append(f"| {bench.what} | {figure.label} | {shown} | {target} | "
+            lines.append(f"| {bench.what} | {figure.label} | {shown(value)} | {target} | "
                          f"{verdict(figure, value)} |")
     lines += ["", "## Raw output", ""]
     for bench, data, took, error in results:

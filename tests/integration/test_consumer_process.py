@@ -26,10 +26,13 @@ CHANNEL = "consumer_test"  # the channel of every consumer in APPS
 
 
 class ConsumerProcess:
-    """One `messenger consume` child process, its JSON log and its handler record."""
+    """One `messenger consume` child process, its JSON log and its handler record.
 
-    def __init__(self, app: str, env: dict[str, str], workdir: Path) -> None:
-        self.log_path = workdir / f"{app}.log"
+    log_path: this process's own log file. Two processes must never share one: each open() has
+    its own file offset, so their lines would overwrite each other's (torn, glued lines)."""
+
+    def __init__(self, app: str, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
         self.record_path = Path(env["CONSUMER_TEST_RECORD"])
         self.health_path = Path(env["MESSENGER_HEALTH_FILE"])
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
@@ -39,8 +42,12 @@ class ConsumerProcess:
         )
 
     def events(self) -> list[dict[str, Any]]:
-        lines = self.log_path.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
+        """The JSON lines of the log. Only whole lines are read: the text after the last newline
+        is a line still being written, or one that a kill -9 cut short. Every whole line that
+        starts a JSON object must parse (the consumer writes each line with one write)."""
+        text = self.log_path.read_bytes()
+        whole = text[:text.rfind(b"\n") + 1].decode()
+        return [json.loads(line) for line in whole.splitlines() if line.startswith("{")]
 
     def records(self) -> list[dict[str, Any]]:
         if not self.record_path.exists():
@@ -87,7 +94,7 @@ def start(settings: Settings, tmp_path: Path) -> Iterator[Callable[..., Consumer
             "PYTHONUNBUFFERED": "1",
             **extra_env,
         }
-        process = ConsumerProcess(app, env, tmp_path)
+        process = ConsumerProcess(app, env, tmp_path / f"{app}-{len(started)}.log")
         started.append(process)
         return process
 

@@ -60,11 +60,11 @@ class Sleepy(Recording):
 
 
 @pytest.mark.timeout(90)
-def test_throttled_deletes_never_delay_the_lease_of_a_running_message(
+def test_throttled_deletes_delay_no_lease_and_a_completed_message_stays_leased_until_deleted(
     settings, clients: ClientFactory, running  # noqa: F811
 ):
-    # Given SQS throttling deletes for 10 s once the first batch went through: the thread that
-    # sends them retries each batch for the whole retry budget (5 s here)
+    # Given SQS throttling deletes for 10 s (past the 5 s retry budget, twice) once the first
+    # batch went through, on a 2 s lease
     throttle = Throttle(seconds=10)
     producer = producer_for(settings, "lease_test")
     producer.push({"sleep": 0, "n": "first"})
@@ -72,35 +72,9 @@ def test_throttled_deletes_never_delay_the_lease_of_a_running_message(
     run = running(Sleepy, concurrency=4, delete_linger=0.1, wait_time_seconds=1)
     wait_until(lambda: run.consumer.handled, timeout=20)
     wait_until(lambda: throttle.calls >= 1)
-    # When a quick message (its delete is throttled) and a 12 s one (lease: 2 s) arrive
-    producer.push_many([{"sleep": 0, "n": "quick"}, {"sleep": 12, "n": "long"}])
-    wait_until(lambda: any(m.body["n"] == "long" for m in run.consumer.handled), timeout=40)
-    time.sleep(3)  # a redelivery after a lapsed lease would show by now
-    run.stop(timeout=30)
-    # Then the long one was received once and ran once: its lease was renewed all along,
-    # while deletes were throttled (the quick one's delete failed, and was retried)
-    long_runs = [m for m in run.consumer.handled if m.body["n"] == "long"]
-    assert len(long_runs) == 1, [m.receive_count for m in long_runs]
-    received = run.consumer.named("received")
-    assert len([e for e in received if e.message_id == long_runs[0].message_id]) == 1
-    assert throttle.throttled > 0 and run.consumer.named("delete_failed")
-    assert not run.consumer.named("lease_lapsed")
-
-
-@pytest.mark.timeout(90)
-def test_a_completed_message_stays_leased_until_its_throttled_delete_goes_through(
-    settings, clients: ClientFactory, running  # noqa: F811
-):
-    # Given SQS throttling deletes for 10 s (past the 5 s retry budget, twice) on a 2 s lease
-    throttle = Throttle(seconds=10)
-    producer = producer_for(settings, "lease_test")
-    producer.push({"sleep": 0, "n": "first"})
-    clients.register("before-call.sqs.DeleteMessageBatch", throttle)
-    run = running(Sleepy, concurrency=2, delete_linger=0.1, wait_time_seconds=1)
-    wait_until(lambda: run.consumer.handled, timeout=20)
-    wait_until(lambda: throttle.calls >= 1)
-    # When a message completes while its delete is throttled
-    quick = producer.push({"sleep": 0, "n": "quick"})
+    # When a quick message (it completes while its delete is throttled) and a 12 s one arrive
+    quick, long = producer.push_many(
+        [{"sleep": 0, "n": "quick"}, {"sleep": 12, "n": "long"}]).message_ids
     wait_until(lambda: [e for e in run.consumer.named("completed") if e.message_id == quick])
     sqs = clients.client("sqs")
     url = run.consumer.resources.queue.url
@@ -110,13 +84,19 @@ def test_a_completed_message_stays_leased_until_its_throttled_delete_goes_throug
         return attributes["ApproximateNumberOfMessages"] == "0" and \
             attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
 
+    # (the long one ends 2 s past the throttle: a redelivery after a lapsed lease shows by then)
     assert throttle.until is not None
     wait_until(lambda: time.monotonic() > throttle.until and queue_empty(), timeout=40)
     run.stop(timeout=30)
-    # Then it ran once and was received once: its lease was renewed while its delete was retried
-    # (a lapse would have had SQS hand it out again, three times ending in the DLQ)
-    assert [m.receive_count for m in run.consumer.handled if m.body["n"] == "quick"] == [1]
-    assert len([e for e in run.consumer.named("received") if e.message_id == quick]) == 1
+    # Then each ran once and was received once: the long one's lease was renewed all along while
+    # deletes were throttled, and the quick one's while its delete was retried (a lapse would
+    # have had SQS hand it out again, three times ending in the DLQ)
+    for message_id in (quick, long):
+        assert [m.receive_count for m in run.consumer.handled
+                if m.message_id == message_id] == [1]
+        assert len([e for e in run.consumer.named("received")
+                    if e.message_id == message_id]) == 1
+    assert throttle.throttled > 0
     failed = [e for e in run.consumer.named("delete_failed") if e.message_id == quick]
     assert failed and all(e.fields["retry"] for e in failed)
     assert not run.consumer.named("lease_lapsed")

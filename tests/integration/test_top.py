@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from messenger import ChannelSpec, ChannelTags, MessageFilter, Producer
 from messenger.provision import Provisioner
+from messenger.tools import cli
 from messenger.tools.top import requeue_channel, snapshot
 
 
@@ -50,7 +51,8 @@ def test_snapshot_lists_depths_dlq_rates_and_critical_first(settings, clients):
     assert (second.delayed, second.channel, second.consumers_active) == (1, "shop.audit", None)
 
 
-def test_cli_once_json_and_requeue_with_confirmation(settings, clients, local_endpoint):
+def test_cli_once_json_and_requeue_with_confirmation(settings, clients, local_endpoint, capsys,
+                                                     monkeypatch):
     orders, _ = make_channels(clients, settings)
     sqs = clients.client("sqs")
     sqs.send_message(QueueUrl=orders.dlq.url, MessageBody='{"n": 1}')
@@ -75,12 +77,16 @@ def test_cli_once_json_and_requeue_with_confirmation(settings, clients, local_en
     once = messenger("top", "--once")
     assert once.returncode == 0, once.stderr
     assert "!orders" in once.stdout  # critical first, marked
-    narrow = subprocess.run([sys.executable, "-m", "messenger", "top", "--once"],
-                            env={**env, "COLUMNS": "80"}, capture_output=True, text=True,
-                            timeout=60).stdout
+    # (the calls that need no process of their own run in this one: a process costs seconds)
+    monkeypatch.setenv("MESSENGER_NAMESPACE", settings.namespace)
+    monkeypatch.setenv("COLUMNS", "80")
+    capsys.readouterr()
+    assert cli.main(["top", "--once"]) == 0
+    narrow = capsys.readouterr().out
     assert max(len(line) for line in narrow.splitlines()) <= 80
     assert "shop.audit" in narrow and "work" in narrow
-    rows = json.loads(messenger("top", "--json").stdout)
+    assert cli.main(["top", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
     assert {r["queue"]: r["dlq_depth"] for r in rows}[orders.queue.name] == 1
     assert {r["queue"]: r["workers"] for r in rows}[orders.queue.name] == 0
     # Without a terminal to ask, --requeue needs --yes: one line, exit 2, nothing moved
@@ -92,5 +98,5 @@ def test_cli_once_json_and_requeue_with_confirmation(settings, clients, local_en
     accepted = in_terminal("top", "--requeue", "orders", answer="y\n")
     assert accepted.returncode == 0, accepted.stderr
     assert f"moved 1 message(s) from {orders.dlq.name}" in accepted.stdout
-    assert messenger("top", "--requeue", "orders", "--yes").returncode == 0  # now empty
+    assert cli.main(["top", "--requeue", "orders", "--yes"]) == 0  # now empty
     assert requeue_channel(clients, settings, "orders", lambda question: True) == 0

@@ -424,6 +424,56 @@ def test_held_info_lines_are_written_together_in_order_and_warnings_at_once():
         logger.handlers = []
 
 
+@pytest.mark.parametrize("hold_seconds", [0.0, 0.05])
+def test_every_write_holds_whole_lines_when_threads_log_at_once(hold_seconds):
+    """A log pipeline (or a file another process appends to) sees a line whole only if it comes
+    in one write: every write() the handler makes is whole JSON lines, whatever the threads."""
+    from messenger.consume.lifecycle import JsonLinesHandler
+
+    class Writes:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def write(self, text: str) -> None:
+            self.calls.append(text)
+            time.sleep(0)  # let another thread run between writes, as a real write does
+
+        def flush(self) -> None:
+            pass
+
+    logger = logging.getLogger("test.whole_lines")
+    logger.propagate, logger.level = False, logging.INFO
+    stream = Writes()
+    logger.handlers = [JsonLinesHandler(stream, hold_seconds=hold_seconds)]
+
+    def log(thread: int) -> None:
+        for n in range(200):
+            log_event(LifecycleEvent("completed", "orders", f"m-{thread}-{n}"), logger)
+            if n % 50 == 0:
+                try:
+                    raise ValueError(f"multi\nline {thread}")
+                except ValueError:
+                    logger.exception("with a traceback")
+            if n % 70 == 0:
+                log_event(LifecycleEvent("failed", "orders", f"f-{thread}-{n}"), logger)
+
+    try:
+        # Given eight threads logging events, records with tracebacks and warnings at once
+        threads = [threading.Thread(target=log, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        logger.handlers[0].flush()
+        # Then every write is one or more whole lines, each a JSON object
+        assert stream.calls and all(call.endswith("\n") for call in stream.calls)
+        lines = [json.loads(line) for call in stream.calls for line in call.splitlines()]
+        assert sum(line.get("event") == "completed" for line in lines) == 8 * 200
+        assert sum("exception" in line for line in lines) == 8 * 4
+    finally:
+        logger.handlers = []
+
+
 def test_log_hold_is_checked_with_its_variable_and_range():
     from messenger.consume.settings import ConsumerSettings
 
