@@ -13,9 +13,9 @@ The rule that keeps this from hiding messages behind a busy pool while another c
 take them:
 - a message is fetched only for a worker expected to be out of work within the lead plus
   SLACK_SECONDS (both at most `prefetch_wait`), counting the messages already waiting (each goes to the worker expected to be
-  out of work first); a worker whose message is later than that says nothing about when it
-  ends and is not counted (a pool busy with long handlers, or with a handler slower than the
-  recent ones, fetches nothing for it);
+  out of work first); a worker whose message has run twice the recent average says nothing
+  about when it ends and is not counted (a pool busy with long handlers, or with a handler
+  much slower than the recent ones, fetches nothing for it);
 - no received message waits for a worker longer than `prefetch_wait` (0.5 s by default): past
   that it is released, visible again at once, by the watchdog (its lease is renewed by the lease
   keeper meanwhile, like any held message), and prefetching pauses for PAUSE_SECONDS, since this
@@ -117,12 +117,12 @@ class Prefetch:
     def free_times(now: float, workers: int, started: Sequence[float], waiting: int,
                    busy_seconds: float, horizon: float) -> list[float]:
         """When each worker is expected to be out of work, soonest first, once the waiting
-        messages have run (each on the worker out of work first). A worker whose message is
-        late by more than the horizon says nothing about when it ends: it is left out, and so is
-        a waiting message no such worker is expected to take."""
+        messages have run (each on the worker out of work first). A worker whose message has
+        run twice the recent average (and past the horizon) says nothing about when it ends: it
+        is left out, and so is a waiting message no such worker is expected to take."""
+        late = now - max(horizon, busy_seconds)
         free_at = [now] * max(0, workers - len(started))
-        free_at += [began + busy_seconds for began in started
-                    if began + busy_seconds >= now - horizon]
+        free_at += [began + busy_seconds for began in started if began + busy_seconds >= late]
         heapq.heapify(free_at)
         for _ in range(waiting if free_at else 0):
             heapq.heapreplace(free_at, max(now, free_at[0]) + busy_seconds)
