@@ -66,6 +66,21 @@ BENCHES = (
         Figure("CPU the fast botocore paths save (share of the plain drain)",
                ("fast_paths_cpu_saving",)),
     )),
+    Bench("throughput.py", "I/O-bound handlers: 500 messages, concurrency 10, vs a boto3 loop "
+                           "with a thread pool, alternating rounds", (
+        *(figure for ms, limit in ((10, "1,000"), (50, "200"), (200, "50")) for figure in (
+            Figure(f"{ms} ms handler: messenger, share of the limit ({limit} msg/s)",
+                   (f"handler_{ms}ms", "messenger", "fraction_of_limit"), 0.85, at_most=False),
+            Figure(f"{ms} ms handler: peer, share of the limit",
+                   (f"handler_{ms}ms", "boto3_pool", "fraction_of_limit")),
+            Figure(f"{ms} ms handler: msg/s and push-to-start latency",
+                   (f"handler_{ms}ms", "summary")),
+        )),
+        Figure("10 ms: ceiling here (handler returning at once), share of the limit",
+               ("handler_10ms", "ceiling", "fraction_of_limit")),
+        Figure("messenger requests per message, 50 ms handler",
+               ("handler_50ms", "messenger", "requests_per_message"), 0.25),
+    )),
     Bench("spark_publish.py", "Spark publish from executors", (
         Figure("requests per message", ("conditions", "network_10ms", "requests_per_message"),
                0.11),

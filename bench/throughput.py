@@ -280,6 +280,10 @@ def measure(rounds: int, messages: int, handler_times: list[float]) -> dict[str,
                 })
         entry["ratio_to_peer"] = round(entry["messenger"]["messages_per_second"]
                                        / entry["boto3_pool"]["messages_per_second"], 3)
+        entry["summary"] = "; ".join(
+            f"{name} {entry[name]['messages_per_second']:g} msg/s, p50 "
+            f"{entry[name]['latency_p50']:g} s, p99 {entry[name]['latency_p99']:g} s"
+            for name in ("messenger", "boto3_pool")) + f" (limit {limit:g} msg/s)"
         if handler_seconds <= 0.01:
             ceiling = [one_run("messenger", 0.0, messages, namespace, f"ceiling_{n}")
                        for n in range(rounds)]

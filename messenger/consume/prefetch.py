@@ -12,10 +12,10 @@ SLACK_SECONDS from then (fuller polls: a receive costs the same for 1 message as
 The rule that keeps this from hiding messages behind a busy pool while another consumer could
 take them:
 - a message is fetched only for a worker expected to be out of work within the lead plus
-  SLACK_SECONDS (both at most `prefetch_wait`), counting the messages already waiting (each goes to the worker expected to be
-  out of work first); a worker whose message has run twice the recent average says nothing
-  about when it ends and is not counted (a pool busy with long handlers, or with a handler
-  much slower than the recent ones, fetches nothing for it);
+  SLACK_SECONDS (both at most `prefetch_wait`), counting the messages already waiting (each
+  goes to the worker expected to be out of work first); a worker whose message has run twice
+  the recent average says nothing about when it ends and is not counted (a pool busy with long
+  handlers, or with a handler much slower than the recent ones, fetches nothing for it);
 - no received message waits for a worker longer than `prefetch_wait` (0.5 s by default): past
   that it is released, visible again at once, by the watchdog (its lease is renewed by the lease
   keeper meanwhile, like any held message), and prefetching pauses for PAUSE_SECONDS, since this

@@ -1,9 +1,12 @@
 """The consumer's runtime: a receiver thread, worker threads and a watchdog thread.
 
-- The receiver long-polls (20 s) for at most min(10, free workers) messages, so nothing waits in
-  memory while its visibility runs out. On an ordered channel a poll's messages of one group
-  form a chain that one worker runs in order (SQS hands out a group's next message only after
-  the previous one is deleted or visible again). On a prioritized channel a `LevelPoller`
+- The receiver long-polls (20 s) for at most 10 messages: for the free workers and, with the
+  bounded prefetch (`messenger.consume.prefetch`), for the workers expected to free up by the
+  time the poll answers; a message that waits `prefetch_wait` (0.5 s) for a worker all the same
+  is released by the watchdog (`take_overdue`), the waiting ones at once at shutdown. On an
+  ordered channel (no prefetch) a poll's messages of one group form a chain that one worker
+  runs in order (SQS hands out a group's next message only after the previous one is deleted
+  or visible again). On a prioritized channel a `LevelPoller`
   (`messenger.jobs.priority`) chooses the level of each poll; every delivery remembers its mailbox,
   so it is deleted, extended, retried and dead-lettered in its own level's queue and DLQ.
 - Received messages wait in a work queue for a worker. When a poll's messages would take at
