@@ -18,10 +18,12 @@ when its handler started, from the same moment (p50 and p99).
 - boto3_pool: the peer, a 20-line boto3 loop with a thread pool, written here as one would:
   receive up to 10 messages for the free slots of the pool (long poll), submit each to the pool,
   which runs the handler and deletes the message.
-- ceiling (10 ms only): messenger with a handler that returns at once, the same backlog: how fast
-  this machine and the local endpoint (one moto server, sharing the 2 cores with the consumer)
-  deliver and delete messages at all. A fraction of the limit above ceiling / limit cannot be
-  reached here by any consumer.
+- one_receiver: what one receiving thread can bring at all, 10 messages per receive round trip
+  (the mean time of messenger's receives that came back full, against this endpoint: one moto
+  server sharing the 2 cores with the consumer and whatever else runs), as msg/s and as a share
+  of the limit, and messenger's msg/s as a share of the lower of that bound and the limit. With
+  10 ms handlers the limit (1,000 msg/s: 100 full receives and 100 delete batches a second)
+  is above what this endpoint answers here.
 
 Rounds alternate the order of the consumers; the figures are medians over the rounds. Requests
 are counted with botocore's `before-send` event. Goal: messenger >= 0.85 of the limit at every
@@ -144,6 +146,7 @@ def drain_messenger(channel_name: str, messages: int, handler_seconds: float,
         runtime = replace(runtime, prefetch_wait=prefetch_wait)
     consumer = Drain(settings=settings, clients=clients, runtime=runtime)
     counter = RequestCounter().attach(clients)
+    round_trips = time_full_receives(clients)
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     timeline.done.wait(600)
@@ -153,8 +156,28 @@ def drain_messenger(channel_name: str, messages: int, handler_seconds: float,
     return {**timeline.summary(), "requests": counter.total,
             "waited_in_memory_p99": percentile(waited, 0.99),
             "waited_in_memory_max": max(waited, default=0.0),
+            "receive_round_trip": statistics.mean(round_trips) if round_trips else None,
             "released": len(released),
             "released_waiting_too_long": released.count("prefetch_expired")}
+
+
+def time_full_receives(clients: Any) -> list[float]:
+    """Seconds of each receive of the consumer's clients that came back with 10 messages (a
+    full poll answers without waiting for messages: the endpoint's round trip; the mean over a
+    run is what bounds one receiver's rate)."""
+    began = threading.local()
+    found: list[float] = []
+
+    def before(**_: Any) -> None:
+        began.at = time.monotonic()
+
+    def after(parsed: Any = None, **_: Any) -> None:
+        if len((parsed or {}).get("Messages", [])) == 10:
+            found.append(time.monotonic() - began.at)
+
+    clients.register("before-send.sqs.ReceiveMessage", before)
+    clients.register("after-call.sqs.ReceiveMessage", after)
+    return found
 
 
 def drain_boto3_pool(queue_url: str, messages: int, handler_seconds: float) -> dict[str, Any]:
@@ -284,12 +307,17 @@ def measure(rounds: int, messages: int, handler_times: list[float]) -> dict[str,
             f"{name} {entry[name]['messages_per_second']:g} msg/s, p50 "
             f"{entry[name]['latency_p50']:g} s, p99 {entry[name]['latency_p99']:g} s"
             for name in ("messenger", "boto3_pool")) + f" (limit {limit:g} msg/s)"
-        if handler_seconds <= 0.01:
-            ceiling = [one_run("messenger", 0.0, messages, namespace, f"ceiling_{n}")
-                       for n in range(rounds)]
-            rate = median_of(ceiling, "messages_per_second", 1)
-            entry["ceiling"] = {"messages_per_second": rate,
-                                "fraction_of_limit": round(min(1.0, rate / limit), 3)}
+        # One receiver brings at most 10 messages per round trip of the endpoint
+        round_trip = statistics.median(r["receive_round_trip"] for r in runs["messenger"]
+                                       if r["receive_round_trip"] is not None)
+        bound = 10 / round_trip
+        entry["one_receiver"] = {
+            "receive_round_trip": round(round_trip, 4),
+            "bound_messages_per_second": round(bound, 1),
+            "bound_fraction_of_limit": round(min(1.0, bound / limit), 3),
+            "messenger_fraction_of_bound": round(
+                entry["messenger"]["messages_per_second"] / min(bound, limit), 3),
+        }
         figures[key] = entry
     fractions = [figures[k]["messenger"]["fraction_of_limit"] for k in figures]
     return {"messages": messages, "concurrency": CONCURRENCY, "rounds": rounds, **figures,
