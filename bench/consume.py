@@ -6,6 +6,11 @@ Pushes the backlog with `push_many`, then runs a consumer with a trivial handler
 message is handled and deleted. Requests of the consumer (provisioning included) are counted
 with botocore's 'before-send' event, retries included. Runs against the embedded local endpoint
 (or AWS_ENDPOINT_URL if set). Prints JSON.
+
+Then the cost of trace context (`messenger.tracing`) on the consumer: with an OpenTelemetry SDK
+tracer provider installed (in-memory exporter), the same drain with MESSENGER_TRACING=off and
+=on in alternating rounds: requests per message (tracing adds none) and the consumer process's
+CPU per message. The figure above is measured first, before OpenTelemetry is imported.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ def measure(settings: Settings) -> dict[str, Any]:
         runtime=ConsumerSettings(concurrency=CONCURRENCY, health_file=health),
     )
     started = time.perf_counter()
+    cpu = time.process_time()
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 300
@@ -77,6 +83,7 @@ def measure(settings: Settings) -> dict[str, Any]:
     consumer.request_shutdown()
     thread.join(60)
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu
     assert consumer.resources is not None
     attributes = clients.client("sqs").get_queue_attributes(
         QueueUrl=consumer.resources.queue.url,
@@ -92,15 +99,55 @@ def measure(settings: Settings) -> dict[str, Any]:
         "requests": counter.total,
         "requests_per_message": round(counter.total / MESSAGES, 4),
         "messages_per_second": round(consumer.handled / elapsed, 1),
+        "cpu_us_per_message": round(1e6 * cpu / MESSAGES, 1),
         "by_operation": dict(sorted(counter.counts.items())),
         "target_requests_per_message": TARGET,
         "meets_target": counter.total / MESSAGES <= TARGET and left == 0,
     }
 
 
+TRACING_ROUNDS = 2
+
+
+def tracing_cost() -> dict[str, Any]:
+    """Consumer requests and CPU per message, tracing off vs on, alternating rounds."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+    for _ in range(TRACING_ROUNDS):
+        for tracing in ("off", "on"):
+            settings = Settings.from_env(namespace=f"b{uuid.uuid4().hex[:6]}", tracing=tracing)
+            runs[tracing].append(measure(settings))
+            runs[tracing][-1]["process_spans"] = sum(
+                1 for span in exporter.get_finished_spans() if span.name.startswith("process "))
+            exporter.clear()
+    figures: dict[str, Any] = {"rounds": TRACING_ROUNDS}
+    for tracing, measured in runs.items():
+        figures[tracing] = {
+            "requests_per_message": [m["requests_per_message"] for m in measured],
+            "cpu_us_per_message": min(m["cpu_us_per_message"] for m in measured),
+            "process_spans": [m["process_spans"] for m in measured],
+        }
+    figures["cpu_us_added_by_tracing"] = round(
+        figures["on"]["cpu_us_per_message"] - figures["off"]["cpu_us_per_message"], 1)
+    figures["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return figures
+
+
 def main() -> dict[str, Any]:
     with endpoint_from_env():
-        return measure(Settings.from_env(namespace=f"b{uuid.uuid4().hex[:6]}"))
+        result = measure(Settings.from_env(namespace=f"b{uuid.uuid4().hex[:6]}"))
+        result["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        if os.environ.get("BENCH_TRACING", "1") != "0":
+            result["tracing"] = tracing_cost()
+        return result
 
 
 if __name__ == "__main__":

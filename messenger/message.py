@@ -18,7 +18,8 @@ routing key and the body stays readable by any client:
 A message carries at most all 10 of the attributes SQS allows (`SQS_MAX_MESSAGE_ATTRIBUTES`): the
 six above, `priority` (prioritized exchanges, `messenger.channel`), the offload size
 (`messenger.offload`) and, in a DLQ, the two dead-letter ones. A feature that adds one more must
-share a slot (tests/unit/test_message.py counts them).
+share a slot (tests/unit/test_message.py counts them), as the W3C trace context does: it
+travels in `meta_headers` (`messenger.tracing`).
 """
 
 from __future__ import annotations

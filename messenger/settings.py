@@ -11,6 +11,7 @@
 | MESSENGER_ALARM_THRESHOLD     | default_alarm_threshold  | 100                              |
 | MESSENGER_BUCKET_TLS_POLICY   | bucket_tls_policy        | true (the local endpoint: false) |
 | MESSENGER_WORKER_INTERVAL     | worker_interval          | 30 s (0.5 to 30)                 |
+| MESSENGER_TRACING             | tracing                  | 'auto' ('auto', 'on' or 'off')   |
 | AWS_REGION / AWS_DEFAULT_REGION | region                 | 'us-east-1'                      |
 
 `AWS_ENDPOINT_URL` is honoured by boto3 itself: messenger never passes an endpoint explicitly.
@@ -41,6 +42,8 @@ DEFAULT_ALARM_THRESHOLD = 100
 #: Seconds between a consumer's refreshes of its worker-registry entry (at most 30).
 DEFAULT_WORKER_INTERVAL = 30.0
 MIN_WORKER_INTERVAL = 0.5
+#: When messages carry trace context (`messenger.tracing`).
+TRACING_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,9 @@ class Settings:
     bucket_tls_policy: bool = True
     #: Seconds between a consumer's refreshes of its worker-registry entry (0.5 to 30).
     worker_interval: float = DEFAULT_WORKER_INTERVAL
+    #: Trace context on messages (`messenger.tracing`): 'auto' when the process set an
+    #: OpenTelemetry tracer provider, 'on' or 'off'.
+    tracing: str = "auto"
 
     def __post_init__(self) -> None:
         try:
@@ -100,6 +106,9 @@ class Settings:
                 f"{MIN_WORKER_INTERVAL:g} to {DEFAULT_WORKER_INTERVAL:g} seconds, got "
                 f"{self.worker_interval!r}"
             )
+        if self.tracing not in TRACING_MODES:
+            raise InvalidSettings(f"tracing (MESSENGER_TRACING) must be one of "
+                                  f"{', '.join(TRACING_MODES)}, got {self.tracing!r}")
         if self.default_alarm_threshold < 0:
             raise InvalidSettings(
                 "default_alarm_threshold (MESSENGER_ALARM_THRESHOLD) must be >= 0"
@@ -128,6 +137,7 @@ class Settings:
             "worker_interval": _number(
                 env, "MESSENGER_WORKER_INTERVAL", DEFAULT_WORKER_INTERVAL, float
             ),
+            "tracing": env.get("MESSENGER_TRACING", "auto") or "auto",
         }
         values.update(overrides)
         return cls(**values)
@@ -162,6 +172,7 @@ class Settings:
             "AWS_DEFAULT_REGION": self.region,
             "MESSENGER_BUCKET_TLS_POLICY": "true" if self.bucket_tls_policy else "false",
             "MESSENGER_WORKER_INTERVAL": str(self.worker_interval),
+            "MESSENGER_TRACING": self.tracing,
         }
 
 

@@ -41,6 +41,7 @@ from messenger.errors import InvalidSettings
 from messenger.produce.ledger import Ledger, PartitionLedger, item_digest
 from messenger.produce.producer import PushItem, _BaseProducer
 from messenger.settings import Settings
+from messenger.tracing import current_headers
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -249,8 +250,11 @@ class PartitionPublisher:
         counters: Mapping[str, Any],
         lanes: int = DEFAULT_LANES,
         ledger: Ledger | None = None,
+        trace_parent: Mapping[str, str] | None = None,
     ) -> None:
         self.producer_class = producer_class
+        #: The driver's trace context (W3C headers): each row's message is created in it.
+        self.trace_parent = dict(trace_parent or {})
         self.executor = executor
         self.mapping = mapping
         self.counters = counters
@@ -266,6 +270,7 @@ class PartitionPublisher:
         try:
             ledger = None if self.ledger is None else self.ledger.partition(index, clients)
             producer = self.producer_class(settings=self.executor.settings, clients=clients)
+            producer.trace_parent = self.trace_parent
             yield from self._publish(producer, iter(rows), lanes, ledger)
         finally:
             for lane in lanes:
@@ -460,7 +465,10 @@ def publish(
         df = df.sortWithinPartitions(*order_by)
     mode = failed_output_mode(spark, failed_path)
     counters = {name: spark.sparkContext.accumulator(0) for name in COUNTERS}
-    task = PartitionPublisher(producer_class, executor, mapping, counters, lanes, run_ledger)
+    # The driver's current trace context goes to the executors: each row's message carries it
+    # (as the parent of the executor's spans when it traces too; `messenger.tracing`).
+    task = PartitionPublisher(producer_class, executor, mapping, counters, lanes, run_ledger,
+                              current_headers(executor.settings.tracing))
     schema = StructType(
         [
             *df.schema.fields,

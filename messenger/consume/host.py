@@ -14,12 +14,14 @@ from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
 from messenger.consume.mailbox import ReceivedMessage
 from messenger.consume.settings import ConsumerSettings
 from messenger.schema import BodySchema
+from messenger.settings import Settings
 
 
 class RuntimeHost(Protocol):
     """The consumer as its runtime sees it: settings, the handler, events, hooks and state."""
 
     runtime: ConsumerSettings
+    settings: Settings
     transition_lock: threading.RLock
     body_schema: BodySchema | None
 

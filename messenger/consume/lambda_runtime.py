@@ -422,7 +422,8 @@ class _Batch:
     ) -> BaseException | None:
         """What the handler raised, or None (also when interrupted: the stage says so).
         Anything but Ctrl-C is the handler's failure."""
-        error = run_interruptibly(delivery, self.consumer.call_handler, message)
+        error = run_interruptibly(delivery, self.consumer.call_handler, message,
+                                  self.consumer.settings.tracing)
         if isinstance(error, KeyboardInterrupt):
             raise error
         return error

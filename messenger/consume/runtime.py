@@ -543,7 +543,8 @@ class Runtime:
         included (a real SIGINT reaches the main thread's signal handler, never a worker): the
         message is retried (or dead-lettered on its last attempt) with that reason and the worker
         lives on."""
-        return run_interruptibly(delivery, self.consumer.call_handler, message)
+        return run_interruptibly(delivery, self.consumer.call_handler, message,
+                                 self.consumer.settings.tracing)
 
     def _in_progress_elsewhere(self, delivery: Delivery, busy: InProgressElsewhere) -> bool:
         """An idempotent handler for the same key runs elsewhere: back to the queue, visible

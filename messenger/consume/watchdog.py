@@ -37,6 +37,7 @@ from messenger.consume.lifecycle import LifecycleHooks, write_held_lines
 from messenger.consume.mailbox import DeleteBatcher, Delivery, Mailbox, Stage
 from messenger.consume.settings import ConsumerSettings
 from messenger.errors import MessengerError
+from messenger.tracing import ProcessTrace
 
 #: The watchdog's tick; it also wakes at the next handler's deadline.
 TICK_SECONDS = 0.25
@@ -57,14 +58,33 @@ def interrupt(thread_id: int, exception: type[BaseException] | None) -> None:
 
 
 def run_interruptibly(
-    delivery: Delivery, handler: Callable[[Any], None], message: Any
+    delivery: Delivery, handler: Callable[[Any], None], message: Any, tracing: str = "off"
 ) -> BaseException | None:
     """Run `handler(message)` for a RUNNING delivery, interruptible by `interrupt`: what it
     raised, or None (also when interrupted, or when its time ran out before: the stage says so).
 
     An interruption raised after the handler returned is cancelled under the delivery's lock,
     so it never lands in the caller's code. Anything the handler raises is returned, not raised
-    (`SystemExit` and `KeyboardInterrupt` included)."""
+    (`SystemExit` and `KeyboardInterrupt` included). tracing: the `Settings.tracing` mode; when
+    on, the handler runs in a `process` span (`messenger.tracing`), ended as it returns, raises
+    or is interrupted."""
+    trace = None
+    if tracing != "off":
+        queue = delivery.mailbox.queue_url.rsplit("/", 1)[-1] if delivery.mailbox else ""
+        trace = ProcessTrace.start(tracing, delivery.raw, queue, delivery.log_id)
+    if trace is None:
+        return _run_interruptibly(delivery, handler, message)
+    error: BaseException | None = None
+    try:
+        error = _run_interruptibly(delivery, handler, message)
+        return error
+    finally:
+        trace.end(error, timed_out=delivery.stage is Stage.TIMED_OUT)
+
+
+def _run_interruptibly(
+    delivery: Delivery, handler: Callable[[Any], None], message: Any
+) -> BaseException | None:
     try:
         with delivery.lock:
             if delivery.stage is not Stage.RUNNING:  # timed out in a START hook

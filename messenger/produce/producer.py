@@ -29,6 +29,8 @@ from messenger.channel import (
     SQS_MAX_RECEIVE_COUNT,
     ChannelSpec,
     default_level,
+    queue_name_for,
+    topic_name_for,
 )
 from messenger.errors import (
     ChannelNotFound,
@@ -66,6 +68,7 @@ from messenger.produce.transport import EntryFailure, OutgoingMessage, QueueTarg
 from messenger.provision import Provisioner, is_missing_resource
 from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
 from messenger.settings import Settings
+from messenger.tracing import SNS_SYSTEM, SQS_SYSTEM, ProducerTrace
 
 __all__ = ["MultiProducer", "Producer", "PushFailure", "PushItem", "PushManyResult", "PushedId"]
 
@@ -156,6 +159,9 @@ class _BaseProducer:
         self.recent_ids = RecentIds() if self.ordered else None
         self.threshold = self._threshold()
         self.body_schema = BodySchema.of(type(self).__name__, self.model)
+        #: W3C headers of the context pushes belong to when no span is current (a Spark
+        #: executor's: the driver's); see `messenger.tracing`.
+        self.trace_parent: dict[str, str] = {}
 
     # -- to override ----------------------------------------------------------------------
     def meta_headers(self) -> dict[str, str]:
@@ -166,6 +172,13 @@ class _BaseProducer:
     channel_limit: ClassVar[int]
     #: Exchanges route a level by a message attribute; single queues by the level's queue.
     routes_priority_by_attribute: ClassVar[bool]
+    #: `messaging.system` of its spans (`messenger.tracing`).
+    messaging_system: ClassVar[str]
+
+    @property
+    def destination_name(self) -> str:
+        """The queue or topic name its spans name."""
+        raise NotImplementedError
 
     def _make_target(self, level: str | None) -> QueueTarget | TopicTarget:
         raise NotImplementedError
@@ -201,7 +214,17 @@ class _BaseProducer:
         """
         item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id,
                         max_attempts, dedup)
-        prepared, _ = self._prepare(0, item)
+        trace = self._trace(batch=False)
+        if trace is None:
+            return self._push(item, None)
+        with trace.sending(1) as span:
+            pushed = self._push(item, trace)
+            if span is not None:
+                span.set_attribute("messenger.duplicate", pushed.duplicate)
+            return pushed
+
+    def _push(self, item: PushItem, trace: ProducerTrace | None) -> PushedId:
+        prepared, _ = self._prepare(0, item, trace)
         verdict = self._dedup(prepared, item, set())
         if isinstance(verdict, Duplicate):
             logger.info("push to %s: message %s is a duplicate (not sent)", self.channel,
@@ -210,14 +233,16 @@ class _BaseProducer:
             return PushedId(prepared.message_id, duplicate=True)
         sent_at = time.time()  # SQS accepts it after this: a consumer's RECEIVED comes later
         try:
-            self._with_target(prepared.level, lambda target: target.send(prepared.outgoing),
-                              "push")
+            sent_id = self._with_target(
+                prepared.level, lambda target: target.send(prepared.outgoing), "push")
         except BaseException:
             if verdict is not None:
                 self.dedup_store.release(verdict)  # not sent: a retry is not a duplicate
             raise
         self._remember([prepared])
         self._record_queued([prepared.message_id], sent_at)
+        if trace is not None:
+            trace.sent(sent_id)
         return PushedId(prepared.message_id)
 
     def push_many(self, items: Iterable[PushItem | Any]) -> PushManyResult:
@@ -232,9 +257,10 @@ class _BaseProducer:
         by_level: dict[str | None, list[PreparedItem]] = {}
         claims: dict[int, Claim] = {}
         taken: set[str] = set()  # deduplication ids of this call (ordered channels)
+        trace = self._trace(batch=True)
         for index, item in enumerate(items):
             try:
-                prepared, offloaded = self._prepare(index, item)
+                prepared, offloaded = self._prepare(index, item, trace)
                 verdict = self._dedup(prepared, item, taken)
             except Exception as error:  # one bad item never aborts the others
                 result.failures.append(PushFailure(index, _failure_code(error), str(error)))
@@ -249,7 +275,7 @@ class _BaseProducer:
             by_level.setdefault(prepared.level, []).append(prepared)
         for level, entries in by_level.items():
             for batch in self._batches(entries):
-                self._send_batch(level, batch, result)  # records each batch's QUEUED
+                self._send_batch(level, batch, result, trace)  # records each batch's QUEUED
         for index, claim in claims.items():
             if result.message_ids[index] is None:  # not sent: a retry is not a duplicate
                 self.dedup_store.release(claim)
@@ -309,7 +335,13 @@ class _BaseProducer:
             )
         return priority
 
-    def _prepare(self, index: int, item: PushItem) -> tuple[PreparedItem, int]:
+    def _trace(self, batch: bool) -> ProducerTrace | None:
+        """The spans and context of a push (None: tracing is off, `messenger.tracing`)."""
+        return ProducerTrace.of(self.settings.tracing, self.messaging_system,
+                                self.destination_name, batch, self.trace_parent)
+
+    def _prepare(self, index: int, item: PushItem, trace: ProducerTrace | None = None
+                 ) -> tuple[PreparedItem, int]:
         level = self._level(item.priority)
         headers = merged_headers(self.meta_headers(), item.meta_headers)
         if isinstance(item.routing_key, str):
@@ -347,6 +379,8 @@ class _BaseProducer:
                                       str(item.max_attempts))
         if version is not None:
             encoded = _with_attribute(encoded, SCHEMA_VERSION_ATTRIBUTE, "String", version)
+        if trace is not None:  # in meta_headers: every attribute slot may be taken
+            encoded = trace.stamp(index, message_id, encoded)
         offloaded = 0
         if encoded.size > self.threshold:
             encoded = self._offload(encoded)
@@ -486,7 +520,16 @@ class _BaseProducer:
         if batch:
             yield batch
 
-    def _send_batch(
+    def _send_batch(self, level: str | None, batch: list[PreparedItem], result: PushManyResult,
+                    trace: ProducerTrace | None = None) -> None:
+        if trace is None:
+            return self._send_entries(level, batch, result)
+        with trace.sending(len(batch)):
+            failed = len(result.failures)
+            self._send_entries(level, batch, result)
+            trace.batch_sent([entry.index for entry in batch], len(result.failures) - failed)
+
+    def _send_entries(
         self, level: str | None, batch: list[PreparedItem], result: PushManyResult
     ) -> None:
         pending = batch
@@ -542,6 +585,11 @@ class Producer(_BaseProducer):
 
     channel_limit = SQS_MAX_MESSAGE_BYTES
     routes_priority_by_attribute = False
+    messaging_system = SQS_SYSTEM
+
+    @property
+    def destination_name(self) -> str:
+        return queue_name_for(self.channel, self.settings.namespace, self.ordered)
 
     def _make_target(self, level: str | None) -> QueueTarget:
         spec = self._spec(self.channel)
@@ -584,6 +632,11 @@ class MultiProducer(_BaseProducer):
 
     channel_limit = SNS_MAX_MESSAGE_BYTES
     routes_priority_by_attribute = True
+    messaging_system = SNS_SYSTEM
+
+    @property
+    def destination_name(self) -> str:
+        return topic_name_for(self.channel, self.settings.namespace, self.ordered)
 
     def _make_target(self, level: str | None) -> TopicTarget:
         arn = self.provisioner.ensure_exchange(self.channel, self.ordered)

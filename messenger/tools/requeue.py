@@ -49,6 +49,7 @@ from messenger.offload import OffloadPointer, PayloadStore
 from messenger.produce.transport import OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, QueueRef
 from messenger.settings import Settings
+from messenger.tracing import SNS_SYSTEM, SQS_SYSTEM, requeue_span
 
 logger = logging.getLogger("messenger.requeue")
 
@@ -306,11 +307,12 @@ class Requeuer:
         try:
             self._refresh_payloads(messages)
             sent_at = time.time()  # the destination's consumer receives them after this
-            failures = call_with_budget(
-                lambda: target.send_batch(outgoing),
-                self.settings.retry_budget_seconds,
-                f"requeue to {self.destination_channel!r}",
-            )
+            with requeue_span(self.settings.tracing, *_traced_as(target), messages):
+                failures = call_with_budget(
+                    lambda: target.send_batch(outgoing),
+                    self.settings.retry_budget_seconds,
+                    f"requeue to {self.destination_channel!r}",
+                )
         except Exception:
             # Nothing was moved: make the batch visible again in the source at once.
             self._release([m["ReceiptHandle"] for m in messages])
@@ -391,6 +393,13 @@ class Requeuer:
                     for i, h in enumerate(chunk)
                 ],
             )
+
+
+def _traced_as(target: QueueTarget | TopicTarget) -> tuple[str, str]:
+    """(messaging.system, destination name) of a requeue's span."""
+    if isinstance(target, TopicTarget):
+        return SNS_SYSTEM, target.arn.rsplit(":", 1)[-1]
+    return SQS_SYSTEM, target.url.rstrip("/").rsplit("/", 1)[-1]
 
 
 def consumer_queue_name(channel: str, namespace: str = "", ordered: bool = False) -> str:

@@ -536,3 +536,31 @@ def test_every_published_row_is_queued_in_the_status_table(
     queued = [item["message_id"]["S"] for page in pages for item in page["Items"]
               if item["event"]["S"] == "QUEUED"]
     assert len(queued) == len(set(queued)) == 95
+
+
+def test_each_rows_message_carries_the_drivers_trace_context(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, executor: ExecutorSettings,
+    tmp_path: Path,
+) -> None:
+    from opentelemetry import trace
+
+    from tests.integration.helpers import drain
+    from tests.otel import in_memory_spans
+
+    # Given a driver that traces (its executors, Python workers of their own, do not)
+    queue = Provisioner(clients, settings).ensure_channel(
+        ChannelSpec(name="audit.traced", namespace=settings.namespace))
+    df = spark.createDataFrame([(n, "AUDIT.ROW") for n in range(30)], "n int, routing_key string")
+    with in_memory_spans():
+        with trace.get_tracer("test").start_as_current_span("nightly export") as export:
+            report = publish(df, AuditProducer, routing_key="routing_key",
+                             failed_path=str(tmp_path / "failed"), executor=executor)
+    assert report.published == 30
+    # Then every message carries the driver's span as its parent: one trace for the whole job
+    context = export.get_span_context()
+    messages = drain(clients.client("sqs"), queue.queue.url)
+    assert len(messages) == 30
+    for message in messages:
+        headers = json.loads(message["MessageAttributes"]["meta_headers"]["StringValue"])
+        assert headers["traceparent"].split("-")[1:3] == \
+            [f"{context.trace_id:032x}", f"{context.span_id:016x}"]

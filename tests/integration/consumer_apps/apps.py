@@ -80,3 +80,29 @@ class IdempotentConsumer(Consumer):
 
     def handler(self, message: ReceivedMessage) -> None:
         record("end", message)
+
+
+class TracedConsumer(Consumer):
+    """Sets up OpenTelemetry's SDK as an application would (spans as JSON lines in the file
+    named by $CONSUMER_TEST_SPANS), and pushes each body on to the channel 'consumer_test_next'
+    from its handler."""
+
+    channel = CHANNEL
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+        out = open(os.environ["CONSUMER_TEST_SPANS"], "a")  # noqa: SIM115 - the process's
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
+            out=out, formatter=lambda span: span.to_json(indent=None) + "\n")))
+        trace.set_tracer_provider(provider)
+        super().__init__(*args, **kwargs)
+
+    def handler(self, message: ReceivedMessage) -> None:
+        from messenger import Producer
+
+        type("Next", (Producer,), {"channel": "consumer_test_next"})().push(message.body)
+        record("end", message)

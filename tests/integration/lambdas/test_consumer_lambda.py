@@ -485,3 +485,33 @@ def test_the_example_consumer_runs_locally_through_the_function(settings: Settin
     url = sqs.get_queue_url(QueueName=ReceiptsConsumer.channel_spec(settings.namespace)
                             .queue_name)["QueueUrl"]
     assert drain(sqs, url) == []
+
+
+def test_the_consumer_function_continues_the_producers_trace(function) -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    from tests.otel import in_memory_spans, named
+
+    fn = function(TwoAttempts)
+    with in_memory_spans() as exported:
+        # Given a message pushed inside a span, offloaded to S3, that fails its first run
+        with trace.get_tracer("test").start_as_current_span("upload") as upload:
+            fn.producer.push({"fail": True, "blob": "x" * 3000})
+        # When the function gets it twice (the second receive uses up its attempts)
+        assert len(failures(fn.invoke(fn.receive_all(1)))) == 1
+        assert failures(fn.invoke(fn.receive_all(1))) == []
+        spans = exported.get_finished_spans()
+    # Then both runs are process spans in the producer's trace, children of its send span
+    (send,) = named(spans, "send ")
+    runs = named(spans, "process ")
+    assert len(runs) == 2
+    for run in runs:
+        assert run.kind is SpanKind.CONSUMER
+        assert run.context.trace_id == upload.get_span_context().trace_id
+        assert run.parent.span_id == send.context.span_id
+        assert run.status.status_code is StatusCode.ERROR
+        assert run.attributes["error.type"] == "ValueError"
+        assert run.attributes["messaging.destination.name"] == fn.queue_url.rsplit("/", 1)[1]
+    assert sorted(r.attributes["messenger.receive_count"] for r in runs) == [1, 2]
+    assert len(fn.dead_letters()) == 1
