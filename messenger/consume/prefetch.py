@@ -12,7 +12,7 @@ SLACK_SECONDS from then (fuller polls: a receive costs the same for 1 message as
 The rule that keeps this from hiding messages behind a busy pool while another consumer could
 take them:
 - a message is fetched only for a worker expected to be out of work within the lead plus
-  SLACK_SECONDS (both at most `prefetch_wait`), counting the messages already waiting (each
+  SLACK_SECONDS (at most half of `prefetch_wait`), counting the messages already waiting (each
   goes to the worker expected to be out of work first); a worker whose message has run twice
   the recent average says nothing about when it ends and is not counted (a pool busy with long
   handlers, or with a handler much slower than the recent ones, fetches nothing for it);
@@ -82,8 +82,10 @@ class Prefetch:
 
     def lead(self) -> float:
         """How long before a worker frees up to ask for its message: the recent round trip,
-        plus twice its recent deviation (as TCP times its retransmissions), at most the limit."""
-        return min(self.limit, (self.round_trip or 0.0) + DEVIATIONS * self.deviation)
+        plus twice its recent deviation (as TCP times its retransmissions), at most half the
+        limit (a message fetched that early and answered at once still has half the limit
+        left for the worker being late)."""
+        return min(self.limit / 2, (self.round_trip or 0.0) + DEVIATIONS * self.deviation)
 
     def pause(self, now: float) -> None:
         """A message waited past the limit: fetch only for free workers for PAUSE_SECONDS."""
@@ -104,7 +106,7 @@ class Prefetch:
         started. busy_seconds: the recent average time per message. wanted: the most one poll
         asks for (min(10, concurrency))."""
         lead = self.lead()  # a poll asked now answers about this much later, at most
-        horizon = min(self.limit, lead + SLACK_SECONDS)
+        horizon = min(self.limit / 2, lead + SLACK_SECONDS)
         free_at = self.free_times(now, workers, started, waiting, busy_seconds, horizon)
         count = min(wanted, sum(1 for at in free_at if at <= now + horizon))
         if count > 0 and free_at[0] - lead <= now:

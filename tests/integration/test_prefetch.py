@@ -97,11 +97,11 @@ def test_a_message_fetched_for_a_worker_that_stays_busy_is_released_for_another_
         channel = "prefetch_release_test"
 
     # Given a consumer of one worker that expects 0.2 s per message, whose message now blocks
-    a = warmed_up(start, settings, Slow, warm=4, prefetch_wait=0.3)
+    a = warmed_up(start, settings, Slow, warm=4)
     # When messages arrive meanwhile
     producer = producer_for(settings, Slow.channel)
     sent = [producer.push({"kind": "after", "n": n}) for n in range(3)]
-    # Then it fetched one for its worker, expected to free up, and once that waited 0.3 s it
+    # Then it fetched one for its worker, expected to free up, and once that waited 0.5 s it
     # gave it back (visible at once: the lease is 30 s) instead of holding it behind the
     # blocked handler
     wait_until(lambda: [e for e in a.consumer.named("released")
