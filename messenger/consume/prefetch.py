@@ -41,6 +41,9 @@ SLACK_SECONDS = 0.05
 ROUND_TRIP_WEIGHT = 0.2
 #: Deviations of the round trip added to it for the lead (a slow receive still in time).
 DEVIATIONS = 2.0
+#: A receive this many times slower than the average counts as this many (it waited for its
+#: messages rather than for the endpoint).
+OUTLIER = 4.0
 #: Seconds prefetching stays off after a message waited past `prefetch_wait`.
 PAUSE_SECONDS = 10.0
 
@@ -70,13 +73,16 @@ class Prefetch:
 
     def observe_poll(self, seconds: float, asked: int, got: int) -> None:
         """Time a receive. Only a poll answered in full counts: one that got fewer messages
-        than it asked for may have waited for them (a long poll on a short queue)."""
+        than it asked for may have waited for them (a long poll on a short queue). One that
+        asked for few may have waited all the same: a time over OUTLIER times the average
+        counts as that much."""
         if got <= 0 or got < asked:
             return
         average = self.round_trip
         if average is None:
             self.round_trip, self.deviation = seconds, seconds / 2
             return
+        seconds = min(seconds, OUTLIER * average)
         self.round_trip = average + ROUND_TRIP_WEIGHT * (seconds - average)
         self.deviation += ROUND_TRIP_WEIGHT * (abs(seconds - average) - self.deviation)
 

@@ -36,6 +36,10 @@ def test_only_polls_answered_in_full_time_the_round_trip():
     prefetch.observe_poll(0.07, asked=10, got=10)
     assert 0.02 < prefetch.round_trip < 0.07
     assert prefetch.lead() > prefetch.round_trip
+    # a poll for one message that waited 20 s for it counts as 4 times the average, no more
+    before = prefetch.round_trip
+    prefetch.observe_poll(20.0, asked=1, got=1)
+    assert prefetch.round_trip == pytest.approx(before + 0.2 * 3 * before)
 
 
 def test_prefetch_waits_for_both_measures_and_is_off_at_zero_or_when_paused():
