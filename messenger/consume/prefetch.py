@@ -14,8 +14,9 @@ take them:
 - a message is fetched only for a worker expected to be out of work within the lead plus
   SLACK_SECONDS (at most half of `prefetch_wait`), counting the messages already waiting (each
   goes to the worker expected to be out of work first); a worker whose message has run twice
-  the recent average says nothing about when it ends and is not counted (a pool busy with long
-  handlers, or with a handler much slower than the recent ones, fetches nothing for it);
+  the recent average (and at least LATE_SECONDS more than expected) says nothing about when it
+  ends and is not counted (a pool busy with long handlers, or with a handler much slower than
+  the recent ones, fetches nothing for it);
 - no received message waits for a worker longer than `prefetch_wait` (0.5 s by default): past
   that it is released, visible again at once, by the watchdog (its lease is renewed by the lease
   keeper meanwhile, like any held message), and prefetching pauses for PAUSE_SECONDS, since this
@@ -44,6 +45,9 @@ DEVIATIONS = 2.0
 #: A receive this many times slower than the average counts as this many (it waited for its
 #: messages rather than for the endpoint).
 OUTLIER = 4.0
+#: A running message late by less than this (or than the average time per message) is still
+#: expected any moment (the receiver itself may wake late on a busy machine).
+LATE_SECONDS = 1.0
 #: Seconds prefetching stays off after a message waited past `prefetch_wait`.
 PAUSE_SECONDS = 10.0
 
@@ -125,10 +129,10 @@ class Prefetch:
     def free_times(now: float, workers: int, started: Sequence[float], waiting: int,
                    busy_seconds: float, horizon: float) -> list[float]:
         """When each worker is expected to be out of work, soonest first, once the waiting
-        messages have run (each on the worker out of work first). A worker whose message has
-        run twice the recent average (and past the horizon) says nothing about when it ends: it
-        is left out, and so is a waiting message no such worker is expected to take."""
-        late = now - max(horizon, busy_seconds)
+        messages have run (each on the worker out of work first). A worker whose message is late
+        by more than the recent average and more than LATE_SECONDS says nothing about when it
+        ends: it is left out, and so is a waiting message no such worker is expected to take."""
+        late = now - max(horizon, busy_seconds, LATE_SECONDS)
         free_at = [now] * max(0, workers - len(started))
         free_at += [began + busy_seconds for began in started if began + busy_seconds >= late]
         heapq.heapify(free_at)

@@ -67,6 +67,18 @@ class Gated(Recording):
     def ids(self, event: str) -> list[str]:
         return [e.message_id for e in self.named(event) if e.message_id]
 
+    def history(self) -> str:
+        """Every event so far, a line each (what a failed assertion shows)."""
+        return "\n".join(f"{e.at % 100:.3f} {e.name} {e.message_id} {e.fields}"
+                         for e in self.events)
+
+
+def wait_until_or_false(condition: Callable[[], Any], timeout: float) -> Any:
+    try:
+        return wait_until(condition, timeout)
+    except AssertionError:
+        return False
+
 
 class Fast(Recording):
     def ids(self) -> list[str]:
@@ -104,8 +116,11 @@ def test_a_message_fetched_for_a_worker_that_stays_busy_is_released_for_another_
     # Then it fetched one for its worker, expected to free up, and once that waited 0.5 s it
     # gave it back (visible at once: the lease is 30 s) instead of holding it behind the
     # blocked handler
-    wait_until(lambda: [e for e in a.consumer.named("released")
-                        if e.fields["reason"] == "prefetch_expired"], timeout=15)
+    def expired() -> list[Any]:
+        return [e for e in a.consumer.named("released") if e.fields["reason"] ==
+                "prefetch_expired"]
+
+    assert wait_until_or_false(expired, timeout=15), a.consumer.history()
     [released] = [e for e in a.consumer.named("released")]
     assert released.fields["ok"] and released.message_id in sent
     # and another consumer gets every message while the first is still blocked

@@ -83,14 +83,15 @@ def test_workers_ending_just_after_the_answer_join_the_poll_and_no_further():
     assert plan == FetchPlan(2)
 
 
-def test_a_handler_running_twice_its_usual_time_is_not_fetched_for():
+def test_a_handler_running_much_longer_than_usual_is_not_fetched_for():
     prefetch = measured(round_trip=0.02)
-    # Given one worker whose 200 ms message has run 2 s (a surprise slow handler)
-    plan = prefetch.plan(NOW, 1, [NOW - 2.0], 0, 0.2, 10)
+    # Given one worker whose 200 ms message has run 1.5 s (a surprise slow handler)
+    plan = prefetch.plan(NOW, 1, [NOW - 1.5], 0, 0.2, 10)
     # Then nothing is fetched for it, and no poll is planned (its end will wake the receiver)
     assert plan == FetchPlan(0, None)
-    # while one that has run 0.3 s (late, not twice as long) is still expected any moment
-    assert prefetch.plan(NOW, 1, [NOW - 0.3], 0, 0.2, 10) == FetchPlan(1)
+    # while one late by less than a second is still expected any moment (the receiver itself
+    # may wake late on a busy machine)
+    assert prefetch.plan(NOW, 1, [NOW - 1.1], 0, 0.2, 10) == FetchPlan(1)
 
 
 def test_messages_already_waiting_go_to_the_workers_that_free_up_first():
