@@ -23,7 +23,8 @@ take them:
   consumer's predictions were off; at shutdown the waiting messages are released at once.
 
 Prefetch is off, and the receiver fetches only for free workers (coalescing them into fuller
-polls), before both measures exist, on ordered channels (a group stays locked until its message
+polls), before both measures exist, for messages that take under MIN_BUSY_SECONDS on average
+(handlers that do not wait), on ordered channels (a group stays locked until its message
 is deleted: fetching ahead would only find other groups, or wait out a long poll), and when
 `prefetch_wait` is 0.
 """
@@ -45,6 +46,10 @@ DEVIATIONS = 2.0
 #: A receive this many times slower than the average counts as this many (it waited for its
 #: messages rather than for the endpoint).
 OUTLIER = 4.0
+#: Messages taking less than this on average (handlers that do not wait) are fetched for free
+#: workers only: there a poll and the handlers compete for the same CPU (the GIL), and a worker
+#: does not wait a round trip long enough to matter (`runtime.HANDOFF_SECONDS`'s fast path).
+MIN_BUSY_SECONDS = 0.001
 #: A running message late by less than this (or than the average time per message) is still
 #: expected any moment (the receiver itself may wake late on a busy machine).
 LATE_SECONDS = 1.0
@@ -105,7 +110,7 @@ class Prefetch:
         """Whether to fetch ahead: both measures exist and prefetch is neither off nor paused.
         busy_seconds: the recent average time a worker spends on a message (None: unknown)."""
         return (self.limit > 0 and self.round_trip is not None and busy_seconds is not None
-                and now >= self._paused_until)
+                and busy_seconds >= MIN_BUSY_SECONDS and now >= self._paused_until)
 
     def plan(self, now: float, workers: int, started: Sequence[float], waiting: int,
              busy_seconds: float, wanted: int) -> FetchPlan:

@@ -42,12 +42,14 @@ def test_only_polls_answered_in_full_time_the_round_trip():
     assert prefetch.round_trip == pytest.approx(before + 0.2 * 3 * before)
 
 
-def test_prefetch_waits_for_both_measures_and_is_off_at_zero_or_when_paused():
+def test_prefetch_waits_for_both_measures_and_is_off_at_zero_for_fast_handlers_or_paused():
     prefetch = Prefetch(0.5)
     assert not prefetch.active(NOW, 0.05)  # no round trip yet
     prefetch.observe_poll(0.02, 10, 10)
     assert not prefetch.active(NOW, None)  # no time per message yet
     assert prefetch.active(NOW, 0.05)
+    # messages that take under a millisecond (handlers that do not wait): free workers only
+    assert not prefetch.active(NOW, 0.0005)
     prefetch.pause(NOW)
     assert not prefetch.active(NOW + PAUSE_SECONDS - 0.1, 0.05)
     assert prefetch.active(NOW + PAUSE_SECONDS, 0.05)
