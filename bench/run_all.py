@@ -94,6 +94,13 @@ BENCHES = (
         Figure("messenger requests per message, 50 ms handler",
                ("handler_50ms", "messenger", "requests_per_message"), 0.25),
     )),
+    Bench("offload.py", "Offloaded payloads, 20 × 600 KiB through S3, vs AWS's "
+                        "amazon-sqs-extended-client, alternating rounds (medians)", (
+        Figure("send time ratio messenger/peer", ("send_ratio",), 1.0),
+        Figure("receive window ratio messenger/peer", ("receive_ratio",), 1.0),
+        Figure("messenger send / receive window (s)", ("messenger", "send_and_receive")),
+        Figure("peer send / receive window (s)", ("peer", "send_and_receive")),
+    )),
     Bench("spark_publish.py", "Spark publish from executors", (
         Figure("requests per message", ("conditions", "network_10ms", "requests_per_message"),
                0.11),

@@ -89,11 +89,20 @@ class EncodedMessage:
 
     body: str
     attributes: AttributeMap
+    #: The body's size in UTF-8 bytes when the encoder has measured it already (None: measured
+    #: here), so a large body is not encoded again to size it.
+    body_size: int | None = field(default=None, compare=False, repr=False)
 
     @cached_property
     def size(self) -> int:
         """Size as SQS and SNS count it: body plus attribute names, types and values, in bytes."""
-        total = len(self.body.encode("utf-8"))
+        body = len(self.body.encode("utf-8")) if self.body_size is None else self.body_size
+        return body + self.attributes_size
+
+    @property
+    def attributes_size(self) -> int:
+        """The attributes' share of `size`: names, types and values, in bytes."""
+        total = 0
         for name, value in self.attributes.items():
             total += len(name.encode()) + len(value["DataType"].encode())
             total += len(value.get("StringValue", "").encode("utf-8"))

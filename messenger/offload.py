@@ -95,7 +95,8 @@ class PayloadStore:
         self.bucket = bucket
         self.kms_key = kms_key
 
-    def put(self, body: str) -> OffloadPointer:
+    def put(self, body: str | bytes) -> OffloadPointer:
+        """Store `body` (text, or its UTF-8 bytes) under a new key; its pointer."""
         key = f"{OFFLOAD_PREFIX}{uuid.uuid4()}"
         extra: dict[str, str] = {"ServerSideEncryption": "aws:kms"}
         if self.kms_key:
@@ -103,7 +104,7 @@ class PayloadStore:
         self.s3.put_object(
             Bucket=self.bucket,
             Key=key,
-            Body=body.encode("utf-8"),
+            Body=body if isinstance(body, bytes) else body.encode("utf-8"),
             ContentType="application/json",
             **extra,
         )

@@ -36,6 +36,10 @@ from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
 #: A delete that failed (throttled past the retry budget, an SQS error) is tried again this long
 #: later, while the message's lease is kept.
 DELETE_RETRY_SECONDS = 1.0
+#: A delete batch waits at most this long once the consumer holds nothing else and its poll
+#: is out (`DeleteBatcher.went_idle`): a receive that brings messages answers sooner (SQS: tens of
+#: ms), so on a backlog the batch still fills up; at the tail of a drain the deletes go early.
+IDLE_DELETE_SECONDS = 0.05
 #: Longest dead-letter reason kept in the attribute.
 MAX_REASON_LENGTH = 1024
 #: The system attributes a delivery reads (`Delivery`, `Delivery.decode`); SQS sends only these.
@@ -371,7 +375,10 @@ class DeleteBatcher:
     """Collects finished messages and deletes them with DeleteMessageBatch.
 
     A batch goes out when it holds 10 entries, or when its oldest entry has waited `linger`
-    seconds, or on `flush()` (shutdown; an ordered channel before each poll). Once `start()`ed,
+    seconds, or on `flush()` (shutdown; an ordered channel before each poll), or early at the
+    tail of a drain (`went_idle`: the runtime holds no other message, so no entry can join
+    before its next poll brings some; waiting out the linger would only delay the last
+    deletes). Once `start()`ed,
     batches go out on the batcher's own thread: a worker that finishes a message never waits
     for a delete, and a throttled delete delays nothing else. Entries SQS deleted are reported
     through `on_deleted`, entries it refused (or a call that failed) through `on_failure`; when
@@ -387,11 +394,17 @@ class DeleteBatcher:
     def __init__(
         self, mailbox: Mailbox, linger: float, on_failure: Callable[[EntryError], bool | None],
         on_deleted: Callable[[Sequence[Delivery]], None] | None = None,
+        idle: Callable[[], bool] | None = None,
     ) -> None:
+        """idle: whether the runtime holds no message now (checked when a `went_idle` wait
+        ends; None: taken as idle)."""
         self.mailbox = mailbox
         self.linger = linger
         self.on_failure = on_failure
         self.on_deleted = on_deleted
+        self.idle = idle
+        #: When the pending entries are due because the runtime went idle (None: not idle).
+        self._idle_due: float | None = None
         #: Entries whose delete failed and is tried again: (when, delivery), oldest first.
         self._retrying: list[tuple[float, Delivery]] = []
         self._lock = threading.RLock()  # `_cond`'s: `add` takes it directly (cheaper)
@@ -465,6 +478,33 @@ class DeleteBatcher:
                 self._wake_due = False
                 self._cond.notify_all()
 
+    def went_idle(self, short_poll: bool) -> None:
+        """The runtime holds no message besides those pending here. After a short poll (fewer
+        messages than it asked for: the queue is running dry) the pending entries go out now;
+        else after IDLE_DELETE_SECONDS, if by then the runtime still holds nothing (`idle`): on
+        a backlog its next poll has brought messages sooner, and the batch keeps filling up."""
+        with self._lock:
+            if not self._pending:
+                return
+            now = time.monotonic()
+            self._idle_due = now if short_poll else now + IDLE_DELETE_SECONDS
+            self._wake_due = False
+            self._cond.notify_all()
+        if self._thread is None and short_poll:
+            self.flush()
+
+    def _wait(self, now: float) -> float:
+        """Seconds until the pending batch is due (under `_cond`): its linger, or sooner when
+        the runtime went idle (`went_idle`) and still is."""
+        wait = self._oldest + self.linger - now
+        due = self._idle_due
+        if due is None:
+            return wait
+        if due > now:
+            return min(wait, due - now)
+        self._idle_due = None
+        return 0.0 if self.idle is None or self.idle() else wait
+
     @property
     def pending(self) -> int:
         with self._cond:
@@ -490,7 +530,7 @@ class DeleteBatcher:
                     if not self._pending:
                         self._cond.wait(next_retry)
                         continue
-                    wait = self._oldest + self.linger - time.monotonic()
+                    wait = self._wait(time.monotonic())
                     if wait <= 0 or len(self._pending) >= MAX_BATCH_ENTRIES:
                         break
                     self._cond.wait(wait)
@@ -507,6 +547,8 @@ class DeleteBatcher:
                     del self._pending[:MAX_BATCH_ENTRIES]
                     if self._pending:
                         self._oldest = time.monotonic()
+                    else:
+                        self._idle_due = None  # the next batch's own idle moment counts
                 if not batch:
                     return
                 try:

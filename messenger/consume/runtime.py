@@ -115,6 +115,9 @@ class Runtime:
         self._deleting: dict[str, Delivery] = {}
         self._stuck: dict[int, float] = {}  # handler threads past their timeout → since
         self._last_poll_empty = False
+        #: The last poll brought fewer messages than it asked for: the queue is running dry, so
+        #: once nothing is held the pending deletes go out at once (`DeleteBatcher.went_idle`).
+        self._last_poll_short = False
         self._progress = 0
         self._work = WorkQueue()
         #: The thread that polls; another one after a rescue (`rescue_receiver`).
@@ -126,7 +129,7 @@ class Runtime:
         #: Fetching ahead for workers about to free up (off on ordered channels).
         self.prefetch = Prefetch(0.0 if consumer.ordered else self.config.prefetch_wait)
         self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed,
-                                     self._deleted)
+                                     self._deleted, idle=self._holds_nothing)
         self._threads: list[threading.Thread] = []
         self.leases = LeaseKeeper(self, lease_sqs)
         self.watchdog = Watchdog(self)
@@ -134,6 +137,10 @@ class Runtime:
     # -- state ------------------------------------------------------------------------------
     def free_slots(self) -> int:
         return self.config.concurrency - len(self._held) - len(self._stuck)
+
+    def _holds_nothing(self) -> bool:
+        """No message received and not finished (a stuck handler's counts as held)."""
+        return not self._held and not self._stuck
 
     def current_state(self) -> ConsumerState:
         with self._lock:
@@ -281,6 +288,7 @@ class Runtime:
                 began = time.monotonic()
                 deliveries = self.fetch(count)
                 self.prefetch.observe_poll(time.monotonic() - began, count, len(deliveries))
+                self._last_poll_short = len(deliveries) < count
             except Exception as error:
                 if not is_transient(error):  # queue gone, access denied: let ECS see it
                     self.fail(error)
@@ -641,6 +649,8 @@ class Runtime:
             if free == 1 or free >= min(10, self.config.concurrency) or idle or \
                     self.stopping.is_set():
                 self._cond.notify_all()
+        if idle:  # no other message to batch the pending deletes with until the next poll's
+            self.deleter.went_idle(self._last_poll_short)
         if idle or self.stopping.is_set():  # else the state stays PROCESSING
             self.refresh_state()
 

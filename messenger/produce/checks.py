@@ -4,8 +4,11 @@ Every problem with one item becomes an `InvalidMessage` naming the field, so `pu
 error and `push_many` reports the item in `result.failures` while the other items are sent. The
 checks mirror what SQS and SNS refuse, which would otherwise fail a whole batch request:
 
-- text (body, routing key, header names and values) may hold only the characters SQS accepts:
-  #x9 #xA #xD, #x20-#xD7FF, #xE000-#xFFFD, #x10000-#x10FFFF (no lone surrogates, no U+FFFE/FFFF);
+- text that goes to SQS or SNS (routing key, header names and values, a body sent inline) may
+  hold only the characters SQS accepts: #x9 #xA #xD, #x20-#xD7FF, #xE000-#xFFFD,
+  #x10000-#x10FFFF (no lone surrogates, no U+FFFE/FFFF);
+- a body offloaded to S3 goes there as UTF-8 bytes, and SQS carries only its pointer: it may
+  hold any character except a lone surrogate (which has no UTF-8 form); U+FFFE/FFFF are fine;
 - `group_id`, `dedup_id` and a caller's `message_id` are 1-128 characters of letters, digits and
   ASCII punctuation (SQS's rule for MessageGroupId and MessageDeduplicationId);
 - `max_attempts` is a whole number from 1 to the channel's `max_receives`.
@@ -49,6 +52,26 @@ def check_text(field: str, value: str) -> None:
         )
 
 
+def check_json_text(field: str, value: str) -> None:
+    """`check_text` for JSON that `json.dumps` wrote: it escapes every control character, so
+    only a non-ASCII character can be refused, and an ASCII text (most bodies) is not searched."""
+    if not value.isascii():
+        check_text(field, value)
+
+
+def utf8_text(field: str, value: str) -> bytes:
+    """`value` in UTF-8; InvalidMessage naming `field` when it holds a lone surrogate (the only
+    characters without a UTF-8 form)."""
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(value[error.start])
+        raise InvalidMessage(
+            f"{field} holds U+{code:04X} (a lone surrogate) at position {error.start}: text "
+            f"must be valid Unicode"
+        ) from None
+
+
 def check_id(field: str, value: Any) -> None:
     """InvalidMessage naming `field` unless `value` is a valid FIFO id / message id."""
     if not isinstance(value, str) or _ID.match(value) is None:
@@ -84,18 +107,18 @@ def content_dedup_id(
     group_id: str,
     routing_key: str | None,
     headers: Mapping[str, str],
-    body_json: str,
+    body_utf8: bytes,
     level: str | None = None,
 ) -> str:
     """The deduplication id of an ordered message without one: SHA-256 of what it carries
-    (group, routing key, headers, priority level and body), so the same push twice is the same
-    message."""
+    (group, routing key, headers, priority level and body, its JSON in UTF-8), so the same push
+    twice is the same message."""
     key = json.dumps(
         [group_id, routing_key, dict(sorted(headers.items())), level], ensure_ascii=True
     )
     digest = hashlib.sha256(key.encode())
     digest.update(b"\0")
-    digest.update(body_json.encode("utf-8"))
+    digest.update(body_utf8)
     return digest.hexdigest()
 
 

@@ -58,10 +58,12 @@ from messenger.offload import PayloadStore, pointer_attributes
 from messenger.produce.checks import (
     check_attempts,
     check_id,
+    check_json_text,
     check_text,
     content_dedup_id,
     merged_headers,
     ordered_message_id,
+    utf8_text,
 )
 from messenger.produce.push import PreparedItem, PushedId, PushFailure, PushItem, PushManyResult
 from messenger.produce.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
@@ -356,13 +358,14 @@ class _BaseProducer:
         if item.message_id is not None:
             message = dataclasses.replace(message, message_id=item.message_id)
         encoded = message.encode()
-        check_text("body", encoded.body)
+        # Encoded once: the size decision, the dedup id and the S3 object all use these bytes.
+        body_utf8 = utf8_text("body", encoded.body)
         message_id = message.message_id
         if group_id is not None and self.ordered:
             # Ordered: an explicit dedup key (dedup_id, else the caller's message id) or the
             # content's own; the message id follows from it, so a duplicate shows as one.
             dedup_id = dedup_id or item.message_id or content_dedup_id(
-                group_id, item.routing_key, headers, encoded.body, level
+                group_id, item.routing_key, headers, body_utf8, level
             )
             if item.message_id is None:
                 message_id = ordered_message_id(self.channel, dedup_id)
@@ -381,10 +384,15 @@ class _BaseProducer:
             encoded = _with_attribute(encoded, SCHEMA_VERSION_ATTRIBUTE, "String", version)
         if trace is not None:  # in meta_headers: every attribute slot may be taken
             encoded = trace.stamp(index, message_id, encoded)
+        encoded = EncodedMessage(encoded.body, encoded.attributes, body_size=len(body_utf8))
         offloaded = 0
         if encoded.size > self.threshold:
-            encoded = self._offload(encoded)
+            # The body goes to S3 (any valid Unicode), only the pointer to SQS: the characters
+            # SQS refuses are looked for in what goes there, never in a body it does not carry.
+            encoded = self._offload(encoded, body_utf8)
             offloaded = 1
+        else:
+            check_json_text("body", encoded.body)
         outgoing = OutgoingMessage(encoded, group_id, dedup_id)
         return PreparedItem(index, outgoing, message_id, level), offloaded
 
@@ -445,8 +453,9 @@ class _BaseProducer:
             return item.group_id, item.dedup_id
         return self.group_id or (self.channel if self.ordered else None), item.dedup_id
 
-    def _offload(self, encoded: EncodedMessage) -> EncodedMessage:
-        body_size = len(encoded.body.encode("utf-8"))
+    def _offload(self, encoded: EncodedMessage, body_utf8: bytes) -> EncodedMessage:
+        """The pointer message of `encoded`, its body (`body_utf8`) put in the offload bucket."""
+        body_size = len(body_utf8)
         if body_size > self.max_payload_bytes:
             raise PayloadTooLarge(
                 f"message body is {body_size} bytes; the largest offloadable body is "
@@ -454,7 +463,7 @@ class _BaseProducer:
             )
         store = self._payload_store()
         pointer = call_with_budget(
-            lambda: store.put(encoded.body), self.settings.retry_budget_seconds, "offload to S3"
+            lambda: store.put(body_utf8), self.settings.retry_budget_seconds, "offload to S3"
         )
         attributes = {**encoded.attributes, **pointer_attributes(body_size)}
         offloaded = EncodedMessage(body=pointer.encode(), attributes=attributes)

@@ -450,6 +450,32 @@ def test_offloaded_body_is_read_from_s3_and_deletes_are_batched(settings, client
     assert attributes["ApproximateNumberOfMessagesNotVisible"] == "0"
 
 
+@pytest.mark.parametrize("concurrency", [10, 1])
+def test_the_tail_of_a_drain_is_deleted_without_waiting_out_the_linger(
+    settings, clients, running, concurrency
+):
+    # Given deletes that may wait an hour to fill a batch of 10, and 3 messages
+    producer_for(settings, "runtime_test").push_many([{"n": n} for n in range(3)])
+    counter = RequestCounter().attach(clients)
+    run = running(Recording, concurrency=concurrency, delete_linger=3600.0, wait_time_seconds=1)
+    wait_until(lambda: len(run.consumer.handled) == 3)
+    # When the consumer holds nothing else and the queue ran dry (concurrency 10: a poll for
+    # 10 brought 3; concurrency 1: each poll brought its 1, the next one brings nothing)
+    # Then the deletes go out while it runs, not at the end of the linger nor at shutdown
+    queue = run.consumer.resources.queue.url
+    sqs = clients.client("sqs")
+
+    def all_deleted() -> bool:
+        attributes = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])
+        return attributes["Attributes"]["ApproximateNumberOfMessagesNotVisible"] == "0"
+
+    wait_until(all_deleted, timeout=10)
+    # And in few requests: one batch after the short poll, at most one per message otherwise
+    batches = counter.counts["sqs.DeleteMessageBatch"]
+    assert (batches == 1) if concurrency == 10 else (1 <= batches <= 3), counter.counts
+    run.stop()
+
+
 @pytest.mark.timeout(60)
 def test_timeout_without_a_dlq_raises_and_keeps_the_message(settings, clients, running):
     from messenger.consume.consumer import ProcessingTimeout

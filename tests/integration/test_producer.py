@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -92,6 +93,50 @@ def test_large_body_round_trips_through_the_offload_bucket(settings, clients):
     assert [len(m["Body"]) < 1000 for m in raw] == [False, True]  # the big one is a pointer
     bodies = [decode(m, clients.client("s3")).body for m in raw]
     assert bodies == [small, big]
+
+
+def test_characters_sqs_refuses_are_refused_only_in_what_goes_to_sqs(settings, clients):
+    # Given a producer offloading bodies above 1,000 bytes
+    producer = OrderProducer(settings=settings.with_changes(offload_threshold=1000),
+                             clients=clients)
+    odd = "\uffff\ufffe \U0001f600 \x00\x1f"  # SQS refuses U+FFFF/FFFE (and raw controls)
+    big = {"text": "x" * 2000 + odd, "n": 1}
+    # When the odd characters are in a body going to S3, push and push_many take it...
+    first = producer.push(big)
+    result = producer.push_many([
+        {**big, "n": 2},  # S3: accepted
+        {"text": odd, "n": 3},  # inline in SQS: refused, the field named
+        PushItem({**big, "n": 4}, meta_headers={"k": "\uffff"}),  # a header goes to SQS
+        PushItem({**big, "n": 5}, routing_key="KEY.\ufffe"),  # so does the routing key
+        {"text": "x" * 2000 + "\ud800", "n": 6},  # a lone surrogate has no UTF-8 form at all
+    ])
+    # ...and refuses them wherever SQS would carry them, naming the field
+    reasons = {f.index: f.reason for f in result.failures}
+    assert sorted(reasons) == [1, 2, 3, 4], reasons
+    assert reasons[1].startswith("body holds U+FFFF (a character SQS refuses)")
+    assert reasons[2].startswith("meta_headers['k'] holds U+FFFF (a character SQS refuses)")
+    assert reasons[3].startswith("routing_key holds U+FFFE (a character SQS refuses)")
+    assert reasons[4].startswith("body holds U+D800 (a lone surrogate) at position 2009")
+    with pytest.raises(InvalidMessage, match=r"^body holds U\+FFFF \(a character SQS refuses"):
+        producer.push({"text": odd})
+    with pytest.raises(InvalidMessage, match=r"^body holds U\+DFFF \(a lone surrogate\)"):
+        producer.push({"text": "x" * 2000 + "\udfff"})
+    # Then the accepted bodies are in S3 byte for byte as JSON writes them, SQS holds pointers
+    sqs, s3 = clients.client("sqs"), clients.client("s3")
+    raw = drain(sqs, queue_url(sqs, f"{settings.namespace}-orders"))
+    assert result.message_ids[0] is not None and result.offloaded == 1
+    assert len(raw) == 2
+    expected = {1: big, 2: {**big, "n": 2}}
+    for message in raw:
+        pointer = json.loads(message["Body"])[1]
+        stored = s3.get_object(Bucket=pointer["s3BucketName"], Key=pointer["s3Key"])
+        body = decode(message, s3).body
+        wanted = json.dumps(expected[body["n"]], separators=(",", ":"), ensure_ascii=False)
+        assert stored["Body"].read() == wanted.encode("utf-8")
+        assert body == expected[body["n"]]
+        assert message["MessageAttributes"]["ExtendedPayloadSize"]["StringValue"] == str(
+            len(wanted.encode("utf-8")))
+    assert {decode(m, s3).message_id for m in raw} == {first, result.message_ids[0]}
 
 
 def test_exchange_offloads_above_the_sns_limit_even_with_a_higher_setting(settings, clients):

@@ -562,6 +562,58 @@ def test_the_deleter_is_woken_once_per_batch_while_a_poll_runs_and_owes_no_wake(
     assert len(sent) == 4
 
 
+def test_the_deleter_sends_the_tail_of_a_drain_without_waiting_out_its_linger():
+    from messenger.consume.mailbox import DeleteBatcher
+
+    sent: list[list[str]] = []
+
+    class Recorded:
+        def delete_batch(self, batch: list[Delivery]) -> list[Any]:
+            sent.append([d.sqs_message_id for d in batch])
+            return []
+
+    counter = iter(range(1000))
+
+    def added(count: int) -> list[str]:
+        ids = [f"m{next(counter)}" for _ in range(count)]
+        for message_id in ids:
+            batcher.add(Delivery({"ReceiptHandle": f"r-{message_id}", "MessageId": message_id},
+                                 0.0, 30.0))
+        return ids
+
+    holds_nothing = [True]
+    # An hour's linger: whatever goes out below went early, never at the end of its linger
+    batcher = DeleteBatcher(Recorded(), linger=3600, on_failure=lambda error: None,
+                            idle=lambda: holds_nothing[0])
+    batcher.start()
+    try:
+        # The runtime holds nothing else and its last poll came back short: sent at once
+        tail = added(3)
+        batcher.went_idle(short_poll=True)
+        wait_for_length(sent, 1, timeout=5)
+        assert sent == [tail]
+        # Nothing pending: going idle sends no empty batch
+        batcher.went_idle(short_poll=True)
+        # Idle after a full poll: sent after IDLE_DELETE_SECONDS if still nothing is held...
+        last = added(2)
+        batcher.went_idle(short_poll=False)
+        wait_for_length(sent, 2, timeout=5)
+        assert sent == [tail, last]
+        # ...but not when the next poll's messages came in meanwhile (a backlog): the batch
+        # keeps filling up (here until it is full)
+        first = added(4)
+        holds_nothing[0] = False
+        batcher.went_idle(short_poll=False)
+        time.sleep(0.3)
+        assert len(sent) == 2
+        rest = added(6)
+        wait_for_length(sent, 3, timeout=5)
+        assert sent[2] == first + rest
+    finally:
+        batcher.close()
+    assert len(sent) == 3
+
+
 def test_health_file_follows_running_states_lazily_and_other_states_at_once(tmp_path):
     from messenger.consume.consumer import HEALTH_LAG_SECONDS
     from messenger.consume.health import HealthFile

@@ -27,6 +27,29 @@ def test_size_counts_body_and_attributes_in_bytes():
     )
 
 
+def test_a_body_size_the_encoder_measured_is_the_size_and_the_attributes_add_theirs():
+    from messenger.message import EncodedMessage
+
+    encoded = Message("é", "rk", {}, message_id="id", produced_at=1.0).encode()
+    body_bytes = len(encoded.body.encode())
+    known = EncodedMessage(encoded.body, encoded.attributes, body_size=body_bytes)
+    assert known.size == encoded.size == body_bytes + encoded.attributes_size
+    assert known == encoded  # the measured size is not part of the message
+
+
+def test_text_checks_name_the_field_and_search_json_only_when_not_ascii():
+    from messenger.produce.checks import check_json_text, utf8_text
+
+    check_json_text("body", '{"a":"\\u0000 escaped by json.dumps"}')
+    with pytest.raises(InvalidMessage, match=r"^body holds U\+FFFE \(a character SQS refuses\) "
+                                             r"at position 6"):
+        check_json_text("body", '{"a":"\ufffe"}')
+    assert utf8_text("body", '"\uffff é"') == '"\uffff é"'.encode()
+    with pytest.raises(InvalidMessage, match=r"^body holds U\+D800 \(a lone surrogate\) at "
+                                             r"position 3"):
+        utf8_text("body", '"ab\ud800"')
+
+
 def test_a_body_that_is_not_json_serializable_is_a_clear_error():
     with pytest.raises(InvalidMessage, match="JSON-serializable"):
         Message({"when": object()}).encode()
