@@ -79,6 +79,23 @@ BENCHES = (
         Figure("rounds (each pairs the drains run back to back)", ("rounds",)),
         Figure("load average during the rounds (median)", ("load_average", "median")),
     )),
+    Bench("throughput.py", "I/O-bound handlers: 500 messages, concurrency 10, vs a boto3 loop "
+                           "with a thread pool, alternating rounds", (
+        *(figure for ms, limit in ((10, "1,000"), (50, "200"), (200, "50")) for figure in (
+            Figure(f"{ms} ms handler: messenger, share of the limit ({limit} msg/s)",
+                   (f"handler_{ms}ms", "messenger", "fraction_of_limit"), 0.85, at_most=False),
+            Figure(f"{ms} ms handler: peer, share of the limit",
+                   (f"handler_{ms}ms", "boto3_pool", "fraction_of_limit")),
+            Figure(f"{ms} ms handler: msg/s and push-to-start latency",
+                   (f"handler_{ms}ms", "summary")),
+        )),
+        Figure("10 ms: one receiver's bound here (10 messages per receive round trip), share "
+               "of the limit", ("handler_10ms", "one_receiver", "bound_fraction_of_limit")),
+        Figure("10 ms: messenger, share of that bound",
+               ("handler_10ms", "one_receiver", "messenger_fraction_of_bound")),
+        Figure("messenger requests per message, 50 ms handler",
+               ("handler_50ms", "messenger", "requests_per_message"), 0.25),
+    )),
     Bench("offload.py", "Offloaded payloads, 20 × 600 KiB through S3, vs AWS's "
                         "amazon-sqs-extended-client, alternating rounds (medians)", (
         Figure("send time ratio messenger/peer", ("send_ratio",), 1.0),

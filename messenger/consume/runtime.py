@@ -1,9 +1,12 @@
 """The consumer's runtime: a receiver thread, worker threads and a watchdog thread.
 
-- The receiver long-polls (20 s) for at most min(10, free workers) messages, so nothing waits in
-  memory while its visibility runs out. On an ordered channel a poll's messages of one group
-  form a chain that one worker runs in order (SQS hands out a group's next message only after
-  the previous one is deleted or visible again). On a prioritized channel a `LevelPoller`
+- The receiver long-polls (20 s) for at most 10 messages: for the free workers and, with the
+  bounded prefetch (`messenger.consume.prefetch`), for the workers expected to free up by the
+  time the poll answers; a message that waits `prefetch_wait` (0.5 s) for a worker all the same
+  is released by the watchdog (`take_overdue`), the waiting ones at once at shutdown. On an
+  ordered channel (no prefetch) a poll's messages of one group form a chain that one worker
+  runs in order (SQS hands out a group's next message only after the previous one is deleted
+  or visible again). On a prioritized channel a `LevelPoller`
   (`messenger.jobs.priority`) chooses the level of each poll; every delivery remembers its mailbox,
   so it is deleted, extended, retried and dead-lettered in its own level's queue and DLQ.
 - Received messages wait in a work queue for a worker. When a poll's messages would take at
@@ -59,6 +62,7 @@ from messenger.consume.mailbox import (
     Stage,
     unreadable_reason,
 )
+from messenger.consume.prefetch import Prefetch
 from messenger.consume.tracking import consumer_id
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog, run_interruptibly
 from messenger.errors import MessageDecodeError, PayloadMissing
@@ -122,6 +126,8 @@ class Runtime:
         self._inline_since: float | None = None
         #: Recent average wall time a worker spends on a chain (None before the first).
         self._chain_seconds: float | None = None
+        #: Fetching ahead for workers about to free up (off on ordered channels).
+        self.prefetch = Prefetch(0.0 if consumer.ordered else self.config.prefetch_wait)
         self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed,
                                      self._deleted, idle=self._holds_nothing)
         self._threads: list[threading.Thread] = []
@@ -229,6 +235,13 @@ class Runtime:
         self.stop()
         self.refresh_state()
         deadline = time.monotonic() + self.config.shutdown_timeout
+        # Messages waiting for a worker go back at once, not once a busy worker frees up.
+        waiting = [d for chain in self._work.drain() for d in chain
+                   if d.claim(Stage.QUEUED, Stage.DONE)]
+        if waiting:
+            threading.Thread(
+                target=self._guarded(lambda: self._release(waiting, reason="shutdown")),
+                name="messenger-release", daemon=True).start()
         with self._cond:
             # Held: queued, running, or being dead-lettered by the watchdog.
             while self._held and time.monotonic() < deadline:
@@ -263,10 +276,7 @@ class Runtime:
         me = threading.current_thread()
         while not self.stopping.is_set() and self._receiver is me:
             with self._cond:
-                while self.free_slots() <= 0 and not self.stopping.is_set():
-                    self._cond.wait(0.5)
-                self._coalesce()
-                count = min(10, self.free_slots())
+                count = self._to_fetch()
             if self.stopping.is_set():
                 return
             if count <= 0:
@@ -275,7 +285,9 @@ class Runtime:
                 # A group stays locked until its message is deleted: delete before polling.
                 self.deleter.flush()
             try:
+                began = time.monotonic()
                 deliveries = self.fetch(count)
+                self.prefetch.observe_poll(time.monotonic() - began, count, len(deliveries))
                 self._last_poll_short = len(deliveries) < count
             except Exception as error:
                 if not is_transient(error):  # queue gone, access denied: let ECS see it
@@ -293,6 +305,41 @@ class Runtime:
                 self._release(deliveries, reason="shutdown")
                 return
             self._dispatch(deliveries)
+
+    def _to_fetch(self) -> int:
+        """How many messages to ask for, once there is a worker to fetch for (0: stopping).
+        Holds `_cond`. Prefetch (`messenger.consume.prefetch`): for the free workers and those
+        expected to free up by the time the poll answers; else for the free workers only,
+        waiting briefly for more of them (`_coalesce`)."""
+        wanted = min(10, self.config.concurrency)
+        while not self.stopping.is_set():
+            now = time.monotonic()
+            busy = self._chain_seconds
+            if busy is not None and self.prefetch.active(now, busy):
+                started, waiting = self._running_and_waiting()
+                plan = self.prefetch.plan(now, self.config.concurrency - len(self._stuck),
+                                          started, waiting, busy, wanted)
+                if plan.count > 0:
+                    return plan.count
+                self._cond.wait(0.5 if plan.wait is None else min(0.5, plan.wait))
+            elif self.free_slots() > 0:
+                self._coalesce()
+                return min(wanted, self.free_slots())
+            else:
+                self._cond.wait(0.5)
+        return 0
+
+    def _running_and_waiting(self) -> tuple[list[float], int]:
+        """When each held message running started, and how many wait for a worker. Holds
+        `_cond`."""
+        started: list[float] = []
+        waiting = 0
+        for delivery in self._held.values():
+            if delivery.stage is Stage.QUEUED:
+                waiting += 1
+            elif delivery.stage is Stage.RUNNING and delivery.started_at is not None:
+                started.append(delivery.started_at)
+        return started, waiting
 
     def _coalesce(self) -> None:
         """Workers finish close together: while they keep freeing up (a slot every
@@ -386,6 +433,24 @@ class Runtime:
         self._work.wake_waiting()
         thread.start()
         return True
+
+    def take_overdue(self, now: float) -> tuple[list[Delivery], float | None]:
+        """The messages that have waited `prefetch_wait` or longer for a worker while every
+        worker was busy, claimed for `release_overdue` (prefetching pauses: this consumer's
+        predictions were off); and when the next one comes due (None: none waits). The
+        watchdog calls this at every tick and when the next one comes due."""
+        limit = self.config.prefetch_wait
+        if limit <= 0:
+            return [], None
+        chains, oldest = self._work.overdue(now - limit)
+        if chains:
+            self.prefetch.pause(now)
+        overdue = [d for chain in chains for d in chain if d.claim(Stage.QUEUED, Stage.DONE)]
+        return overdue, None if oldest is None else oldest + limit
+
+    def release_overdue(self, deliveries: Sequence[Delivery]) -> None:
+        """Make the messages `take_overdue` took visible again at once."""
+        self._release(deliveries, reason="prefetch_expired")
 
     def _chains(self, deliveries: list[Delivery]) -> list[list[Delivery]]:
         if not self.consumer.ordered:
@@ -643,13 +708,16 @@ class WorkQueue:
     """Chains of received messages waiting for a worker.
 
     `put` wakes idle workers (one per chain, or none when the receiver runs them itself); a
-    worker that finishes a chain takes the next one without waiting."""
+    worker that finishes a chain takes the next one without waiting. `overdue` takes out the
+    chains that waited too long while no worker was idle (`prefetch_wait`), `drain` all of them
+    (shutdown)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)  # idle workers wait here
         self._chains: deque[list[Delivery]] = deque()
         self._closed = False
+        self._idle = 0  # workers waiting in `take`
 
     def put(self, chains: list[list[Delivery]], wake: int = 1) -> None:
         """Queue the chains and wake up to `wake` idle workers."""
@@ -672,8 +740,32 @@ class WorkQueue:
             while not self._chains:
                 if self._closed or not block:
                     return None
-                self._ready.wait()
+                self._idle += 1
+                try:
+                    self._ready.wait()
+                finally:
+                    self._idle -= 1
             return self._chains.popleft()
+
+    def overdue(self, cutoff: float) -> tuple[list[list[Delivery]], float | None]:
+        """Take out the chains received at `cutoff` or before; and when the oldest chain left
+        was received (None: none waits, or a worker is idle). While a worker is idle (woken, or
+        left for the receiver to run them) no chain waits behind busy workers: none is taken."""
+        with self._lock:
+            chains = self._chains
+            if self._idle:
+                return [], None
+            taken: list[list[Delivery]] = []
+            while chains and chains[0][0].received_at <= cutoff:
+                taken.append(chains.popleft())
+            return taken, chains[0][0].received_at if chains else None
+
+    def drain(self) -> list[list[Delivery]]:
+        """Take out every chain waiting."""
+        with self._lock:
+            taken = list(self._chains)
+            self._chains.clear()
+            return taken
 
     def close(self) -> None:
         """Wake every worker: each exits once the queue is empty."""

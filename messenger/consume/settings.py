@@ -20,6 +20,9 @@ LONG_POLL_SECONDS = 20
 RETRY_DELAY_SECONDS = 5
 #: Longest a consumer may hold log lines before writing them (what a kill -9 can lose).
 MAX_LOG_HOLD_SECONDS = 5.0
+#: Longest a received message may wait in memory for a worker (`prefetch_wait`), and its default.
+MAX_PREFETCH_WAIT_SECONDS = 5.0
+DEFAULT_PREFETCH_WAIT_SECONDS = 0.5
 
 
 def _check_seconds(name: str, variable: str | None, value: object, low: float | None) -> None:
@@ -51,6 +54,11 @@ class ConsumerSettings:
     running before the consumer exits non-zero (default: shutdown_timeout).
     log_hold: seconds INFO lifecycle lines may be held in memory and written together, 0 to
     MAX_LOG_HOLD_SECONDS; 0 writes each line at once (MESSENGER_LOG_HOLD_SECONDS; 0.25).
+    prefetch_wait: seconds a received message may wait in memory for a worker, 0 to
+    MAX_PREFETCH_WAIT_SECONDS: the receiver fetches ahead for workers expected to free up within
+    one receive round trip, and a message still waiting this long is released, visible again at
+    once (`messenger.consume.prefetch`); 0 fetches only for free workers
+    (MESSENGER_PREFETCH_WAIT_SECONDS; 0.5).
     """
 
     concurrency: int = 1
@@ -66,6 +74,7 @@ class ConsumerSettings:
     retry_delay: float | None = None
     delete_linger: float = 0.2
     log_hold: float = 0.25
+    prefetch_wait: float = DEFAULT_PREFETCH_WAIT_SECONDS
 
     def __post_init__(self) -> None:
         if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) \
@@ -81,20 +90,17 @@ class ConsumerSettings:
             ("delete_linger", None, 0.0),
         ):
             _check_seconds(name, variable, getattr(self, name), low)
-        _check_seconds("log_hold", "MESSENGER_LOG_HOLD_SECONDS", self.log_hold, 0.0)
-        if self.log_hold > MAX_LOG_HOLD_SECONDS:
-            raise InvalidSettings(
-                f"log_hold (MESSENGER_LOG_HOLD_SECONDS) must be from 0 to "
-                f"{MAX_LOG_HOLD_SECONDS:g} seconds, got {self.log_hold!r}"
-            )
-        _check_seconds("health_refresh", "MESSENGER_HEALTH_REFRESH_SECONDS",
-                       self.health_refresh, MIN_REFRESH_SECONDS)
-        if self.health_refresh > MAX_REFRESH_SECONDS:
-            raise InvalidSettings(
-                f"health_refresh (MESSENGER_HEALTH_REFRESH_SECONDS) must be from "
-                f"{MIN_REFRESH_SECONDS:g} to {MAX_REFRESH_SECONDS:g} seconds, got "
-                f"{self.health_refresh!r}"
-            )
+        for name, variable, low, high in (
+            ("log_hold", "MESSENGER_LOG_HOLD_SECONDS", 0.0, MAX_LOG_HOLD_SECONDS),
+            ("prefetch_wait", "MESSENGER_PREFETCH_WAIT_SECONDS", 0.0, MAX_PREFETCH_WAIT_SECONDS),
+            ("health_refresh", "MESSENGER_HEALTH_REFRESH_SECONDS", MIN_REFRESH_SECONDS,
+             MAX_REFRESH_SECONDS),
+        ):
+            value = getattr(self, name)
+            _check_seconds(name, variable, value, low)
+            if value > high:
+                raise InvalidSettings(f"{name} ({variable}) must be from {low:g} to {high:g} "
+                                      f"seconds, got {value!r}")
         for name in ("stuck_grace", "retry_delay"):
             if getattr(self, name) is not None:
                 _check_seconds(name, None, getattr(self, name), 0.0)
@@ -121,6 +127,7 @@ class ConsumerSettings:
             ("health_grace", "MESSENGER_HEALTH_GRACE", float),
             ("health_refresh", "MESSENGER_HEALTH_REFRESH_SECONDS", float),
             ("log_hold", "MESSENGER_LOG_HOLD_SECONDS", float),
+            ("prefetch_wait", "MESSENGER_PREFETCH_WAIT_SECONDS", float),
         ):
             raw = env.get(variable)
             if raw:

@@ -10,6 +10,9 @@ Every 0.25 s, and when the next handler's deadline comes, it
   queue behind each other, nor delay the next tick); a thread still running `stuck_after`
   seconds later (blocked in C code) makes the consumer exit non-zero, so that ECS replaces the
   task;
+- releases (visible again at once) the received messages that have waited `prefetch_wait` for
+  a worker while every worker was busy (`Runtime.take_overdue`; it also wakes when the next one
+  comes due), on a forwarder thread;
 - replaces a receiver still running a fast-looking poll's messages itself after
   `runtime.RESCUE_SECONDS` (`Runtime.rescue_receiver`: workers take the rest of the poll);
 - restarts the PROCESSING clock of the health file when messages finished since the last tick
@@ -24,7 +27,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -127,6 +130,10 @@ class Watched(Protocol):
 
     def rescue_receiver(self, now: float) -> bool: ...
 
+    def take_overdue(self, now: float) -> tuple[list[Delivery], float | None]: ...
+
+    def release_overdue(self, deliveries: Sequence[Delivery]) -> None: ...
+
 
 class Watchdog:
     """Watches one runtime's held messages until `stop()`."""
@@ -143,10 +150,13 @@ class Watchdog:
         self._stop.set()
         self._forwarder.shutdown(wait=False)
 
-    def next_wait(self, now: float) -> float:
-        """Seconds until the next tick: TICK_SECONDS, or less when a deadline comes sooner."""
+    def next_wait(self, now: float, release_due: float | None = None) -> float:
+        """Seconds until the next tick: TICK_SECONDS, or less when a deadline (or a waiting
+        message's `prefetch_wait`, `release_due`) comes sooner."""
         deadlines = [d.deadline for d in self.runtime.held(Stage.RUNNING)
                      if d.deadline is not None]
+        if release_due is not None:
+            deadlines.append(release_due)
         soonest = min(deadlines, default=now + TICK_SECONDS)
         return min(TICK_SECONDS, max(0.0, soonest - now))
 
@@ -158,6 +168,7 @@ class Watchdog:
                 now = time.monotonic()
                 self.report_lease_events()
                 self.time_out(now)
+                release_due = self.release_overdue(now)
                 self.check_stuck(now)
                 # CPU optimisations' safety nets: a receiver stuck running a poll inline is
                 # replaced, a deferred deleter wake is given
@@ -170,7 +181,7 @@ class Watchdog:
                 self.consumer.flush_health()
                 self.consumer.beat()
                 write_held_lines(TICK_SECONDS)
-                wait = self.next_wait(time.monotonic())
+                wait = self.next_wait(time.monotonic(), release_due)
             except Exception as error:  # keep watching; the error is logged
                 self.consumer.emit("watchdog_error", fields={"error": repr(error)})
                 wait = TICK_SECONDS
@@ -214,6 +225,17 @@ class Watchdog:
             self.runtime.dead_letter(delivery, reason, Stage.TIMED_OUT)
         except Exception as error:  # a bug: the message stays held until shutdown releases it
             self.consumer.emit("watchdog_error", delivery.log_id, fields={"error": repr(error)})
+
+    def release_overdue(self, now: float) -> float | None:
+        """Release the messages that waited `prefetch_wait` for a worker (on a forwarder
+        thread: a slow endpoint never delays the tick); when the next one comes due."""
+        overdue, due = self.runtime.take_overdue(now)
+        if overdue:
+            try:
+                self._forwarder.submit(self.runtime.release_overdue, overdue)
+            except RuntimeError:  # shut down already: release them here
+                self.runtime.release_overdue(overdue)
+        return due
 
     def report_lease_events(self) -> None:
         for name, message_id, fields in self.runtime.leases.drain():

@@ -1,0 +1,197 @@
+"""Bounded prefetch against the moto server over HTTP: a message fetched ahead for a worker that
+does not free up is released after `prefetch_wait` and another consumer takes it; a pool busy
+with long handlers fetches nothing; shutdown releases the messages waiting for a worker at once.
+Handler durations are controlled by the tests (gates), never timed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from messenger import Consumer, ConsumerSettings, ReceivedMessage, Settings
+from messenger.aws import ClientFactory
+from tests.integration.test_consumer_runtime import (
+    Recording,
+    Running,
+    producer_for,
+    wait_until,
+)
+
+
+@pytest.fixture
+def start(settings: Settings, clients: ClientFactory, tmp_path: Path
+          ) -> Iterator[Callable[..., Running]]:
+    started: list[Running] = []
+
+    def run(cls: type[Consumer], name: str, **changes: Any) -> Running:
+        runtime = ConsumerSettings(health_file=str(tmp_path / f"{name}.json"),
+                                   shutdown_timeout=10)
+        run = Running(cls(settings=settings, clients=clients, runtime=replace(runtime,
+                                                                              **changes)))
+        started.append(run)
+        return run
+
+    yield run
+    for run in started:
+        if run.thread.is_alive():
+            run.consumer.request_shutdown()
+            run.thread.join(20)
+
+
+class Gated(Recording):
+    """Handles {"n": n}: "warm" messages take `warm_seconds` (what the consumer learns to
+    expect), "gated" ones block until the test opens `gate`, others return at once."""
+
+    warm_seconds = 0.2
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.gated_started = threading.Event()
+
+    def handler(self, message: ReceivedMessage) -> None:
+        kind = message.body.get("kind")
+        if kind == "warm":
+            time.sleep(self.warm_seconds)
+        elif kind == "gated":
+            self.gated_started.set()
+            assert self.gate.wait(30)
+        super().handler(message)
+
+    def ids(self, event: str) -> list[str]:
+        return [e.message_id for e in self.named(event) if e.message_id]
+
+    def history(self) -> str:
+        """Every event so far, a line each (what a failed assertion shows)."""
+        return "\n".join(f"{e.at % 100:.3f} {e.name} {e.message_id} {e.fields}"
+                         for e in self.events)
+
+
+def wait_until_or_false(condition: Callable[[], Any], timeout: float) -> Any:
+    try:
+        return wait_until(condition, timeout)
+    except AssertionError:
+        return False
+
+
+class Fast(Recording):
+    def ids(self) -> list[str]:
+        return [m.message_id for m in self.handled]
+
+
+def warmed_up(start: Callable[..., Running], settings: Settings, cls: type[Gated],
+              warm: int, **changes: Any) -> Running:
+    """A consumer of one worker that has handled `warm` warm messages (it knows its round trip
+    and its time per message), now running a gated one."""
+    producer = producer_for(settings, cls.channel)
+    run = start(cls, "a", concurrency=1, **changes)
+    producer.push_many({"kind": "warm"} for _ in range(warm)).raise_for_failures()
+    wait_until(lambda: len(run.consumer.handled) >= warm, timeout=30)
+    producer.push({"kind": "gated"})
+    assert run.consumer.gated_started.wait(15)
+    return run
+
+
+@pytest.mark.timeout(90)
+def test_a_message_fetched_for_a_worker_that_stays_busy_is_released_for_another_consumer(
+    settings, clients, start
+):
+    class Slow(Gated):
+        channel = "prefetch_release_test"
+
+    class Other(Fast):
+        channel = "prefetch_release_test"
+
+    # Given a consumer of one worker that expects 0.2 s per message, whose message now blocks
+    a = warmed_up(start, settings, Slow, warm=4)
+    # When messages arrive meanwhile
+    producer = producer_for(settings, Slow.channel)
+    sent = [producer.push({"kind": "after", "n": n}) for n in range(3)]
+    # Then it fetched one for its worker, expected to free up, and once that waited 0.5 s it
+    # gave it back (visible at once: the lease is 30 s) instead of holding it behind the
+    # blocked handler
+    def expired() -> list[Any]:
+        return [e for e in a.consumer.named("released") if e.fields["reason"] ==
+                "prefetch_expired"]
+
+    assert wait_until_or_false(expired, timeout=15), a.consumer.history()
+    [released] = [e for e in a.consumer.named("released")]
+    assert released.fields["ok"] and released.message_id in sent
+    # and another consumer gets every message while the first is still blocked
+    b = start(Other, "b", concurrency=2)
+    wait_until(lambda: sorted(b.consumer.ids()) == sorted(sent), timeout=20)
+    assert not a.consumer.gate.is_set()
+    [again] = [m for m in b.consumer.handled if m.message_id == released.message_id]
+    assert again.receive_count == 2
+    a.consumer.gate.set()
+    wait_until(lambda: len(a.consumer.handled) == 5)
+    a.stop()
+    b.stop()
+    # Nothing was lost or run twice; the first consumer ran none of the later messages
+    assert not set(a.consumer.ids("started")) & set(sent)
+    assert not a.consumer.named("failed") and not b.consumer.named("failed")
+
+
+@pytest.mark.timeout(90)
+def test_a_pool_busy_with_long_handlers_leaves_new_messages_to_another_consumer(
+    settings, clients, start
+):
+    class Long(Gated):
+        channel = "prefetch_busy_test"
+        warm_seconds = 3.0
+
+    class Other(Fast):
+        channel = "prefetch_busy_test"
+
+    # Given a consumer of one worker that expects 3 s per message, running a message that
+    # blocks, and another consumer on the same queue
+    a = warmed_up(start, settings, Long, warm=1)
+    b = start(Other, "b", concurrency=2)
+    wait_until(lambda: b.consumer.named("state"))
+    # When messages arrive while its worker is busy (before it is expected to free up)
+    producer = producer_for(settings, Long.channel)
+    sent = [producer.push({"kind": "after", "n": n}) for n in range(5)]
+    # Then the other consumer handles them all, and the busy one received none of them
+    wait_until(lambda: sorted(b.consumer.ids()) == sorted(sent), timeout=20)
+    received = a.consumer.ids("received")
+    assert len(received) == 2 and not set(received) & set(sent), received
+    assert not a.consumer.named("released")
+    a.consumer.gate.set()
+    a.stop()
+    b.stop()
+
+
+@pytest.mark.timeout(90)
+def test_shutdown_releases_a_message_waiting_for_a_busy_worker_at_once(settings, clients, start):
+    class Busy(Gated):
+        channel = "prefetch_shutdown_test"
+
+    # Given a consumer of one worker running a message that blocks, with a message it fetched
+    # ahead for that worker waiting (the bound is 5 s: it does not run out here)
+    a = warmed_up(start, settings, Busy, warm=4, prefetch_wait=5.0)
+    producer = producer_for(settings, Busy.channel)
+    waiting = producer.push({"kind": "after"})
+    wait_until(lambda: waiting in a.consumer.ids("received"), timeout=15)
+    # When it is asked to stop, its handler still blocked
+    a.consumer.request_shutdown()
+    # Then the waiting message is visible again at once (its lease is 30 s), not once the
+    # handler returns
+    assert a.consumer.resources is not None
+    sqs = clients.client("sqs")
+    got = wait_until(lambda: sqs.receive_message(
+        QueueUrl=a.consumer.resources.queue.url, MaxNumberOfMessages=1, WaitTimeSeconds=1,
+        MessageAttributeNames=["All"]).get("Messages"), timeout=8)
+    assert got[0]["MessageAttributes"]["message_id"]["StringValue"] == waiting
+    assert not a.consumer.gate.is_set()
+    [released] = wait_until(lambda: a.consumer.named("released"))
+    assert released.message_id == waiting and released.fields["reason"] == "shutdown"
+    # and the running handler still finishes within the shutdown timeout
+    a.consumer.gate.set()
+    a.stop()
+    assert waiting not in a.consumer.ids("started")
