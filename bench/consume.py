@@ -26,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.harness import in_memory_spans  # noqa: E402
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
 from messenger.consume.consumer import Consumer, ConsumerSettings  # noqa: E402
 from messenger.consume.mailbox import ReceivedMessage  # noqa: E402
@@ -111,15 +112,7 @@ TRACING_ROUNDS = 2
 
 def tracing_cost() -> dict[str, Any]:
     """Consumer requests and CPU per message, tracing off vs on, alternating rounds."""
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
+    exporter = in_memory_spans()
     runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
     for _ in range(TRACING_ROUNDS):
         for tracing in ("off", "on"):

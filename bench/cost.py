@@ -22,6 +22,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.harness import in_memory_spans  # noqa: E402
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
 from messenger.produce.producer import MultiProducer, Producer, PushItem  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
@@ -63,15 +64,7 @@ TRACING_MESSAGES = 300
 
 def tracing_cost() -> dict[str, object]:
     """Requests and producer CPU per message, tracing off vs on, alternating rounds."""
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
+    exporter = in_memory_spans()
     runs: dict[str, dict[str, list[float]]] = {}
     for _ in range(TRACING_ROUNDS):
         for tracing in ("off", "on"):
