@@ -62,7 +62,8 @@ BOTOCORE_MAX_ATTEMPTS = 4
 #: accepts connections and never answers costs at most this much past the retry budget.
 CONNECT_TIMEOUT_SECONDS = 5.0
 CALL_TIMEOUT_SECONDS = 15.0
-#: A call outside `call_with_budget` stops retrying timed-out attempts after this long.
+#: A call outside `call_with_budget` stops retrying (timed-out, broken or throttled attempts)
+#: after this long.
 CALL_BUDGET_SECONDS = 20.0
 #: ReceiveMessage long-polls up to this long before it answers.
 LONG_POLL_SECONDS = 20
@@ -82,17 +83,27 @@ def client_config(
     )
 
 
-def _stop_retrying_past_the_budget(caught_exception: BaseException | None = None,
-                                   **_: Any) -> None:
-    """botocore `needs-retry` hook: a timed-out or broken attempt is not retried by botocore
-    once the deadline has passed: inside `call_with_budget` its budget's, else the call's own
-    (`ClientFactory.call_budget` from its start). Each attempt may take a whole call timeout, so
-    botocore's own retries would otherwise run far past either."""
+def retry_deadline() -> float | None:
+    """When botocore stops retrying this thread's current call (monotonic seconds): inside
+    `call_with_budget` its budget's, else the call's own (`ClientFactory.call_budget` from its
+    start)."""
     deadline = getattr(_budget, "deadline", None)
-    if deadline is None:
-        deadline = getattr(_budget, "call_deadline", None)
-    if caught_exception is not None and deadline is not None and time.monotonic() >= deadline:
-        raise caught_exception
+    return getattr(_budget, "call_deadline", None) if deadline is None else deadline
+
+
+def _stop_retrying_past_the_budget(**_: Any) -> bool | None:
+    """botocore `needs-retry.<service>` hook, registered first, for clients off the paths of
+    `messenger.fastboto` (which hold botocore's retries to `retry_deadline` by wrapping its
+    retry handler, `fastboto.bound_retries`): once the deadline has passed, botocore retries no
+    attempt, a throttled or 5xx response (botocore raises its `ClientError`) or a broken one
+    (it raises the exception). False is a non-None answer, which ends the retries. Public hooks
+    only, so botocore's handler still runs after it (the endpoint asks every handler) and takes
+    a retry token for a retry not made, and a backoff chosen before the deadline is slept in
+    full."""
+    deadline = retry_deadline()
+    if deadline is not None and time.monotonic() >= deadline:
+        return False
+    return None
 
 
 def _genuine_session_class() -> type[boto3.session.Session]:
@@ -127,7 +138,8 @@ class ClientFactory:
         #: Seconds an attempt may wait for its response (long polls: plus their wait).
         self.call_timeout = call_timeout
         #: Seconds after which a call made outside `call_with_budget` (a CLI's, a Lambda's)
-        #: stops retrying timed-out attempts: it ends within this plus one attempt.
+        #: stops retrying (botocore's retries of timed-out, broken, throttled or 5xx attempts
+        #: included, and no backoff sleeps past it): it ends within this plus one attempt.
         self.call_budget = call_budget
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, bool, float | None, bool], Any] = {}
@@ -160,7 +172,12 @@ class ClientFactory:
                 service, config=client_config(timeout, validate_params),
                 endpoint_url=self.endpoint_url,
             )
-            made.meta.events.register_first("needs-retry", _stop_retrying_past_the_budget)
+            if not (self.fast_paths.on and fastboto.bound_retries(made, retry_deadline)):
+                # on the service's own event: botocore's handler is there, and a handler of
+                # the bare 'needs-retry' would come after it
+                service_id = made.meta.service_model.service_id.hyphenize()
+                made.meta.events.register_first(
+                    f"needs-retry.{service_id}", _stop_retrying_past_the_budget)
             made.meta.events.register_first("before-call", self._start_call_clock)
             if self.fast_paths.on:
                 fastboto.speed_up(made, planned_bodies=not validate_params)
@@ -238,7 +255,9 @@ def call_with_budget(
     until `budget_seconds` have passed; then raise `error` (default PublishFailed) naming
     `what`.
     Non-transient errors propagate at once. Wall time is bounded by the budget plus one attempt
-    (connect + call timeout), also against an endpoint that never answers."""
+    (connect + call timeout), also against an endpoint that never answers or throttles every
+    request: botocore's own retries inside `call` stop at the budget's deadline too, and their
+    backoff does not sleep past it (`ClientFactory.client`)."""
     deadline = time.monotonic() + budget_seconds
     attempt = 0
     while True:

@@ -94,11 +94,14 @@ class FailOnCall:
 
 
 class Throttle:
-    """Throttle `rate` (0..1) of the requests whose operation is in `operations` (None: all)."""
+    """Throttle `rate` (0..1) of the requests whose operation is in `operations` (None: all),
+    `times` of them at most (None: no limit)."""
 
-    def __init__(self, rate: float, operations: set[str] | None = None, seed: int = 7) -> None:
+    def __init__(self, rate: float, operations: set[str] | None = None, seed: int = 7,
+                 times: int | None = None) -> None:
         self.rate = rate
         self.operations = operations
+        self.times = times
         self.random = random.Random(seed)
         self.lock = threading.Lock()
         self.injected = 0
@@ -109,7 +112,8 @@ class Throttle:
         if self.operations is not None and operation not in self.operations:
             return None
         with self.lock:
-            hit = self.random.random() < self.rate
+            hit = self.random.random() < self.rate and (
+                self.times is None or self.injected < self.times)
             if hit:
                 self.injected += 1
             else:

@@ -2,14 +2,18 @@
 
 Every client `messenger.aws.ClientFactory` makes can take five CPU shortcuts, each giving what
 botocore gives (tests hold both side by side), together ~13-23% of a consumer's drain
-(docs/fast-botocore.md):
+(docs/fast-botocore.md), and one fix to botocore's retries:
 
 - `signing`: `FastSigV4Auth`, botocore's SigV4 signer with cheaper headers, payload hash and key;
 - `responses`: `FastParserFactory`, planned parses of SQS's receive and batch responses;
 - `serialize`: `PlannedJsonSerializer`, plain JSON request bodies as `json.dumps` of the
   parameters (clients that skip parameter validation);
 - `user_agent`: the User-Agent header built once per set of feature ids;
-- `form_body`: a query-protocol (SNS) body url-encoded once instead of twice.
+- `form_body`: a query-protocol (SNS) body url-encoded once instead of twice;
+- `retries`: `bound_retries`, botocore's own retries (throttled or 5xx responses, broken
+  attempts) held to the retry budget's deadline: none past it, no backoff sleeping past it,
+  botocore's retry quota kept (off, `messenger.aws` stops them past the deadline with public
+  hooks only, without capping a backoff already chosen).
 
 They reach into botocore's private code, so they switch on (`FastPaths.from_env`) only when the
 installed botocore is exactly `VERIFIED_BOTOCORE` (the pin in requirements.txt); with any other
@@ -51,6 +55,15 @@ source of each function and class, so an upgrade that changes one fails the suit
   botocore.useragent.UserAgentString._build_feature_metadata,
   botocore.useragent.UserAgentString.rebuild_and_replace_user_agent_handler: read or call it
 - botocore.context.get_context, botocore.context.ClientContext: the request's feature ids
+- retries: botocore.retries.standard.register_retry_handler (registers
+  `RetryHandler.needs_retry` under the unique id `retry-config-<service>`, which
+  botocore.client.ClientCreator._register_v2_standard_retries calls),
+  botocore.retries.standard.RetryHandler (the handler wrapped),
+  botocore.endpoint.Endpoint._needs_retry (the first non-None answer: None or False, no
+  retry; a number, sleep then retry), botocore.endpoint.Endpoint._send_request (the error
+  raised when it stops retrying), botocore.hooks.HierarchicalEmitter (its
+  `_unique_id_handlers` read), botocore.hooks.EventAliaser (its `_emitter`, the client's
+  emitter)
 """
 
 from __future__ import annotations
@@ -58,7 +71,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,3 +159,12 @@ def speed_up(client: Any, planned_bodies: bool) -> None:
     use_fast_signing(client)
     if planned_bodies:
         use_planned_serializer(client)
+
+
+def bound_retries(client: Any, deadline: Callable[[], float | None]) -> bool:
+    """Hold a botocore client's own retries to `deadline()` (monotonic seconds, None: none):
+    no retry once it has passed, no backoff past it (`messenger.fastboto.retries`). True when
+    they now are; a client whose retry handler is not found as expected is left alone."""
+    from messenger.fastboto.retries import bound_retries as bound
+
+    return bound(client, deadline)

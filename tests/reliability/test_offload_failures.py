@@ -4,7 +4,6 @@ message in the queue refers to a missing S3 object."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -33,7 +32,7 @@ def referenced_objects(harness, s3) -> dict[str, bool]:
     return found
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_s3_put_succeeds_and_the_send_fails_no_message_refers_to_a_missing_object(
     harness, producer_class, settings, report
 ):
@@ -47,12 +46,9 @@ def test_s3_put_succeeds_and_the_send_fails_no_message_refers_to_a_missing_objec
     throttle = Throttle(1.0, SEND_OPERATIONS)
     clients.register("before-send", throttle)
     began = time.monotonic()
-    with ThreadPoolExecutor(2) as pool:  # each waits out botocore's backoff: run side by side
-        pushed = pool.submit(producer.push, LARGE)
-        many = pool.submit(producer.push_many, [LARGE] * 2)
-        with pytest.raises(PublishFailed):
-            pushed.result()
-        result = many.result()
+    with pytest.raises(PublishFailed):  # each within its 1 s budget, botocore's retries included
+        producer.push(LARGE)
+    result = producer.push_many([LARGE] * 2)
     clients.unregister("before-send", throttle)
     # Then push raised, push_many reported every item as failed, nothing was acknowledged
     assert result.message_ids == [None] * 2
@@ -74,7 +70,7 @@ def test_s3_put_succeeds_and_the_send_fails_no_message_refers_to_a_missing_objec
     assert line["orphan_objects"] == 3, line
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
 def test_s3_put_fails_nothing_is_sent(harness, producer_class, settings, report):
     # Given a producer whose channel exists, and S3 refusing every PutObject
     clients = ClientFactory(settings.region)

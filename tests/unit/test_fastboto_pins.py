@@ -70,6 +70,15 @@ PINS = {
         "4a60c398517a3024ef9edf10823a8f6805653a6d",
     "botocore.context.get_context": "7e08efb7ab1f255348ae8317904ee1041331bf0f",
     "botocore.context.ClientContext": "a70e47a514bb79086b82c57bbec60a9216f4da0b",
+    # retries: the standard-mode handler wrapped, where it is registered and how it is consulted
+    "botocore.retries.standard.register_retry_handler": "e99b0b760b387d6131d6a26f2cb0613a2d692051",
+    "botocore.retries.standard.RetryHandler": "9ae70f2ac08ad381e7c40f0eae5c0a7fe336fd51",
+    "botocore.client.ClientCreator._register_v2_standard_retries":
+        "9ec4ff68599544b4f46067b3783287862d38fb50",
+    "botocore.endpoint.Endpoint._needs_retry": "ae59155b57c0a743fd00b537449d4b6ad2ee997c",
+    "botocore.endpoint.Endpoint._send_request": "0158d0b6c492fde95947b49c34fd0927e5d145a1",
+    "botocore.hooks.HierarchicalEmitter": "34b0bedc913eb5bd9e4ccfd368db375bebe3c972",
+    "botocore.hooks.EventAliaser": "70492f7f3eb058fb0a9193d8fa7ff5cfebe74925",
 }
 
 
@@ -141,7 +150,7 @@ def test_the_package_docstring_lists_every_pinned_name():
 
 
 @pytest.mark.parametrize("module", ["signing", "responses", "serialize", "user_agent",
-                                    "form_body"])
+                                    "form_body", "retries"])
 def test_every_private_name_a_fast_path_uses_is_listed(module):
     # Given every `_name` in the module's code that the module does not define itself
     source = inspect.getsource(importlib.import_module(f"messenger.fastboto.{module}"))
