@@ -77,8 +77,10 @@ MAX_COALESCE_SECONDS = 0.25
 RECEIVE_BACKOFF_SECONDS = 2.0
 #: A poll's messages run on the receiver's thread when, at the recent average time spent on a
 #: chain (a message; a group's messages on an ordered channel), they take at most this long;
-#: else a worker is woken for each chain.
-HANDOFF_SECONDS = 0.001
+#: else a worker is woken for each chain. 2 ms: a fast message costs ~75 µs of CPU here, but the
+#: average is of wall time, which a loaded machine (other processes, this one's deleter holding
+#: the GIL) stretches to 100-200 µs; at 1 ms, 7-19% of a drain's polls woke all ten workers.
+HANDOFF_SECONDS = 0.002
 #: A receiver running a poll's messages this long (checked at each watchdog tick) is replaced.
 RESCUE_SECONDS = 0.05
 #: Weight of the newest chain in that running average.
