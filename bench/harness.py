@@ -19,3 +19,36 @@ def in_memory_spans() -> Any:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return exporter
+
+
+def json_log_to_file() -> Any:
+    """Log as a deployed consumer does (messenger's JSON event log), into a new temporary file
+    instead of stderr (a container's stderr, without the terminal's cost); return the open file
+    (its `.name` to count or remove the lines)."""
+    import logging
+    import tempfile
+
+    from messenger.consume.lifecycle import configure_json_logging
+
+    log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
+    configure_json_logging()
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(log)
+    return log
+
+
+def backlog(namespace: str, channel: str, messages: int, pad: int = 0) -> str:
+    """A fresh queue (messenger's channel, with its DLQ) holding `messages` messages pushed by
+    messenger, each {"n": n} plus `pad` characters; its URL."""
+    from messenger.aws import ClientFactory
+    from messenger.channel import queue_name_for
+    from messenger.produce.producer import Producer
+    from messenger.settings import Settings
+
+    producer = type("Backlog", (Producer,), {"channel": channel})(
+        settings=Settings.from_env(namespace=namespace))
+    bodies = ({"n": n, "pad": "x" * pad} if pad else {"n": n} for n in range(messages))
+    producer.push_many(bodies).raise_for_failures()
+    sqs = ClientFactory("us-east-1").client("sqs")
+    return str(sqs.get_queue_url(QueueName=queue_name_for(channel, namespace))["QueueUrl"])

@@ -51,6 +51,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.harness import json_log_to_file  # noqa: E402
+
 GOAL = 1.0
 SIDES = ("messenger", "peer")
 
@@ -115,19 +117,13 @@ class Window:
 # -- the children ---------------------------------------------------------------------------
 def run_messenger(channel: str, namespace: str, messages: int, kib: int,
                   concurrency: int) -> dict[str, Any]:
-    import logging
 
     from messenger.aws import ClientFactory, RequestCounter
     from messenger.consume.consumer import Consumer, ConsumerSettings
-    from messenger.consume.lifecycle import configure_json_logging
     from messenger.produce.producer import Producer
     from messenger.settings import Settings
 
-    log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
-    configure_json_logging()
-    for handler in logging.getLogger().handlers:  # the container's stderr, to a file
-        if isinstance(handler, logging.StreamHandler):
-            handler.setStream(log)
+    log = json_log_to_file()
     settings = Settings.from_env(namespace=namespace)
     sending, receiving = ClientFactory(settings.region), ClientFactory(settings.region)
     producer = type("OffloadBench", (Producer,), {"channel": channel})(

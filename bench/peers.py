@@ -71,6 +71,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.harness import backlog, json_log_to_file  # noqa: E402
+
 CPU_RATIO_GOAL = 1.0
 REQUESTS_GOAL = 0.22
 #: MESSENGER_FAST_BOTOCORE in each consumer's child (None: unset, as deployed: messenger's fast
@@ -85,14 +87,9 @@ def drain_messenger(queue: str, namespace: str, messages: int,
 
     from messenger.aws import ClientFactory, RequestCounter
     from messenger.consume.consumer import Consumer, ConsumerSettings
-    from messenger.consume.lifecycle import configure_json_logging
     from messenger.settings import Settings
 
-    log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
-    configure_json_logging()
-    for handler in logging.getLogger().handlers:  # the container's stderr, to a file
-        if isinstance(handler, logging.StreamHandler):
-            handler.setStream(log)
+    log = json_log_to_file()
     settings = Settings.from_env(namespace=namespace)
     clients = ClientFactory(settings.region)
     counter = RequestCounter().attach(clients)
@@ -228,19 +225,6 @@ RATIOS = {"cpu_ratio": ("messenger", "peer"),
 APP_ID = "peers-r{round}-{name}"
 
 
-def backlog(namespace: str, channel: str, messages: int) -> str:
-    """A fresh queue holding `messages` messages (pushed by messenger); its URL."""
-    from messenger.aws import ClientFactory
-    from messenger.channel import queue_name_for
-    from messenger.produce.producer import Producer
-    from messenger.settings import Settings
-
-    producer = type("Backlog", (Producer,), {"channel": channel})(
-        settings=Settings.from_env(namespace=namespace))
-    producer.push_many({"n": n, "pad": "x" * 200} for n in range(messages)).raise_for_failures()
-    sqs = ClientFactory("us-east-1").client("sqs")
-    return str(sqs.get_queue_url(QueueName=queue_name_for(channel, namespace))["QueueUrl"])
-
 
 def run_child(args: list[str], app_id: str, fast_botocore: str | None = None) -> dict[str, Any]:
     """Run one drain in a child process and reap it (subprocess.run waits for its exit)."""
@@ -364,7 +348,7 @@ def measure(rounds: int, messages: int, endpoint: str | None = None) -> dict[str
         for name in order:
             # A fresh queue per drain: nothing of an earlier child can reach this one's.
             channel = f"drain_{name}_{round_number}"
-            url = backlog(namespace, channel, messages)
+            url = backlog(namespace, channel, messages, pad=200)
             target = channel if name.startswith("messenger") else url
             app_id = APP_ID.format(round=round_number, name=name)
             result = run_child(["--drain", name, target, namespace, str(messages)], app_id,

@@ -50,6 +50,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bench.harness import backlog, json_log_to_file  # noqa: E402
+
 GOAL = 0.85
 CONCURRENCY = 10
 CONSUMERS = ("messenger", "messenger_free_workers_only", "boto3_pool")
@@ -102,18 +104,12 @@ def percentile(values: list[float], share: float) -> float:
 
 def drain_messenger(channel_name: str, messages: int, handler_seconds: float,
                     prefetch_wait: float | None) -> dict[str, Any]:
-    import logging
 
     from messenger.aws import ClientFactory, RequestCounter
     from messenger.consume.consumer import Consumer, ConsumerSettings
-    from messenger.consume.lifecycle import configure_json_logging
     from messenger.settings import Settings
 
-    log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
-    configure_json_logging()
-    for handler in logging.getLogger().handlers:  # the container's stderr, to a file
-        if isinstance(handler, logging.StreamHandler):
-            handler.setStream(log)
+    log = json_log_to_file()
     settings = Settings.from_env()
     clients = ClientFactory(settings.region)
     timeline = Timeline(messages)
@@ -218,19 +214,6 @@ def drain_boto3_pool(queue_url: str, messages: int, handler_seconds: float) -> d
 
 
 # -- the parent ------------------------------------------------------------------------------
-def backlog(namespace: str, channel: str, messages: int) -> str:
-    """A fresh queue (messenger's channel, with its DLQ) holding `messages`; its URL."""
-    from messenger.aws import ClientFactory
-    from messenger.channel import queue_name_for
-    from messenger.produce.producer import Producer
-    from messenger.settings import Settings
-
-    producer = type("Backlog", (Producer,), {"channel": channel})(
-        settings=Settings.from_env(namespace=namespace))
-    producer.push_many({"n": n} for n in range(messages)).raise_for_failures()
-    sqs = ClientFactory("us-east-1").client("sqs")
-    return str(sqs.get_queue_url(QueueName=queue_name_for(channel, namespace))["QueueUrl"])
-
 
 def left_in(url: str) -> int:
     from messenger.aws import ClientFactory
