@@ -246,12 +246,14 @@ class ProcessTrace:
         self.token = token
 
     @classmethod
-    def start(cls, mode: str, raw: Mapping[str, Any], queue: str,
+    def start(cls, mode: str, raw: Mapping[str, Any], queue_url: str,
               message_id: str) -> ProcessTrace | None:
-        """Start the span of `raw` (an SQS message from `queue`); None when tracing is off."""
+        """Start the span of `raw` (an SQS message from the queue at `queue_url`); None when
+        tracing is off (then nothing else is worked out: this runs for every message)."""
         api = otel(mode)
         if api is None:
             return None
+        queue = queue_url.rsplit("/", 1)[-1]
         creation = api.propagate.extract(received_headers(raw))
         producer = api.trace.get_current_span(creation).get_span_context()
         system = raw.get("Attributes", {})

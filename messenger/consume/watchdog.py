@@ -70,8 +70,9 @@ def run_interruptibly(
     or is interrupted."""
     trace = None
     if tracing != "off":
-        queue = delivery.mailbox.queue_url.rsplit("/", 1)[-1] if delivery.mailbox else ""
-        trace = ProcessTrace.start(tracing, delivery.raw, queue, delivery.log_id)
+        trace = ProcessTrace.start(tracing, delivery.raw,
+                                   delivery.mailbox.queue_url if delivery.mailbox else "",
+                                   delivery.log_id)
     if trace is None:
         return _run_interruptibly(delivery, handler, message)
     error: BaseException | None = None

@@ -13,6 +13,7 @@ everywhere in the process. Infrastructure is checked once, at first use.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -179,7 +180,7 @@ class _BaseProducer:
 
     @property
     def destination_name(self) -> str:
-        """The queue or topic name its spans name."""
+        """The queue or topic name its spans name (worked out once: a push asks for it)."""
         raise NotImplementedError
 
     def _make_target(self, level: str | None) -> QueueTarget | TopicTarget:
@@ -596,7 +597,7 @@ class Producer(_BaseProducer):
     routes_priority_by_attribute = False
     messaging_system = SQS_SYSTEM
 
-    @property
+    @functools.cached_property
     def destination_name(self) -> str:
         return queue_name_for(self.channel, self.settings.namespace, self.ordered)
 
@@ -643,7 +644,7 @@ class MultiProducer(_BaseProducer):
     routes_priority_by_attribute = True
     messaging_system = SNS_SYSTEM
 
-    @property
+    @functools.cached_property
     def destination_name(self) -> str:
         return topic_name_for(self.channel, self.settings.namespace, self.ordered)
 
