@@ -51,6 +51,9 @@ from botocore.awsrequest import (
 )
 
 logger = logging.getLogger("messenger.fastboto")
+#: The standard library modules whose private names this path uses (untyped in typeshed).
+HTTP_CLIENT: Any = http.client
+FEEDPARSER: Any = email.feedparser
 
 #: `stdlib_fingerprint()` of the Python versions this path was checked against (CPython 3.11.7;
 #: the bytecode of these functions is the same across a minor version's patch releases unless
@@ -80,13 +83,13 @@ def stdlib_fingerprint() -> str:
     """SHA-1 of the bytecode, names and constants of the standard library functions this path
     runs or reproduces (line numbers and file names left out)."""
     functions = [
-        http.client.HTTPResponse.begin, http.client.parse_headers, http.client._read_headers,
-        email.feedparser.FeedParser._parsegen, email.feedparser.FeedParser._parse_headers,
-        email.feedparser.BufferedSubFile.push, Compat32.header_source_parse,
+        HTTP_CLIENT.HTTPResponse.begin, HTTP_CLIENT.parse_headers, HTTP_CLIENT._read_headers,
+        FEEDPARSER.FeedParser._parsegen, FEEDPARSER.FeedParser._parse_headers,
+        FEEDPARSER.BufferedSubFile.push, Compat32.header_source_parse,
         email.message.Message.__init__,
     ]
     parts = [_code_parts(function.__code__) for function in functions]
-    parts.append([email.feedparser.headerRE.pattern, email.feedparser.NLCRE_crack.pattern])
+    parts.append([FEEDPARSER.headerRE.pattern, FEEDPARSER.NLCRE_crack.pattern])
     return hashlib.sha1(repr(parts).encode("utf-8")).hexdigest()
 
 
@@ -117,16 +120,16 @@ def plain_headers(lines: list[bytes]) -> http.client.HTTPMessage | None:
                 kind in value.lower() for kind in _KEEPS_BODY_TYPES):
             return None  # feedparser looks for parts (and notes defects)
         headers.append((name, value))
-    message = http.client.HTTPMessage()
+    message: Any = http.client.HTTPMessage()
     message._headers = headers
     message._payload = ""
-    return message
+    return message  # type: ignore[no-any-return]
 
 
 def parse_headers(fp: BinaryIO) -> http.client.HTTPMessage:
     """http.client.parse_headers' result, through the email package only when a line is not
     plain (`plain_headers`)."""
-    lines = http.client._read_headers(fp)
+    lines = HTTP_CLIENT._read_headers(fp)
     message = plain_headers(lines)
     if message is not None:
         return message
