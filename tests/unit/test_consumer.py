@@ -524,7 +524,7 @@ def test_a_chain_that_waited_for_the_gil_does_not_make_the_messages_look_slow():
     assert typical_chain_seconds(recent) is None  # nothing run yet: workers take them
     recent.extend([0.0001] * CHAIN_WINDOW)
     # Given fast messages, a few of which waited 5 ms for the GIL or a core
-    for spike in range(CHAIN_WINDOW // 2 - 1):
+    for _ in range(CHAIN_WINDOW // 2 - 1):
         recent.append(0.005)
         # Then the typical chain is still fast: the next poll wakes no worker
         assert typical_chain_seconds(recent) == 0.0001
