@@ -313,3 +313,44 @@ def test_without_prefetch_one_receive_is_in_flight_at_a_time(settings, clients, 
     # Then no other receive went out while it was held, nor at any time of the drain
     assert gate.sent_while_held == 0 and gate.most == 1
     assert sorted(m.message_id for m in run.consumer.handled) == sorted(sent)
+
+
+@pytest.mark.timeout(120)
+def test_a_receive_beside_the_receiver_that_answers_after_shutdown_gives_its_messages_back(
+    settings, clients, start
+):
+    # Given a consumer prefetching on a backlog, one of whose receives is held before it is
+    # sent while others go on
+    run, gate, sent = drained_with_receives_gated(settings, clients, start,
+                                                  "prefetch_beside_shutdown_test",
+                                                  prefetch_wait=5.0)
+    wait_until(lambda: gate.sent_while_held, timeout=30)
+    # When the consumer has shut down, and only then that receive reaches the queue, which
+    # has new messages
+    run.stop()
+    handled = {m.message_id for m in run.consumer.handled}
+    late = [producer_for(settings, "prefetch_beside_shutdown_test").push({"late": n})
+            for n in range(3)]
+    gate.release()
+    wait_until(lambda: gate.in_flight == 0, timeout=30)
+    # Then the messages it got (a backlog's or the new ones) are given back at once (their
+    # lease is 30 s), never received into the consumer nor handled
+    def given_back() -> list[Any]:
+        received = {e.message_id for e in run.consumer.named("received")}
+        return [e for e in run.consumer.named("released")
+                if e.fields["reason"] == "shutdown" and e.message_id not in received]
+
+    assert wait_until_or_false(given_back, timeout=10), run.consumer.named("released")
+    assert {m.message_id for m in run.consumer.handled} == handled
+    # and every message not handled is visible (the other receives in flight at shutdown gave
+    # theirs back too)
+    assert run.consumer.resources is not None
+    url = run.consumer.resources.queue.url
+    expected = {"ApproximateNumberOfMessages": str(len(sent) + len(late) - len(handled)),
+                "ApproximateNumberOfMessagesNotVisible": "0"}
+
+    def counts() -> dict[str, str]:
+        return dict(clients.client("sqs").get_queue_attributes(
+            QueueUrl=url, AttributeNames=list(expected))["Attributes"])
+
+    assert wait_until_or_false(lambda: counts() == expected, timeout=10), counts()
