@@ -368,8 +368,9 @@ def test_a_handler_past_processing_timeout_is_dead_lettered_and_the_batch_goes_o
     began = time.monotonic()
     response = fn.invoke(messages)
     # Then after 1 s (plus 1 s for a handler blocked in C code to give up on it) the message is
-    # in the DLQ and the next one runs, on a new handler thread if the first is stuck
-    assert time.monotonic() - began < 3.5
+    # in the DLQ and the next one runs, on a new handler thread if the first is stuck: the
+    # invocation did not wait out the 5 s handler (the margin is for a loaded machine)
+    assert time.monotonic() - began < 4.5
     assert failures(response) == []
     assert [reason(m) for m in fn.dead_letters()] == ["processing_timeout: exceeded 1 s"]
     assert ("done", {work: 5}) not in RECORD and ("done", {"n": 1}) in RECORD
