@@ -73,6 +73,7 @@ from messenger.consume.tracking import consumer_id
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog, run_interruptibly
 from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.offload import PayloadStore
+from messenger.tracing import ProcessTrace
 
 logger = logging.getLogger(__name__)
 
@@ -568,7 +569,12 @@ class Runtime:
         try:
             message = delivery.decode(self.store, self.mailbox.budget, consumer.body_schema)
         except (MessageDecodeError, PayloadMissing) as bad:  # never readable: the DLQ at once
-            return self.dead_letter(delivery, unreadable_reason(bad), Stage.RUNNING)
+            reason = unreadable_reason(bad)
+            if consumer.settings.tracing != "off":
+                ProcessTrace.unprocessable(
+                    consumer.settings.tracing, delivery.raw,
+                    delivery.mailbox.queue_url if delivery.mailbox else "", delivery.log_id, reason)
+            return self.dead_letter(delivery, reason, Stage.RUNNING)
         except Exception as unreadable:  # S3 unreachable past the budget: try again later
             return self._failed(delivery, None, unreadable)
         delivery.message = message
