@@ -136,7 +136,9 @@ def _messaging(system: str, destination: str, operation: str, kind: str,
 
 
 def _failed(span: Any, api: _Otel, error: BaseException | str) -> None:
-    kind = error if isinstance(error, str) else type(error).__name__
+    """Mark `span` failed: by an exception (its type), or by a reason `kind: details` (its
+    kind; a low-cardinality `error.type`, the whole reason in the status)."""
+    kind = error.split(":", 1)[0] if isinstance(error, str) else type(error).__name__
     if isinstance(error, BaseException):
         span.record_exception(error)
     span.set_attribute("error.type", kind)
@@ -270,8 +272,20 @@ class ProcessTrace:
         token = api.context.attach(api.trace.set_span_in_context(span))
         return cls(api, span, token)
 
-    def end(self, error: BaseException | None, timed_out: bool) -> None:
-        """The handler returned (`error`: what it raised) or was interrupted (`timed_out`)."""
+    @classmethod
+    def unprocessable(cls, mode: str, raw: Mapping[str, Any], queue_url: str, message_id: str,
+                      reason: str) -> None:
+        """The `process` span of a message dead-lettered before any handler ran (an unreadable
+        or invalid body, a missing payload): started and ended at once, an error whose
+        `error.type` is the reason's kind (`undecodable`, `payload_missing`, `invalid`), so the
+        producer's trace shows where its message ended."""
+        trace = cls.start(mode, raw, queue_url, message_id)
+        if trace is not None:
+            trace.end(reason, timed_out=False)
+
+    def end(self, error: BaseException | str | None, timed_out: bool) -> None:
+        """The handler returned (`error`: what it raised), was interrupted (`timed_out`), or
+        never ran (`error`: the dead-letter reason, `kind: details`)."""
         try:
             if timed_out:
                 _failed(self.span, self.api, "processing_timeout")

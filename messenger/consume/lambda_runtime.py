@@ -73,6 +73,7 @@ from messenger.consume.watchdog import ProcessingTimeout, interrupt, run_interru
 from messenger.errors import InvalidSettings, MessageDecodeError, MessengerError, PayloadMissing
 from messenger.offload import PayloadStore
 from messenger.provision import Provisioner
+from messenger.tracing import ProcessTrace
 
 #: Seconds of an invocation kept for what follows the last handler: dead-letter forwards,
 #: releases, the status records and the response. No message starts later than this before
@@ -387,7 +388,11 @@ class _Batch:
         except (MessageDecodeError, PayloadMissing) as bad:
             if not delivery.claim(Stage.RUNNING, Stage.DONE):
                 return None
-            return self.dead_letter(delivery, unreadable_reason(bad))
+            reason = unreadable_reason(bad)
+            if consumer.settings.tracing != "off":
+                ProcessTrace.unprocessable(consumer.settings.tracing, delivery.raw,
+                                           mailbox.queue_url, delivery.log_id, reason)
+            return self.dead_letter(delivery, reason)
         except ProcessingTimeout:
             raise
         except Exception as unreadable:  # S3 unreachable past the budget: try again later

@@ -3,7 +3,11 @@
 - The receiver long-polls (20 s) for at most 10 messages: for the free workers and, with the
   bounded prefetch (`messenger.consume.prefetch`), for the workers expected to free up by the
   time the poll answers; a message that waits `prefetch_wait` (0.5 s) for a worker all the same
-  is released by the watchdog (`take_overdue`), the waiting ones at once at shutdown. On an
+  is released by the watchdog (`take_overdue`), the waiting ones at once at shutdown. While
+  prefetching on a backlog (polls coming back full), up to MAX_RECEIVES_IN_FLIGHT receives are
+  in flight at once, each beside the receiver on a thread of its own (`_receive_beside`: its
+  messages go to the workers), so that workers getting through more than 10 messages per
+  round trip are kept busy; else one at a time, on the receiver's thread. On an
   ordered channel (no prefetch) a poll's messages of one group form a chain that one worker
   runs in order (SQS hands out a group's next message only after the previous one is deleted
   or visible again). On a prioritized channel a `LevelPoller`
@@ -34,6 +38,8 @@
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import threading
 import time
@@ -67,6 +73,7 @@ from messenger.consume.tracking import consumer_id
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog, run_interruptibly
 from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.offload import PayloadStore
+from messenger.tracing import ProcessTrace
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +136,10 @@ class Runtime:
         self._work = WorkQueue()
         #: The thread that polls; another one after a rescue (`rescue_receiver`).
         self._receiver: threading.Thread | None = None
+        #: Receives in flight beside the receiver's (`_receive_beside`): key → (when sent,
+        #: messages asked for). Empty unless prefetching on a backlog.
+        self._in_flight: dict[int, tuple[float, int]] = {}
+        self._receive_keys = itertools.count()
         #: When the receiver began running a poll's messages itself (None: it is not).
         self._inline_since: float | None = None
         #: Recent average wall time a worker spends on a chain (None before the first).
@@ -285,41 +296,73 @@ class Runtime:
         me = threading.current_thread()
         while not self.stopping.is_set() and self._receiver is me:
             with self._cond:
-                count = self._to_fetch()
+                count, beside = self._to_fetch()
             if self.stopping.is_set():
                 return
             if count <= 0:
                 continue
+            if beside is not None:
+                # Prefetching on a backlog: this receive goes out on a thread of its own, so
+                # that this one plans the next while it is in flight.
+                receive = functools.partial(self._receive_beside, beside, count)
+                threading.Thread(target=self._guarded(receive), name="messenger-receive",
+                                 daemon=True).start()
+                continue
             if self.consumer.ordered:
                 # A group stays locked until its message is deleted: delete before polling.
                 self.deleter.flush()
-            try:
-                began = time.monotonic()
-                deliveries = self.fetch(count)
-                self.prefetch.observe_poll(time.monotonic() - began, count, len(deliveries))
-                self._last_poll_short = len(deliveries) < count
-            except Exception as error:
-                if not is_transient(error):  # queue gone, access denied: let ECS see it
-                    self.fail(error)
-                    return
-                self.consumer.emit(
-                    "receive_failed",
-                    fields={"error": f"{type(error).__name__}: {error}",
-                            "transient": is_transient(error)},
-                )
-                self.stopping.wait(RECEIVE_BACKOFF_SECONDS)
-                continue
-            if self.stopping.is_set():
-                # A long poll that returned after shutdown: give its messages back at once.
-                self._release(deliveries, reason="shutdown")
-                return
-            self._dispatch(deliveries)
+            deliveries = self._receive(count)
+            if deliveries is not None:
+                self._dispatch(deliveries)
 
-    def _to_fetch(self) -> int:
-        """How many messages to ask for, once there is a worker to fetch for (0: stopping).
-        Holds `_cond`. Prefetch (`messenger.consume.prefetch`): for the free workers and those
-        expected to free up by the time the poll answers; else for the free workers only,
-        waiting briefly for more of them (`_coalesce`)."""
+    def _receive(self, count: int) -> list[Delivery] | None:
+        """One receive of at most `count` messages, timed for the prefetch. None when it failed
+        (transient: after RECEIVE_BACKOFF_SECONDS; else the consumer stops) or came back after
+        stop (its messages are released at once)."""
+        try:
+            began = time.monotonic()
+            deliveries = self.fetch(count)
+            with self._lock:
+                self.prefetch.observe_poll(time.monotonic() - began, count, len(deliveries))
+            self._last_poll_short = len(deliveries) < count
+        except Exception as error:
+            if not is_transient(error):  # queue gone, access denied: let ECS see it
+                self.fail(error)
+                return None
+            self.consumer.emit(
+                "receive_failed",
+                fields={"error": f"{type(error).__name__}: {error}",
+                        "transient": is_transient(error)},
+            )
+            self.stopping.wait(RECEIVE_BACKOFF_SECONDS)
+            return None
+        if self.stopping.is_set():
+            # A long poll that returned after shutdown: give its messages back at once.
+            self._release(deliveries, reason="shutdown")
+            return None
+        return deliveries
+
+    def _receive_beside(self, key: int, count: int) -> None:
+        """A receive sent while others may be in flight (`_to_fetch` counted it in
+        `_in_flight` under `key`), on its own thread: its messages go to the workers (never run
+        on this thread), then the receiver plans again."""
+        try:
+            deliveries = self._receive(count)
+            if deliveries is not None:
+                self._dispatch(deliveries, inline=False)
+        finally:
+            with self._cond:
+                del self._in_flight[key]
+                self._cond.notify_all()
+
+    def _to_fetch(self) -> tuple[int, int | None]:
+        """How many messages to ask for, once there is a worker to fetch for (0: stopping), and
+        whether that receive goes out beside others (its key in `_in_flight`, for
+        `_receive_beside`; None: on the receiver's thread, nothing else in flight). Holds
+        `_cond`. Prefetch (`messenger.consume.prefetch`): for the free workers and those
+        expected to free up by the time the poll answers, up to MAX_RECEIVES_IN_FLIGHT
+        receives at once while the polls come back full; else for the free workers only,
+        waiting briefly for more of them (`_coalesce`), one receive at a time."""
         wanted = min(10, self.config.concurrency)
         while not self.stopping.is_set():
             now = time.monotonic()
@@ -327,16 +370,24 @@ class Runtime:
             if busy is not None and self.prefetch.active(now, busy):
                 started, waiting = self._running_and_waiting()
                 plan = self.prefetch.plan(now, self.config.concurrency - len(self._stuck),
-                                          started, waiting, busy, wanted)
-                if plan.count > 0:
-                    return plan.count
+                                          started, waiting, busy, wanted,
+                                          list(self._in_flight.values()))
+                if plan.count > 0 and self.poller is None and self.prefetch.last_full:
+                    # (A prioritized channel's level poller picks levels one poll at a time.)
+                    key = next(self._receive_keys)
+                    self._in_flight[key] = (now, plan.count)
+                    return plan.count, key
+                if plan.count > 0:  # the plan asks for nothing more while one is in flight
+                    return plan.count, None
                 self._cond.wait(0.5 if plan.wait is None else min(0.5, plan.wait))
+            elif self._in_flight:
+                self._cond.wait(0.5)  # one receive at a time: wait for those in flight
             elif self.free_slots() > 0:
                 self._coalesce()
-                return min(wanted, self.free_slots())
+                return min(wanted, self.free_slots()), None
             else:
                 self._cond.wait(0.5)
-        return 0
+        return 0, None
 
     def _running_and_waiting(self) -> tuple[list[float], int]:
         """When each held message running started, and how many wait for a worker. Holds
@@ -386,7 +437,9 @@ class Runtime:
         leased_at = max(polled_at, now - 1.0)
         return [Delivery(m, now, leased_at + self.visibility, mailbox=mailbox) for m in raw]
 
-    def _dispatch(self, deliveries: list[Delivery]) -> None:
+    def _dispatch(self, deliveries: list[Delivery], inline: bool = True) -> None:
+        """Hold a poll's messages and queue them for the workers; with `inline`, run them on
+        this (the receiver's) thread when they are fast (`workers_to_wake`, `_run_here`)."""
         with self._lock:
             for delivery in deliveries:
                 self._held[delivery.receipt_handle] = delivery
@@ -401,7 +454,8 @@ class Runtime:
                 self.consumer.emit("received", delivery.log_id, fields=fields)
         self.refresh_state()
         chains = self._chains(deliveries)
-        wake = workers_to_wake(typical_chain_seconds(self._recent_chains), len(chains))
+        wake = workers_to_wake(typical_chain_seconds(self._recent_chains), len(chains)) \
+            if inline else len(chains)
         self._work.put(chains, wake=wake)
         if chains and not wake:
             self._run_here()
@@ -524,7 +578,12 @@ class Runtime:
         try:
             message = delivery.decode(self.store, self.mailbox.budget, consumer.body_schema)
         except (MessageDecodeError, PayloadMissing) as bad:  # never readable: the DLQ at once
-            return self.dead_letter(delivery, unreadable_reason(bad), Stage.RUNNING)
+            reason = unreadable_reason(bad)
+            if consumer.settings.tracing != "off":
+                ProcessTrace.unprocessable(
+                    consumer.settings.tracing, delivery.raw,
+                    delivery.mailbox.queue_url if delivery.mailbox else "", delivery.log_id, reason)
+            return self.dead_letter(delivery, reason, Stage.RUNNING)
         except Exception as unreadable:  # S3 unreachable past the budget: try again later
             return self._failed(delivery, None, unreadable)
         delivery.message = message

@@ -207,3 +207,150 @@ def test_shutdown_releases_a_message_waiting_for_a_busy_worker_at_once(
     a.consumer.gate.set()
     a.stop()
     assert waiting not in a.consumer.ids("started")
+
+
+class ReceiveGate:
+    """Botocore hooks on the consumer's clients: count its receives in flight (the most at
+    once), and, once armed, hold the next receive before it is sent until `release`."""
+
+    def __init__(self, clients: ClientFactory) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most = 0
+        self.armed = False
+        self.holding = threading.Event()
+        self.sent_while_held = 0
+        self._released = threading.Event()
+        clients.register("before-call.sqs.ReceiveMessage", self._began)
+        clients.register("after-call.sqs.ReceiveMessage", self._ended)
+        clients.register("after-call-error.sqs.ReceiveMessage", self._ended)
+        clients.register("before-send.sqs.ReceiveMessage", self._before_send)
+
+    def _began(self, **_: Any) -> None:
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+
+    def _ended(self, **_: Any) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+    def _before_send(self, **_: Any) -> None:
+        with self.lock:
+            hold, self.armed = self.armed, False
+            if self.holding.is_set() and not self._released.is_set():
+                self.sent_while_held += 1
+        if hold:
+            self.holding.set()
+            assert self._released.wait(60)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+class Steady(Recording):
+    """Handles every message in 20 ms (a handler waiting on a network call)."""
+
+    def handler(self, message: ReceivedMessage) -> None:
+        time.sleep(0.02)
+        super().handler(message)
+
+
+def drained_with_receives_gated(settings: Settings, clients: ClientFactory,
+                                start: Callable[..., Running], channel: str,
+                                prefetch_wait: float) -> tuple[Running, ReceiveGate, list[str]]:
+    """A consumer of 10 workers on a backlog of 200 messages that, once it has handled 30 (it
+    knows its round trip and its time per message), has its next receive held; returns with
+    the gate armed and that receive held."""
+    cls = type("Drain", (Steady,), {"channel": channel})
+    gate = ReceiveGate(clients)
+    producer = producer_for(settings, channel)
+    sent = [producer.push({"n": n}) for n in range(200)]
+    run = start(cls, "a", concurrency=10, prefetch_wait=prefetch_wait)
+    wait_until(lambda: len(run.consumer.handled) >= 30, timeout=60)
+    gate.armed = True
+    assert gate.holding.wait(30)
+    return run, gate, sent
+
+
+@pytest.mark.timeout(120)
+def test_a_second_receive_goes_out_while_one_is_in_flight_on_a_backlog(settings, clients,
+                                                                       start):
+    # Given a consumer of 10 workers of 20 ms messages prefetching on a backlog (the bound is
+    # 5 s, so that a stall of this loaded test process does not pause it), one of whose
+    # receives is held before it is sent
+    run, gate, sent = drained_with_receives_gated(settings, clients, start,
+                                                  "prefetch_beside_test", prefetch_wait=5.0)
+    # Then other receives go out while it is held, and their messages are handled meanwhile
+    handled = len(run.consumer.handled)
+    wait_until(lambda: gate.sent_while_held and len(run.consumer.handled) >= handled + 10,
+               timeout=30)
+    assert gate.most <= prefetch.MAX_RECEIVES_IN_FLIGHT
+    # and once it is let go, every message is handled exactly once and none is left
+    gate.release()
+    wait_until(lambda: len(run.consumer.handled) >= len(sent), timeout=60)
+    run.stop()
+    assert sorted(m.message_id for m in run.consumer.handled) == sorted(sent)
+    assert not run.consumer.named("failed") and not run.consumer.named("released")
+    assert 2 <= gate.most <= prefetch.MAX_RECEIVES_IN_FLIGHT
+    assert run.consumer.resources is not None
+    attributes = clients.client("sqs").get_queue_attributes(
+        QueueUrl=run.consumer.resources.queue.url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])
+    assert all(value == "0" for value in attributes["Attributes"].values())
+
+
+@pytest.mark.timeout(120)
+def test_without_prefetch_one_receive_is_in_flight_at_a_time(settings, clients, start):
+    # Given the same consumer and backlog with prefetch off, one of whose receives is held
+    run, gate, sent = drained_with_receives_gated(settings, clients, start,
+                                                  "prefetch_one_receive_test", prefetch_wait=0)
+    # When its workers have run out of work behind it (every message received is handled)
+    wait_until(lambda: len(run.consumer.handled) == len(run.consumer.named("received")))
+    gate.release()
+    wait_until(lambda: len(run.consumer.handled) >= len(sent), timeout=60)
+    run.stop()
+    # Then no other receive went out while it was held, nor at any time of the drain
+    assert gate.sent_while_held == 0 and gate.most == 1
+    assert sorted(m.message_id for m in run.consumer.handled) == sorted(sent)
+
+
+@pytest.mark.timeout(120)
+def test_a_receive_beside_the_receiver_that_answers_after_shutdown_gives_its_messages_back(
+    settings, clients, start
+):
+    # Given a consumer prefetching on a backlog, one of whose receives is held before it is
+    # sent while others go on
+    run, gate, sent = drained_with_receives_gated(settings, clients, start,
+                                                  "prefetch_beside_shutdown_test",
+                                                  prefetch_wait=5.0)
+    wait_until(lambda: gate.sent_while_held, timeout=30)
+    # When the consumer has shut down, and only then that receive reaches the queue, which
+    # has new messages
+    run.stop()
+    handled = {m.message_id for m in run.consumer.handled}
+    late = [producer_for(settings, "prefetch_beside_shutdown_test").push({"late": n})
+            for n in range(3)]
+    gate.release()
+    wait_until(lambda: gate.in_flight == 0, timeout=30)
+    # Then the messages it got (a backlog's or the new ones) are given back at once (their
+    # lease is 30 s), never received into the consumer nor handled
+    def given_back() -> list[Any]:
+        received = {e.message_id for e in run.consumer.named("received")}
+        return [e for e in run.consumer.named("released")
+                if e.fields["reason"] == "shutdown" and e.message_id not in received]
+
+    assert wait_until_or_false(given_back, timeout=10), run.consumer.named("released")
+    assert {m.message_id for m in run.consumer.handled} == handled
+    # and every message not handled is visible (the other receives in flight at shutdown gave
+    # theirs back too)
+    assert run.consumer.resources is not None
+    url = run.consumer.resources.queue.url
+    expected = {"ApproximateNumberOfMessages": str(len(sent) + len(late) - len(handled)),
+                "ApproximateNumberOfMessagesNotVisible": "0"}
+
+    def counts() -> dict[str, str]:
+        return dict(clients.client("sqs").get_queue_attributes(
+            QueueUrl=url, AttributeNames=list(expected))["Attributes"])
+
+    assert wait_until_or_false(lambda: counts() == expected, timeout=10), counts()

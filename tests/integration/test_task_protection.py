@@ -141,9 +141,9 @@ def test_a_failing_agent_never_stops_the_consumer(
 def test_protection_is_renewed_while_busy_and_dropped_once(agent):
     # Given a protection renewed every 0.2 s (in production: half the expiry)
     protection = TaskProtection(agent.uri, expires_in_minutes=1, renew_every=0.2)
-    # When busy for about a second, then idle
+    # When busy for a while (until it has been set and renewed three times), then idle
     protection.want(True)
-    time.sleep(1.0)
+    agent.wait_for(4)
     protection.want(False)
     deadline = time.monotonic() + 5
     while agent.bodies()[-1]["ProtectionEnabled"] and time.monotonic() < deadline:

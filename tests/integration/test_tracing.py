@@ -199,6 +199,45 @@ def test_a_handler_interrupted_at_its_timeout_ends_its_span_as_an_error(
     assert process.attributes["error.type"] == "processing_timeout"
 
 
+def test_a_message_dead_lettered_before_its_handler_ends_the_trace_with_an_error_span(
+        settings, clients, running):  # noqa: F811 - the fixture
+    from opentelemetry import trace
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    class Receipts(Recording):
+        channel = "traced_receipts"
+
+    class Big(Producer):
+        channel = "traced_receipts"
+        offload_threshold = 1024
+
+    stored: list[tuple[str, str]] = []
+    clients.register("before-parameter-build.s3.PutObject",
+                     lambda params, **_: stored.append((params["Bucket"], params["Key"])))
+    with in_memory_spans() as exported:
+        # Given a traced push whose body went to S3, and that object gone (expired, deleted)
+        with trace.get_tracer("test").start_as_current_span("upload") as upload:
+            Big(settings=settings, clients=clients).push({"blob": "x" * 4000})
+        ((bucket, key),) = stored
+        clients.client("s3").delete_object(Bucket=bucket, Key=key)
+        # When its consumer gets it (dead-lettered at once: no handler can ever read it)
+        run = running(Receipts)
+        dead_letters(clients, run.consumer, expected=1)
+        wait_until(lambda: named(exported.get_finished_spans(), "process "))
+        run.stop()
+        spans = exported.get_finished_spans()
+    # Then the producer's trace ends in a failed process span naming why, and no handler ran
+    assert not run.consumer.handled
+    (process,) = named(spans, "process ")
+    (send,) = [s for s in named(spans, "send ") if s.kind is SpanKind.PRODUCER]
+    assert process.kind is SpanKind.CONSUMER
+    assert process.context.trace_id == upload.get_span_context().trace_id
+    assert process.parent.span_id == send.context.span_id
+    assert process.status.status_code is StatusCode.ERROR
+    assert process.attributes["error.type"] == "payload_missing"
+    assert process.status.description.startswith("payload_missing: ")
+
+
 BLOCKER = textwrap.dedent("""
     import importlib.abc, sys
 

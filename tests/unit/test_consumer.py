@@ -558,7 +558,9 @@ def test_the_work_queue_wakes_as_many_workers_as_asked_and_the_rest_on_demand():
     threads = [threading.Thread(target=worker, name=f"w{n}") for n in range(4)]
     for thread in threads:
         thread.start()
-    time.sleep(0.05)  # all four idle
+    deadline = time.monotonic() + 10
+    while work._idle < 4 and time.monotonic() < deadline:  # all four idle (waiting in take)
+        time.sleep(0.005)
     # Given four chains put without waking anyone (the receiver runs them itself)
     work.put([[n] for n in range(4)], wake=0)
     time.sleep(0.1)
@@ -567,7 +569,7 @@ def test_the_work_queue_wakes_as_many_workers_as_asked_and_the_rest_on_demand():
     assert work.take(block=False) == [0]
     # and wake_waiting (a rescue) gives each chain still waiting its own idle worker
     work.wake_waiting()
-    wait_for_length(taken, 3, timeout=2)
+    wait_for_length(taken, 3, timeout=10)
     assert sorted(n for _, n in taken) == [1, 2, 3]
     assert len({name for name, _ in taken}) == 3, taken
     assert work.take(block=False) is None
@@ -577,7 +579,7 @@ def test_the_work_queue_wakes_as_many_workers_as_asked_and_the_rest_on_demand():
     taken.clear()
     release.clear()
     work.put([[10], [11]], wake=2)
-    wait_for_length(taken, 2, timeout=2)
+    wait_for_length(taken, 2, timeout=10)
     assert sorted(n for _, n in taken) == [10, 11] and len({name for name, _ in taken}) == 2
     # and close() lets every worker exit once the queue is empty
     release.set()

@@ -10,7 +10,13 @@ import pytest
 
 from messenger import ConsumerSettings, InvalidSettings
 from messenger.consume.mailbox import Delivery
-from messenger.consume.prefetch import PAUSE_SECONDS, SLACK_SECONDS, FetchPlan, Prefetch
+from messenger.consume.prefetch import (
+    MAX_RECEIVES_IN_FLIGHT,
+    PAUSE_SECONDS,
+    SLACK_SECONDS,
+    FetchPlan,
+    Prefetch,
+)
 from messenger.consume.runtime import WorkQueue
 
 NOW = 1000.0
@@ -115,6 +121,63 @@ def test_a_slow_round_trip_never_fetches_further_ahead_than_half_the_limit():
     plan = prefetch.plan(NOW, 1, [NOW - 1.0], 0, 3.0, 10)
     assert plan.count == 0 and plan.wait == pytest.approx(1.75, abs=1e-3)
     assert prefetch.plan(NOW + 1.75, 1, [NOW - 1.0], 0, 3.0, 10) == FetchPlan(1)
+
+
+def test_a_receive_in_flight_counts_as_its_messages_arriving_a_round_trip_after_it_was_sent():
+    prefetch = measured(round_trip=0.02)
+    # Given 10 workers whose 200 ms messages end in 10 ms
+    started = [NOW - 0.19] * 10
+    assert prefetch.plan(NOW, 10, started, 0, 0.2, 10) == FetchPlan(10)
+    # When a receive for 10 was sent just now (answering in 20 ms)
+    plan = prefetch.plan(NOW, 10, started, 0, 0.2, 10, in_flight=[(NOW, 10)])
+    # Then nothing more is asked for: its messages keep those workers busy until 220 ms from
+    # now, and the next poll is planned a round trip before that
+    assert plan.count == 0 and plan.wait == pytest.approx(0.22 - 0.02, abs=1e-3)
+    # and a receive for 4 leaves the 6 others to fetch for
+    assert prefetch.plan(NOW, 10, started, 0, 0.2, 10, in_flight=[(NOW, 4)]) == FetchPlan(6)
+
+
+def test_workers_that_outrun_one_round_trip_get_a_second_receive_before_the_first_answers():
+    prefetch = measured(round_trip=0.02)
+    # Given 10 idle workers of 10 ms messages and a receive for 10 sent just now: its messages
+    # arrive in 20 ms and keep the workers busy until 30 ms from now
+    plan = prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=[(NOW, 10)])
+    # Then the next receive is planned a round trip before that, while the first is in flight
+    assert plan.count == 0 and plan.wait == pytest.approx(0.01, abs=1e-3)
+    later = NOW + plan.wait
+    assert later < NOW + prefetch.round_trip
+    assert prefetch.plan(later, 10, [], 0, 0.01, 10, in_flight=[(NOW, 10)]) == FetchPlan(10)
+    # and a third 10 ms later, for the workers once both batches have run
+    third = prefetch.plan(later, 10, [], 0, 0.01, 10, in_flight=[(NOW, 10), (later, 10)])
+    assert third.count == 0 and third.wait == pytest.approx(0.01, abs=1e-3)
+    assert prefetch.plan(later + third.wait, 10, [], 0, 0.01, 10,
+                         in_flight=[(NOW, 10), (later, 10)]) == FetchPlan(10)
+
+
+def test_never_more_than_the_cap_of_receives_in_flight():
+    prefetch = measured(round_trip=0.02)
+    # Given 10 idle workers of 10 ms messages, which would want more than 3 receives' worth
+    in_flight = [(NOW - 1.0, 1)] * (MAX_RECEIVES_IN_FLIGHT - 1)
+    assert prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=in_flight).count > 0
+    # Then with the cap in flight nothing more is asked for until one answers
+    in_flight.append((NOW - 1.0, 1))
+    assert prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=in_flight) == FetchPlan(0, None)
+
+
+def test_one_receive_in_flight_once_a_poll_came_back_short():
+    prefetch = measured(round_trip=0.02)
+    assert prefetch.last_full
+    # Given the last poll brought 3 of the 10 messages it asked for (the queue running dry)
+    prefetch.observe_poll(0.02, asked=10, got=3)
+    assert not prefetch.last_full
+    # Then, with a receive in flight, nothing more is asked for however many workers are idle
+    assert prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=[(NOW - 1.0, 1)]) == \
+        FetchPlan(0, None)
+    # while with none in flight the poll goes for the idle workers, as before
+    assert prefetch.plan(NOW, 10, [], 0, 0.01, 10) == FetchPlan(10)
+    # and a full poll again allows more than one
+    prefetch.observe_poll(0.02, asked=10, got=10)
+    assert prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=[(NOW - 1.0, 1)]).count > 0
 
 
 def chain(received_at: float, name: str) -> list[Delivery]:
