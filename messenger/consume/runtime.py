@@ -14,7 +14,7 @@
   (`messenger.jobs.priority`) chooses the level of each poll; every delivery remembers its mailbox,
   so it is deleted, extended, retried and dead-lettered in its own level's queue and DLQ.
 - Received messages wait in a work queue for a worker. When a poll's messages would take at
-  most HANDOFF_SECONDS (at the recent average time per chain), the receiver runs them itself
+  most HANDOFF_SECONDS (at the median time of the last chains), the receiver runs them itself
   and then polls again (waking a thread costs more CPU than a fast message); else it wakes a
   worker for each chain. A receiver still running a poll's messages RESCUE_SECONDS later (a
   surprise slow handler) is replaced at the watchdog's next tick: idle workers take the rest of
@@ -82,12 +82,17 @@ logger = logging.getLogger(__name__)
 COALESCE_SECONDS = 0.02
 MAX_COALESCE_SECONDS = 0.25
 RECEIVE_BACKOFF_SECONDS = 2.0
-#: A poll's messages run on the receiver's thread when, at the recent average time spent on a
-#: chain (a message; a group's messages on an ordered channel), they take at most this long;
-#: else a worker is woken for each chain. 2 ms: a fast message costs ~75 µs of CPU here, but the
-#: average is of wall time, which a loaded machine (other processes, this one's deleter holding
-#: the GIL) stretches to 100-200 µs; at 1 ms, 7-19% of a drain's polls woke all ten workers.
+#: A poll's messages run on the receiver's thread when, at the typical time spent on a chain (a
+#: message; a group's messages on an ordered channel), they take at most this long; else a
+#: worker is woken for each chain. 2 ms: a fast message costs ~75 µs of CPU here, but its wall
+#: time, which a loaded machine (other processes, this one's deleter holding the GIL) stretches
+#: to 100-200 µs; at 1 ms, 7-19% of a drain's polls woke all ten workers.
 HANDOFF_SECONDS = 0.002
+#: The typical time of a chain is the median of the last CHAIN_WINDOW chains' wall times: a
+#: chain that waited 5 ms for the GIL (the deleter's batch) or for a core does not move it, where
+#: it pushed a running average over HANDOFF_SECONDS for the next few polls (16% of a drain's
+#: polls woke all ten workers at load average 6); half of them slow does.
+CHAIN_WINDOW = 16
 #: A receiver running a poll's messages this long (checked at each watchdog tick) is replaced.
 RESCUE_SECONDS = 0.05
 #: Weight of the newest chain in that running average.
@@ -139,6 +144,8 @@ class Runtime:
         self._inline_since: float | None = None
         #: Recent average wall time a worker spends on a chain (None before the first).
         self._chain_seconds: float | None = None
+        #: The wall times of the last chains (`typical_chain_seconds`).
+        self._recent_chains: deque[float] = deque(maxlen=CHAIN_WINDOW)
         #: Fetching ahead for workers about to free up (off on ordered channels).
         self.prefetch = Prefetch(0.0 if consumer.ordered else self.config.prefetch_wait)
         self.deleter = DeleteBatcher(mailbox, self.config.delete_linger, self._delete_failed,
@@ -447,7 +454,8 @@ class Runtime:
                 self.consumer.emit("received", delivery.log_id, fields=fields)
         self.refresh_state()
         chains = self._chains(deliveries)
-        wake = workers_to_wake(self._chain_seconds, len(chains)) if inline else len(chains)
+        wake = workers_to_wake(typical_chain_seconds(self._recent_chains), len(chains)) \
+            if inline else len(chains)
         self._work.put(chains, wake=wake)
         if chains and not wake:
             self._run_here()
@@ -526,6 +534,7 @@ class Runtime:
         try:
             self._run_chain(chain)
             took = time.monotonic() - began
+            self._recent_chains.append(took)
             average = self._chain_seconds  # workers race here: a lost update only skews it
             self._chain_seconds = took if average is None else \
                 average + CHAIN_TIME_WEIGHT * (took - average)
@@ -755,9 +764,18 @@ class Runtime:
                 self._deleting.pop(delivery.receipt_handle, None)
 
 
+def typical_chain_seconds(recent: Sequence[float]) -> float | None:
+    """The median of the recent chains' wall times (the upper one of an even count); None
+    before the first chain."""
+    if not recent:
+        return None
+    ordered = sorted(recent)
+    return ordered[len(ordered) // 2]
+
+
 def workers_to_wake(chain_seconds: float | None, chains: int) -> int:
     """How many idle workers a poll of `chains` chains wakes: none when they would take at most
-    HANDOFF_SECONDS at `chain_seconds` each (the recent average; None: not known yet), since
+    HANDOFF_SECONDS at `chain_seconds` each (`typical_chain_seconds`; None: not known yet), since
     the receiver runs them itself (a CPU optimisation); else one per chain (the plain path)."""
     if chain_seconds is not None and chain_seconds * chains <= HANDOFF_SECONDS:
         return 0

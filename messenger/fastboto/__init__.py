@@ -1,6 +1,6 @@
 """Faster stand-ins for parts of botocore, on only for the botocore they were verified against.
 
-Every client `messenger.aws.ClientFactory` makes can take five CPU shortcuts, each giving what
+Every client `messenger.aws.ClientFactory` makes can take six CPU shortcuts, each giving what
 botocore gives (tests hold both side by side), together ~13-23% of a consumer's drain
 (docs/fast-botocore.md), and one fix to botocore's retries:
 
@@ -10,6 +10,8 @@ botocore gives (tests hold both side by side), together ~13-23% of a consumer's 
   parameters (clients that skip parameter validation);
 - `user_agent`: the User-Agent header built once per set of feature ids;
 - `form_body`: a query-protocol (SNS) body url-encoded once instead of twice;
+- `headers`: response headers parsed without the email package (`FastHTTPResponse`, on the
+  client's own connections only; also checks the standard library code it relies on);
 - `retries`: `bound_retries`, botocore's own retries (throttled or 5xx responses, broken
   attempts) held to the retry budget's deadline: none past it, no backoff sleeping past it,
   botocore's retry quota kept (off, `messenger.aws` stops them past the deadline with public
@@ -55,6 +57,14 @@ source of each function and class, so an upgrade that changes one fails the suit
   botocore.useragent.UserAgentString._build_feature_metadata,
   botocore.useragent.UserAgentString.rebuild_and_replace_user_agent_handler: read or call it
 - botocore.context.get_context, botocore.context.ClientContext: the request's feature ids
+- headers: botocore.httpsession.URLLib3Session.__init__ (its `_pool_classes_by_scheme`, the
+  dict its pool managers share, replaced per client), botocore.endpoint.Endpoint.__init__ (the
+  client's `_endpoint.http_session`), botocore.awsrequest.AWSConnection (keeps the class's
+  `response_class`), botocore.awsrequest.AWSHTTPConnectionPool,
+  botocore.awsrequest.AWSHTTPSConnectionPool (subclassed); the standard library's
+  http.client.HTTPResponse.begin, http.client.parse_headers, http.client._read_headers and the
+  email parser's `_parsegen`, `_parse_headers` and compat32 `_policybase` (the message's
+  `_headers` and `_payload`), checked by `headers.stdlib_fingerprint` instead
 - retries: botocore.retries.standard.register_retry_handler (registers
   `RetryHandler.needs_retry` under the unique id `retry-config-<service>`, which
   botocore.client.ClientCreator._register_v2_standard_retries calls),
@@ -147,9 +157,11 @@ def prepare_session(session: Any) -> None:
 
 def speed_up(client: Any, planned_bodies: bool) -> None:
     """Put a botocore client on the fast paths: SNS bodies encoded once, the User-Agent kept,
-    the cheaper signer and (`planned_bodies`: a client that skips parameter validation) planned
-    JSON request bodies. Each one that finds botocore not as it expects leaves it alone."""
+    the cheaper signer, response headers parsed without the email package and
+    (`planned_bodies`: a client that skips parameter validation) planned JSON request bodies.
+    Each one that finds botocore not as it expects leaves it alone."""
     from messenger.fastboto.form_body import encode_form_once
+    from messenger.fastboto.headers import use_fast_headers
     from messenger.fastboto.serialize import use_planned_serializer
     from messenger.fastboto.signing import use_fast_signing
     from messenger.fastboto.user_agent import reuse_user_agent
@@ -157,6 +169,7 @@ def speed_up(client: Any, planned_bodies: bool) -> None:
     client.meta.events.register("before-sign", encode_form_once)
     reuse_user_agent(client)
     use_fast_signing(client)
+    use_fast_headers(client)
     if planned_bodies:
         use_planned_serializer(client)
 

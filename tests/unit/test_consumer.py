@@ -510,6 +510,35 @@ def test_a_poll_wakes_no_worker_only_while_its_messages_are_fast():
     assert workers_to_wake(5.0, 1) == 1 and workers_to_wake(None, 0) == 0
 
 
+def test_a_chain_that_waited_for_the_gil_does_not_make_the_messages_look_slow():
+    from collections import deque
+
+    from messenger.consume.runtime import (
+        CHAIN_WINDOW,
+        HANDOFF_SECONDS,
+        typical_chain_seconds,
+        workers_to_wake,
+    )
+
+    recent: deque[float] = deque(maxlen=CHAIN_WINDOW)
+    assert typical_chain_seconds(recent) is None  # nothing run yet: workers take them
+    recent.extend([0.0001] * CHAIN_WINDOW)
+    # Given fast messages, a few of which waited 5 ms for the GIL or a core
+    for _ in range(CHAIN_WINDOW // 2 - 1):
+        recent.append(0.005)
+        # Then the typical chain is still fast: the next poll wakes no worker
+        assert typical_chain_seconds(recent) == 0.0001
+        assert workers_to_wake(typical_chain_seconds(recent), 10) == 0
+    # But once half the recent chains are slow (the handler now waits on something), each
+    # chain of the next poll gets a worker
+    recent.append(0.005)
+    assert typical_chain_seconds(recent) == 0.005
+    assert workers_to_wake(typical_chain_seconds(recent), 10) == 10
+    # and fast again once most recent ones are
+    recent.extend([0.0001] * (CHAIN_WINDOW // 2 + 1))
+    assert typical_chain_seconds(recent) * 10 <= HANDOFF_SECONDS
+
+
 def test_the_work_queue_wakes_as_many_workers_as_asked_and_the_rest_on_demand():
     import threading
 

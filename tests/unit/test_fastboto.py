@@ -16,6 +16,7 @@ import botocore
 import botocore.validate
 import pytest
 from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSHTTPConnectionPool, AWSHTTPSConnectionPool
 from botocore.parsers import ResponseParserFactory
 from botocore.serialize import JSONSerializer
 from botocore.useragent import UserAgentString
@@ -69,6 +70,8 @@ def what_clients_take(factory: ClientFactory) -> dict[str, Any]:
                 b"</PublishResponse>"))
             client.publish(TopicArn="arn:aws:sns:us-east-1:1:t", Message="café")
         found[f"{service} parser factory"] = type(client._endpoint._response_parser_factory)
+        found[f"{service} connection pools"] = dict(
+            client._endpoint.http_session._pool_classes_by_scheme)
         found[f"{service} user agent"] = getattr(client._user_agent_creator.to_string,
                                                  "__func__", None)
     found["signers"] = set(signers)
@@ -85,6 +88,8 @@ PLAIN_BOTOCORE = {
     "sns user agent": UserAgentString.to_string,
     "signers": {SigV4Auth},
     "sns body when signed": dict,
+    "sqs connection pools": {"http": AWSHTTPConnectionPool, "https": AWSHTTPSConnectionPool},
+    "sns connection pools": {"http": AWSHTTPConnectionPool, "https": AWSHTTPSConnectionPool},
 }
 
 
@@ -104,6 +109,7 @@ def test_off_or_unverified_the_clients_are_plain_botocore(fresh, switch, version
 @pytest.mark.parametrize("switch,version", [(None, VERIFIED_BOTOCORE), ("1", VERIFIED_BOTOCORE),
                                             ("1", UNVERIFIED)])
 def test_on_for_the_verified_botocore_or_when_told(fresh, switch, version):
+    from messenger.fastboto.headers import FastHTTPConnectionPool, FastHTTPSConnectionPool
     from messenger.fastboto.responses import FastParserFactory
     from messenger.fastboto.serialize import PlannedJsonSerializer
     from messenger.fastboto.signing import FastSigV4Auth
@@ -120,6 +126,8 @@ def test_on_for_the_verified_botocore_or_when_told(fresh, switch, version):
     assert found["sqs parser factory"] is FastParserFactory
     assert found["sqs user agent"] is None  # the client's own, kept per feature set
     assert found["sns body when signed"] is str  # encoded once, before signing
+    assert found["sqs connection pools"] == found["sns connection pools"] == {
+        "http": FastHTTPConnectionPool, "https": FastHTTPSConnectionPool}
 
 
 def test_a_plain_process_never_imports_the_fast_paths():

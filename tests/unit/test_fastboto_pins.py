@@ -70,6 +70,12 @@ PINS = {
         "4a60c398517a3024ef9edf10823a8f6805653a6d",
     "botocore.context.get_context": "7e08efb7ab1f255348ae8317904ee1041331bf0f",
     "botocore.context.ClientContext": "a70e47a514bb79086b82c57bbec60a9216f4da0b",
+    # headers: the per-client pool classes replaced, the connection keeping its response class
+    "botocore.httpsession.URLLib3Session.__init__": "414a4829d430670d868e62bcf69bf274bd514b82",
+    "botocore.endpoint.Endpoint.__init__": "4bafe9733a02817950f5096612410ec4ebc40f55",
+    "botocore.awsrequest.AWSConnection": "e02ce888e3faae8abac744e7951edaa4caa0b3d9",
+    "botocore.awsrequest.AWSHTTPConnectionPool": "e65e149b3c06b924ea91991f2d5f282bf383e52f",
+    "botocore.awsrequest.AWSHTTPSConnectionPool": "bc3d234d88f7a0d8cd2b6df5d845dd8ba769dc29",
     # retries: the standard-mode handler wrapped, where it is registered and how it is consulted
     "botocore.retries.standard.register_retry_handler": "e99b0b760b387d6131d6a26f2cb0613a2d692051",
     "botocore.retries.standard.RetryHandler": "9ae70f2ac08ad381e7c40f0eae5c0a7fe336fd51",
@@ -150,7 +156,7 @@ def test_the_package_docstring_lists_every_pinned_name():
 
 
 @pytest.mark.parametrize("module", ["signing", "responses", "serialize", "user_agent",
-                                    "form_body", "retries"])
+                                    "form_body", "retries", "headers"])
 def test_every_private_name_a_fast_path_uses_is_listed(module):
     # Given every `_name` in the module's code that the module does not define itself
     source = inspect.getsource(importlib.import_module(f"messenger.fastboto.{module}"))
