@@ -211,10 +211,14 @@ def test_shutdown_releases_a_message_waiting_for_a_busy_worker_at_once(
 
 class ReceiveGate:
     """Botocore hooks on the consumer's clients: count its receives in flight (the most at
-    once), and, once armed, hold the next receive before it is sent until `release`."""
+    once), and, once armed, hold the next receive before it is sent until `release`; with
+    `beside_only`, the next one sent beside the receiver (on a `messenger-receive` thread: a
+    receive on the receiver's own thread, e.g. after a short poll, would hold the receiver
+    itself and say nothing about receives in flight side by side)."""
 
-    def __init__(self, clients: ClientFactory) -> None:
+    def __init__(self, clients: ClientFactory, beside_only: bool = False) -> None:
         self.lock = threading.Lock()
+        self.beside_only = beside_only
         self.in_flight = 0
         self.most = 0
         self.armed = False
@@ -236,8 +240,10 @@ class ReceiveGate:
             self.in_flight -= 1
 
     def _before_send(self, **_: Any) -> None:
+        beside = threading.current_thread().name == "messenger-receive"
         with self.lock:
-            hold, self.armed = self.armed, False
+            hold = self.armed and (beside or not self.beside_only)
+            self.armed = self.armed and not hold
             if self.holding.is_set() and not self._released.is_set():
                 self.sent_while_held += 1
         if hold:
@@ -263,7 +269,7 @@ def drained_with_receives_gated(settings: Settings, clients: ClientFactory,
     knows its round trip and its time per message), has its next receive held; returns with
     the gate armed and that receive held."""
     cls = type("Drain", (Steady,), {"channel": channel})
-    gate = ReceiveGate(clients)
+    gate = ReceiveGate(clients, beside_only=prefetch_wait > 0)
     producer = producer_for(settings, channel)
     sent = [producer.push({"n": n}) for n in range(200)]
     run = start(cls, "a", concurrency=10, prefetch_wait=prefetch_wait)
