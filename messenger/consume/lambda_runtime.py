@@ -389,9 +389,8 @@ class _Batch:
             if not delivery.claim(Stage.RUNNING, Stage.DONE):
                 return None
             reason = unreadable_reason(bad)
-            if consumer.settings.tracing != "off":
-                ProcessTrace.unprocessable(consumer.settings.tracing, delivery.raw,
-                                           mailbox.queue_url, delivery.log_id, reason)
+            ProcessTrace.unprocessable(consumer.settings.tracing, delivery.raw,  # (off: nothing)
+                                       mailbox.queue_url, delivery.log_id, reason)
             return self.dead_letter(delivery, reason)
         except ProcessingTimeout:
             raise

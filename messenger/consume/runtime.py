@@ -579,10 +579,9 @@ class Runtime:
             message = delivery.decode(self.store, self.mailbox.budget, consumer.body_schema)
         except (MessageDecodeError, PayloadMissing) as bad:  # never readable: the DLQ at once
             reason = unreadable_reason(bad)
-            if consumer.settings.tracing != "off":
-                ProcessTrace.unprocessable(
-                    consumer.settings.tracing, delivery.raw,
-                    delivery.mailbox.queue_url if delivery.mailbox else "", delivery.log_id, reason)
+            ProcessTrace.unprocessable(  # (nothing when tracing is off)
+                consumer.settings.tracing, delivery.raw,
+                delivery.mailbox.queue_url if delivery.mailbox else "", delivery.log_id, reason)
             return self.dead_letter(delivery, reason, Stage.RUNNING)
         except Exception as unreadable:  # S3 unreachable past the budget: try again later
             return self._failed(delivery, None, unreadable)

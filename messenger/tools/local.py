@@ -98,14 +98,13 @@ def cache_module_list() -> None:
     once (same names, same order)."""
     from moto import backends
 
-    if getattr(backends.list_of_moto_modules, "cached", False):
+    if hasattr(backends.list_of_moto_modules, "original"):  # (read already)
         return
     names = tuple(backends.list_of_moto_modules())
 
     def list_of_moto_modules() -> Iterator[str]:
         return iter(names)
 
-    list_of_moto_modules.cached = True  # type: ignore[attr-defined]
     list_of_moto_modules.original = backends.list_of_moto_modules  # type: ignore[attr-defined]
     backends.list_of_moto_modules = list_of_moto_modules
 
