@@ -13,10 +13,12 @@ One receive brings at most 10 messages a round trip: when the workers get throug
 that (10 workers of 10 ms against a 20 ms round trip want 20 messages per round trip), up to
 MAX_RECEIVES_IN_FLIGHT receives are in flight at once, but only while prefetch is on and the
 polls come back full (a backlog). A receive in flight counts, in the plan, as the messages it
-asked for arriving a round trip after it was sent: the next one asks only for the workers
-expected to be out of work within the same horizon once those have run. A poll that came back
-short (the queue running dry: more receives would be empty long polls) leaves one receive in
-flight at a time, as does prefetch off or paused.
+asked for arriving a round trip after it was sent (a late one: arriving now, and the next
+receive is not put off for it): the next one asks only for the workers expected to be out of
+work within the same horizon once those have run. A poll that came back short, or one in
+flight for over OUTLIER round trips (the queue running dry: it waits for messages, and more
+receives would be empty long polls), leaves one receive in flight at a time, as does prefetch
+off or paused.
 
 The rule that keeps this from hiding messages behind a busy pool while another consumer could
 take them:
@@ -137,18 +139,25 @@ class Prefetch:
         started. busy_seconds: the recent average time per message. wanted: the most one poll
         asks for (min(10, concurrency)). in_flight: the receives sent and not answered yet,
         as (when sent, messages asked for); with any, nothing more is asked for once there are
-        MAX_RECEIVES_IN_FLIGHT, or when the last poll came back short (wait: None, until one
-        is answered)."""
-        if in_flight and (len(in_flight) >= MAX_RECEIVES_IN_FLIGHT or not self.last_full):
+        MAX_RECEIVES_IN_FLIGHT, when the last poll came back short, or when one has been in
+        flight over OUTLIER round trips (a long poll waiting for messages: the queue has run
+        dry) (wait: None, until one is answered)."""
+        round_trip = self.round_trip or 0.0
+        if in_flight and (len(in_flight) >= MAX_RECEIVES_IN_FLIGHT or not self.last_full
+                          or any(now - sent > OUTLIER * round_trip for sent, _ in in_flight)):
             return FetchPlan(0, None)
         lead = self.lead()  # a poll asked now answers about this much later, at most
         horizon = min(self.limit / 2, lead + SLACK_SECONDS)
-        arriving = sorted(max(now, sent + (self.round_trip or 0.0))
+        arriving = sorted(max(now, sent + round_trip)
                           for sent, asked in in_flight for _ in range(asked))
         free_at = self.free_times(now, workers, started, waiting, busy_seconds, horizon,
                                   arriving)
         count = min(wanted, sum(1 for at in free_at if at <= now + horizon))
-        if count > 0 and free_at[0] - lead <= now:
+        # A receive later than a round trip (not yet OUTLIER times) counts as answering now,
+        # whenever now is: the time its messages keep the workers busy moves on with the clock,
+        # and a plan that waited for a lead before that would wait as long as it is late.
+        overdue = any(sent + round_trip <= now for sent, _ in in_flight)
+        if count > 0 and (free_at[0] - lead <= now or overdue):
             # A worker is out of work, or will be by the time a poll answers: ask now for every
             # worker out of work by then plus the slack.
             return FetchPlan(count)

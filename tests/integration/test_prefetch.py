@@ -1,7 +1,9 @@
 """Bounded prefetch against the moto server over HTTP: a message fetched ahead for a worker that
 does not free up is released after `prefetch_wait` and another consumer takes it; a pool busy
-with long handlers fetches nothing; shutdown releases the messages waiting for a worker at once.
-Handler durations are controlled by the tests (gates), never timed."""
+with long handlers fetches nothing; shutdown releases the messages waiting for a worker at once;
+on a backlog from a far endpoint, receives go out side by side (one at a time without prefetch),
+and one answering after shutdown gives its messages back. Handler durations are controlled by
+the tests (gates, fixed sleeps), never timed."""
 
 from __future__ import annotations
 
@@ -211,19 +213,17 @@ def test_shutdown_releases_a_message_waiting_for_a_busy_worker_at_once(
 
 class ReceiveGate:
     """Botocore hooks on the consumer's clients: count its receives in flight (the most at
-    once), and, once armed, hold the next receive before it is sent until `release`; with
-    `beside_only`, the next one sent beside the receiver (on a `messenger-receive` thread: a
-    receive on the receiver's own thread, e.g. after a short poll, would hold the receiver
-    itself and say nothing about receives in flight side by side)."""
+    once); with `delay`, hold every receive that long before it is sent (a far endpoint);
+    once armed, hold the next receive sent beside the receiver (on a `messenger-receive`
+    thread) before it is sent until `release`."""
 
-    def __init__(self, clients: ClientFactory, beside_only: bool = False) -> None:
+    def __init__(self, clients: ClientFactory, delay: float = 0.0) -> None:
         self.lock = threading.Lock()
-        self.beside_only = beside_only
+        self.delay = delay
         self.in_flight = 0
         self.most = 0
         self.armed = False
         self.holding = threading.Event()
-        self.sent_while_held = 0
         self._released = threading.Event()
         clients.register("before-call.sqs.ReceiveMessage", self._began)
         clients.register("after-call.sqs.ReceiveMessage", self._ended)
@@ -242,13 +242,12 @@ class ReceiveGate:
     def _before_send(self, **_: Any) -> None:
         beside = threading.current_thread().name == "messenger-receive"
         with self.lock:
-            hold = self.armed and (beside or not self.beside_only)
+            hold = self.armed and beside
             self.armed = self.armed and not hold
-            if self.holding.is_set() and not self._released.is_set():
-                self.sent_while_held += 1
         if hold:
             self.holding.set()
             assert self._released.wait(60)
+        time.sleep(self.delay)
 
     def release(self) -> None:
         self._released.set()
@@ -262,17 +261,61 @@ class Steady(Recording):
         super().handler(message)
 
 
-def drained_with_receives_gated(settings: Settings, clients: ClientFactory,
-                                start: Callable[..., Running], channel: str,
-                                prefetch_wait: float) -> tuple[Running, ReceiveGate, list[str]]:
-    """A consumer of 10 workers on a backlog of 200 messages that, once it has handled 30 (it
-    knows its round trip and its time per message), has its next receive held; returns with
-    the gate armed and that receive held."""
+def drained_far_away(settings: Settings, clients: ClientFactory,
+                     start: Callable[..., Running], channel: str,
+                     prefetch_wait: float) -> ReceiveGate:
+    """A consumer of 10 workers of 20 ms messages (500 msg/s) that drains a backlog of 200,
+    each of its receives 60 ms from the queue (one receive brings 10 messages a round trip:
+    ~170 msg/s); returns once every message is handled exactly once, none failed nor released,
+    none left, and the consumer stopped."""
     cls = type("Drain", (Steady,), {"channel": channel})
-    gate = ReceiveGate(clients, beside_only=prefetch_wait > 0)
     producer = producer_for(settings, channel)
     sent = [producer.push({"n": n}) for n in range(200)]
+    gate = ReceiveGate(clients, delay=0.06)
     run = start(cls, "a", concurrency=10, prefetch_wait=prefetch_wait)
+    wait_until(lambda: len(run.consumer.handled) >= len(sent), timeout=90)
+    run.stop()
+    assert sorted(m.message_id for m in run.consumer.handled) == sorted(sent)
+    assert not run.consumer.named("failed") and not run.consumer.named("released")
+    assert run.consumer.resources is not None
+    attributes = clients.client("sqs").get_queue_attributes(
+        QueueUrl=run.consumer.resources.queue.url,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])
+    assert all(value == "0" for value in attributes["Attributes"].values())
+    return gate
+
+
+@pytest.mark.timeout(150)
+def test_receives_go_out_side_by_side_on_a_backlog_one_round_trip_cannot_keep_up_with(
+        settings, clients, start):
+    # Given a consumer prefetching on a backlog (the bound is 5 s, so that a stall of this
+    # loaded test process does not pause it) whose workers get through more than one receive
+    # brings a round trip
+    gate = drained_far_away(settings, clients, start, "prefetch_beside_test", prefetch_wait=5.0)
+    # Then receives went out while others were in flight, never more than the cap
+    assert 2 <= gate.most <= prefetch.MAX_RECEIVES_IN_FLIGHT
+
+
+@pytest.mark.timeout(150)
+def test_without_prefetch_one_receive_is_in_flight_at_a_time(settings, clients, start):
+    # Given the same consumer and backlog with prefetch off
+    gate = drained_far_away(settings, clients, start, "prefetch_one_receive_test",
+                            prefetch_wait=0)
+    # Then no receive went out while another was in flight
+    assert gate.most == 1
+
+
+def held_beside_on_a_backlog(settings: Settings, clients: ClientFactory,
+                             start: Callable[..., Running], channel: str
+                             ) -> tuple[Running, ReceiveGate, list[str]]:
+    """A consumer of 10 workers prefetching on a backlog of 200 messages that, once it has
+    handled 30 (it knows its round trip and its time per message), has its next receive beside
+    the receiver held before it is sent; returns with that receive held."""
+    cls = type("Drain", (Steady,), {"channel": channel})
+    gate = ReceiveGate(clients)
+    producer = producer_for(settings, channel)
+    sent = [producer.push({"n": n}) for n in range(200)]
+    run = start(cls, "a", concurrency=10, prefetch_wait=5.0)
     wait_until(lambda: len(run.consumer.handled) >= 30, timeout=60)
     gate.armed = True
     assert gate.holding.wait(30)
@@ -280,73 +323,33 @@ def drained_with_receives_gated(settings: Settings, clients: ClientFactory,
 
 
 @pytest.mark.timeout(120)
-def test_a_second_receive_goes_out_while_one_is_in_flight_on_a_backlog(settings, clients,
-                                                                       start):
-    # Given a consumer of 10 workers of 20 ms messages prefetching on a backlog (the bound is
-    # 5 s, so that a stall of this loaded test process does not pause it), one of whose
-    # receives is held before it is sent
-    run, gate, sent = drained_with_receives_gated(settings, clients, start,
-                                                  "prefetch_beside_test", prefetch_wait=5.0)
-    # Then other receives go out while it is held, and their messages are handled meanwhile
-    handled = len(run.consumer.handled)
-    wait_until(lambda: gate.sent_while_held and len(run.consumer.handled) >= handled + 10,
-               timeout=30)
-    assert gate.most <= prefetch.MAX_RECEIVES_IN_FLIGHT
-    # and once it is let go, every message is handled exactly once and none is left
-    gate.release()
-    wait_until(lambda: len(run.consumer.handled) >= len(sent), timeout=60)
-    run.stop()
-    assert sorted(m.message_id for m in run.consumer.handled) == sorted(sent)
-    assert not run.consumer.named("failed") and not run.consumer.named("released")
-    assert 2 <= gate.most <= prefetch.MAX_RECEIVES_IN_FLIGHT
-    assert run.consumer.resources is not None
-    attributes = clients.client("sqs").get_queue_attributes(
-        QueueUrl=run.consumer.resources.queue.url,
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])
-    assert all(value == "0" for value in attributes["Attributes"].values())
-
-
-@pytest.mark.timeout(120)
-def test_without_prefetch_one_receive_is_in_flight_at_a_time(settings, clients, start):
-    # Given the same consumer and backlog with prefetch off, one of whose receives is held
-    run, gate, sent = drained_with_receives_gated(settings, clients, start,
-                                                  "prefetch_one_receive_test", prefetch_wait=0)
-    # When its workers have run out of work behind it (every message received is handled)
-    wait_until(lambda: len(run.consumer.handled) == len(run.consumer.named("received")))
-    gate.release()
-    wait_until(lambda: len(run.consumer.handled) >= len(sent), timeout=60)
-    run.stop()
-    # Then no other receive went out while it was held, nor at any time of the drain
-    assert gate.sent_while_held == 0 and gate.most == 1
-    assert sorted(m.message_id for m in run.consumer.handled) == sorted(sent)
-
-
-@pytest.mark.timeout(120)
 def test_a_receive_beside_the_receiver_that_answers_after_shutdown_gives_its_messages_back(
     settings, clients, start
 ):
-    # Given a consumer prefetching on a backlog, one of whose receives is held before it is
-    # sent while others go on
-    run, gate, sent = drained_with_receives_gated(settings, clients, start,
-                                                  "prefetch_beside_shutdown_test",
-                                                  prefetch_wait=5.0)
-    wait_until(lambda: gate.sent_while_held, timeout=30)
+    # Given a consumer prefetching on a backlog, one of whose receives beside the receiver is
+    # held before it is sent
+    run, gate, sent = held_beside_on_a_backlog(settings, clients, start,
+                                               "prefetch_beside_shutdown_test")
     # When the consumer has shut down, and only then that receive reaches the queue, which
     # has new messages
     run.stop()
+    wait_until(lambda: gate.in_flight == 1, timeout=30)  # the others have answered
     handled = {m.message_id for m in run.consumer.handled}
+    received = len(run.consumer.named("received"))
+    released = len(run.consumer.named("released"))
     late = [producer_for(settings, "prefetch_beside_shutdown_test").push({"late": n})
             for n in range(3)]
     gate.release()
     wait_until(lambda: gate.in_flight == 0, timeout=30)
-    # Then the messages it got (a backlog's or the new ones) are given back at once (their
-    # lease is 30 s), never received into the consumer nor handled
+    # Then the messages it got (a backlog's, the new ones, or those given back at shutdown a
+    # moment before) are given back at once (their lease is 30 s), never received into the
+    # consumer nor handled
     def given_back() -> list[Any]:
-        received = {e.message_id for e in run.consumer.named("received")}
-        return [e for e in run.consumer.named("released")
-                if e.fields["reason"] == "shutdown" and e.message_id not in received]
+        return [e for e in run.consumer.named("released")[released:]
+                if e.fields["reason"] == "shutdown"]
 
     assert wait_until_or_false(given_back, timeout=10), run.consumer.named("released")
+    assert len(run.consumer.named("received")) == received
     assert {m.message_id for m in run.consumer.handled} == handled
     # and every message not handled is visible (the other receives in flight at shutdown gave
     # theirs back too)

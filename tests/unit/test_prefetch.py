@@ -12,6 +12,7 @@ from messenger import ConsumerSettings, InvalidSettings
 from messenger.consume.mailbox import Delivery
 from messenger.consume.prefetch import (
     MAX_RECEIVES_IN_FLIGHT,
+    OUTLIER,
     PAUSE_SECONDS,
     SLACK_SECONDS,
     FetchPlan,
@@ -154,13 +155,40 @@ def test_workers_that_outrun_one_round_trip_get_a_second_receive_before_the_firs
                          in_flight=[(NOW, 10), (later, 10)]) == FetchPlan(10)
 
 
+def test_a_late_receive_in_flight_does_not_put_off_the_next_until_it_answers():
+    prefetch = measured(round_trip=0.01)
+    # Given 10 idle workers of 20 ms messages (longer than the 10 ms lead) and a receive for 10
+    # sent 20 ms ago that has not answered (its messages count as arriving now, whenever now is)
+    late = [(NOW - 0.02, 10)]
+    # Then a receive goes out now for the workers out of work within the horizon once those
+    # have run, rather than a lead before a moment that moves on with the clock
+    assert prefetch.plan(NOW, 10, [], 0, 0.02, 10, in_flight=late) == FetchPlan(10)
+    assert prefetch.plan(NOW + 0.015, 10, [], 0, 0.02, 10, in_flight=late) == FetchPlan(10)
+    # while one answering in time still waits for its moment
+    plan = prefetch.plan(NOW, 10, [], 0, 0.02, 10, in_flight=[(NOW, 10)])
+    assert plan.count == 0 and plan.wait == pytest.approx(0.02, abs=1e-3)
+    # and a late one whose messages keep every worker busy past the horizon asks for nothing
+    assert prefetch.plan(NOW, 10, [], 0, 0.5, 10, in_flight=late).count == 0
+
+
+def test_a_receive_in_flight_for_several_round_trips_is_a_long_poll_on_a_dry_queue():
+    prefetch = measured(round_trip=0.01)
+    # Given 10 idle workers and a receive in flight for more than OUTLIER round trips (waiting
+    # for messages to arrive, not for the endpoint)
+    waiting = [(NOW - (OUTLIER + 0.5) * 0.01, 10)]
+    # Then no other receive goes out beside it (it would be another empty long poll) until
+    # it answers
+    assert prefetch.plan(NOW, 10, [], 0, 0.02, 10, in_flight=waiting) == FetchPlan(0, None)
+    assert prefetch.plan(NOW, 10, [], 0, 0.02, 10) == FetchPlan(10)
+
+
 def test_never_more_than_the_cap_of_receives_in_flight():
     prefetch = measured(round_trip=0.02)
     # Given 10 idle workers of 10 ms messages, which would want more than 3 receives' worth
-    in_flight = [(NOW - 1.0, 1)] * (MAX_RECEIVES_IN_FLIGHT - 1)
+    in_flight = [(NOW - 0.03, 1)] * (MAX_RECEIVES_IN_FLIGHT - 1)
     assert prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=in_flight).count > 0
     # Then with the cap in flight nothing more is asked for until one answers
-    in_flight.append((NOW - 1.0, 1))
+    in_flight.append((NOW - 0.03, 1))
     assert prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=in_flight) == FetchPlan(0, None)
 
 
@@ -171,13 +199,13 @@ def test_one_receive_in_flight_once_a_poll_came_back_short():
     prefetch.observe_poll(0.02, asked=10, got=3)
     assert not prefetch.last_full
     # Then, with a receive in flight, nothing more is asked for however many workers are idle
-    assert prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=[(NOW - 1.0, 1)]) == \
+    assert prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=[(NOW - 0.03, 1)]) == \
         FetchPlan(0, None)
     # while with none in flight the poll goes for the idle workers, as before
     assert prefetch.plan(NOW, 10, [], 0, 0.01, 10) == FetchPlan(10)
     # and a full poll again allows more than one
     prefetch.observe_poll(0.02, asked=10, got=10)
-    assert prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=[(NOW - 1.0, 1)]).count > 0
+    assert prefetch.plan(NOW, 10, [], 0, 0.01, 10, in_flight=[(NOW - 0.03, 1)]).count > 0
 
 
 def chain(received_at: float, name: str) -> list[Delivery]:
