@@ -5,9 +5,9 @@
   time the poll answers; a message that waits `prefetch_wait` (0.5 s) for a worker all the same
   is released by the watchdog (`take_overdue`), the waiting ones at once at shutdown. While
   prefetching on a backlog (polls coming back full), up to MAX_RECEIVES_IN_FLIGHT receives are
-  in flight at once, each beside the receiver on a thread of its own (`_receive_beside`: its
-  messages go to the workers), so that workers getting through more than 10 messages per
-  round trip are kept busy; else one at a time, on the receiver's thread. On an
+  in flight at once, each a short poll beside the receiver on a thread of its own
+  (`_receive_beside`: its messages go to the workers), so that workers getting through more
+  than 10 messages per round trip are kept busy; else one at a time, on the receiver's thread. On an
   ordered channel (no prefetch) a poll's messages of one group form a chain that one worker
   runs in order (SQS hands out a group's next message only after the previous one is deleted
   or visible again). On a prioritized channel a `LevelPoller`
@@ -315,13 +315,14 @@ class Runtime:
             if deliveries is not None:
                 self._dispatch(deliveries)
 
-    def _receive(self, count: int) -> list[Delivery] | None:
-        """One receive of at most `count` messages, timed for the prefetch. None when it failed
-        (transient: after RECEIVE_BACKOFF_SECONDS; else the consumer stops) or came back after
-        stop (its messages are released at once)."""
+    def _receive(self, count: int, wait_seconds: int | None = None) -> list[Delivery] | None:
+        """One receive of at most `count` messages (a long poll of `wait_seconds`, None: the
+        consumer's `wait_time_seconds`), timed for the prefetch. None when it failed (transient:
+        after RECEIVE_BACKOFF_SECONDS; else the consumer stops) or came back after stop (its
+        messages are released at once)."""
         try:
             began = time.monotonic()
-            deliveries = self.fetch(count)
+            deliveries = self.fetch(count, wait_seconds)
             with self._lock:
                 self.prefetch.observe_poll(time.monotonic() - began, count, len(deliveries))
             self._last_poll_short = len(deliveries) < count
@@ -345,10 +346,15 @@ class Runtime:
     def _receive_beside(self, key: int, count: int) -> None:
         """A receive sent while others may be in flight (`_to_fetch` counted it in
         `_in_flight` under `key`), on its own thread: its messages go to the workers (never run
-        on this thread), then the receiver plans again."""
+        on this thread), then the receiver plans again. It is a short poll: a backlog answers
+        it at once, and a queue run dry answers it empty at once (the poll then counts as short:
+        one receive at a time again), rather than several long polls waiting side by side on an
+        empty queue, each left waiting there by a consumer killed meanwhile (to take a message
+        when its lease lapses, for nobody). An overridden `poll` is asked as before."""
         try:
-            deliveries = self._receive(count)
-            if deliveries is not None:
+            wait = 0 if type(self).poll is Runtime.poll else None
+            deliveries = self._receive(count, wait)
+            if deliveries:  # (an empty one: the receiver's next long poll tells if it is idle)
                 self._dispatch(deliveries, inline=False)
         finally:
             with self._cond:
@@ -415,18 +421,23 @@ class Runtime:
             if self.free_slots() == free:
                 return  # nothing finished meanwhile: the rest is busy for longer
 
-    def poll(self, count: int) -> list[dict[str, Any]]:
-        """One long poll for at most `count` messages (the place to add more sources; a
-        prioritized channel's levels are polled by `self.poller` instead)."""
-        return self.mailbox.receive(count, self.config.wait_time_seconds, self.visibility)
+    def poll(self, count: int, wait_seconds: int | None = None) -> list[dict[str, Any]]:
+        """One long poll for at most `count` messages, waiting up to `wait_seconds` (None: the
+        consumer's `wait_time_seconds`) (the place to add more sources, with or without
+        `wait_seconds`; a prioritized channel's levels are polled by `self.poller` instead)."""
+        wait = self.config.wait_time_seconds if wait_seconds is None else wait_seconds
+        return self.mailbox.receive(count, wait, self.visibility)
 
-    def fetch(self, count: int) -> list[Delivery]:
-        """At most `count` messages: one level's (prioritized channel) or one `poll`'s."""
+    def fetch(self, count: int, wait_seconds: int | None = None) -> list[Delivery]:
+        """At most `count` messages: one level's (prioritized channel) or one `poll`'s, waiting
+        up to `wait_seconds` (None: the consumer's `wait_time_seconds`)."""
+        wait = self.config.wait_time_seconds if wait_seconds is None else wait_seconds
         if self.poller is not None:
-            batch = self.poller.poll(count, self.config.wait_time_seconds, self.visibility)
+            batch = self.poller.poll(count, wait, self.visibility)
             return self.deliveries(batch.messages, batch.polled_at, batch.mailbox)
         polled_at = time.monotonic()
-        return self.deliveries(self.poll(count), polled_at, self.mailbox)
+        raw = self.poll(count) if wait_seconds is None else self.poll(count, wait_seconds)
+        return self.deliveries(raw, polled_at, self.mailbox)
 
     def deliveries(
         self, raw: list[dict[str, Any]], polled_at: float, mailbox: Mailbox

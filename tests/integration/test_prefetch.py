@@ -363,3 +363,48 @@ def test_a_receive_beside_the_receiver_that_answers_after_shutdown_gives_its_mes
             QueueUrl=url, AttributeNames=list(expected))["Attributes"])
 
     assert wait_until_or_false(lambda: counts() == expected, timeout=10), counts()
+
+
+class LongPolls:
+    """Botocore hooks on the consumer's clients: the receives in flight that are long polls
+    (WaitTimeSeconds > 0), and the most of them at once."""
+
+    def __init__(self, clients: ClientFactory) -> None:
+        self.lock = threading.Lock()
+        self.waits: dict[int, int] = {}  # thread id -> WaitTimeSeconds of its receive
+        self.most = 0
+        clients.register("before-parameter-build.sqs.ReceiveMessage", self._began)
+        clients.register("after-call.sqs.ReceiveMessage", self._ended)
+        clients.register("after-call-error.sqs.ReceiveMessage", self._ended)
+
+    def _began(self, params: dict[str, Any], **_: Any) -> None:
+        with self.lock:
+            self.waits[threading.get_ident()] = int(params.get("WaitTimeSeconds", 0))
+            self.most = max(self.most, self.in_flight())
+
+    def _ended(self, **_: Any) -> None:
+        with self.lock:
+            self.waits.pop(threading.get_ident(), None)
+
+    def in_flight(self) -> int:
+        return sum(1 for wait in self.waits.values() if wait > 0)
+
+
+@pytest.mark.timeout(90)
+def test_a_queue_run_dry_has_one_long_poll_waiting_on_it(settings, clients, start):
+    # Given a consumer of one worker of 20 ms messages, prefetching, whose every poll came back
+    # with the one message it asked for (each counts as full)
+    cls = type("Single", (Steady,), {"channel": "prefetch_dry_test"})
+    polls = LongPolls(clients)
+    producer = producer_for(settings, cls.channel)
+    run = start(cls, "a", concurrency=1, prefetch_wait=5.0)
+    for n in range(1, 6):
+        producer.push({"n": n})
+        wait_until(lambda count=n: len(run.consumer.handled) >= count, timeout=30)
+    # When the queue has run dry
+    time.sleep(1.0)
+    # Then one long poll waits on it, never several side by side (a consumer killed now would
+    # leave them there, each to take a message for nobody when its lease lapses)
+    assert polls.in_flight() == 1
+    assert polls.most == 1
+    run.stop()
