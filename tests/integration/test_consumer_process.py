@@ -349,3 +349,55 @@ def test_health_check_fails_once_the_consumer_is_gone(start, tmp_path):
     consumer.process.wait()
     gone = _health(file=consumer.health_path)
     assert gone.returncode == 1 and "is not running" in gone.stdout, gone.stdout
+
+
+FREEZE_PROBE = """
+import gc, json, sys, threading, time
+from messenger import Consumer, ConsumerSettings
+from messenger.consume.lifecycle import ConsumerState
+
+class Probe(Consumer):
+    channel = "gc_freeze_test"
+
+    def handler(self, message):
+        pass
+
+def listening(health):
+    consumer = Probe(runtime=ConsumerSettings(health_file=health))
+    thread = threading.Thread(target=consumer.run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while consumer.state is not ConsumerState.LISTENING and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return consumer, thread
+
+before = gc.get_freeze_count()
+first, thread = listening(sys.argv[1] + "/a.json")
+frozen, unfrozen = gc.get_freeze_count(), len(gc.get_objects(generation=2))
+first.request_shutdown()
+thread.join(30)
+second, thread = listening(sys.argv[1] + "/b.json")
+again = gc.get_freeze_count()
+second.request_shutdown()
+thread.join(30)
+print(json.dumps({"before": before, "frozen": frozen, "gen2": unfrozen, "again": again}))
+"""
+
+
+def test_the_first_consumer_of_a_process_freezes_the_startup_heap_once(settings: Settings,
+                                                                      tmp_path: Path) -> None:
+    # Given a fresh interpreter that runs a consumer up to LISTENING, then another one
+    env = {**os.environ, **settings.as_env()}
+    out = subprocess.run([sys.executable, "-c", FREEZE_PROBE, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    # Then nothing was frozen before; once the first is listening the objects of startup
+    # (modules, botocore's models, the clients: tens of thousands) are out of the collector's
+    # generations, the oldest nearly empty
+    assert counts["before"] == 0
+    assert counts["frozen"] > 10_000
+    assert counts["gen2"] < counts["frozen"] // 10
+    # and the second consumer of the process froze nothing more (the count moves by a few
+    # dozen as frozen objects are freed; freezing again would add its ~200,000 objects)
+    assert abs(counts["again"] - counts["frozen"]) < 1_000
