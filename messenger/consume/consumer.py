@@ -78,26 +78,24 @@ HEALTH_LAG_SECONDS = 1.0
 #: How often the main thread looks for a shutdown request while the channel is resolved.
 STARTUP_POLL_SECONDS = 0.05
 
-_heap_frozen = threading.Event()
+_heap_frozen = False
 _heap_lock = threading.Lock()
 
 
-def freeze_startup_heap() -> bool:
+def freeze_startup_heap() -> None:
     """Once per process, when the first consumer has started up: collect, then freeze what is
     left (`gc.freeze`), so that the garbage collector's full collections no longer go over the
-    objects of startup (modules, botocore's service models, the clients): ~40,000 objects that
-    a full collection took ~115-130 ms of CPU to walk, holding the GIL (every thread of the
-    consumer stopped, the lease keeper too) the first time one ran, in the middle of the
+    objects of startup (modules, botocore's service models, the clients): ~235,000 objects
+    that a full collection took ~115-130 ms of CPU to walk, holding the GIL (every thread of
+    the consumer stopped, the lease keeper too) the first time one ran, in the middle of the
     work. Frozen objects are still freed when nothing refers to them; only a reference cycle
-    among them would stay. Later consumers of the same process (tests) do not freeze again.
-    Returns whether this call froze."""
+    among them would stay. Later consumers of the same process (tests) do not freeze again."""
+    global _heap_frozen
     with _heap_lock:
-        if _heap_frozen.is_set():
-            return False
-        gc.collect()
-        gc.freeze()
-        _heap_frozen.set()
-        return True
+        if not _heap_frozen:
+            gc.collect()
+            gc.freeze()
+            _heap_frozen = True
 
 
 MIN_PROCESSING_TIMEOUT = 1

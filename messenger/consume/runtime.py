@@ -7,8 +7,8 @@
   prefetching on a backlog (polls coming back full), up to MAX_RECEIVES_IN_FLIGHT receives are
   in flight at once, each a short poll beside the receiver on a thread of its own
   (`_receive_beside`: its messages go to the workers), so that workers getting through more
-  than 10 messages per round trip are kept busy; else one at a time, on the receiver's thread. On an
-  ordered channel (no prefetch) a poll's messages of one group form a chain that one worker
+  than 10 messages per round trip are kept busy; else one at a time, on the receiver's thread.
+  On an ordered channel (no prefetch) a poll's messages of one group form a chain that one worker
   runs in order (SQS hands out a group's next message only after the previous one is deleted
   or visible again). On a prioritized channel a `LevelPoller`
   (`messenger.jobs.priority`) chooses the level of each poll; every delivery remembers its mailbox,
@@ -431,8 +431,8 @@ class Runtime:
     def fetch(self, count: int, wait_seconds: int | None = None) -> list[Delivery]:
         """At most `count` messages: one level's (prioritized channel) or one `poll`'s, waiting
         up to `wait_seconds` (None: the consumer's `wait_time_seconds`)."""
-        wait = self.config.wait_time_seconds if wait_seconds is None else wait_seconds
         if self.poller is not None:
+            wait = self.config.wait_time_seconds if wait_seconds is None else wait_seconds
             batch = self.poller.poll(count, wait, self.visibility)
             return self.deliveries(batch.messages, batch.polled_at, batch.mailbox)
         polled_at = time.monotonic()
