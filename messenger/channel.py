@@ -64,6 +64,10 @@ TAG_ALARM_THRESHOLD = "messenger:alarm-threshold"
 TAG_DLQ_ALARM_THRESHOLD = "messenger:dlq-alarm-threshold"
 TAG_CRITICAL = "messenger:critical"
 TAG_ROLE = "messenger:role"  # "queue", "dlq" or "topic"
+#: On a priority level's queue and DLQ: the prioritized channel they belong to, and the level
+#: (the operations tools resolve a channel's queues by these, never by name prefix).
+TAG_PRIORITY_CHANNEL = "messenger:priority-channel"
+TAG_PRIORITY_LEVEL = "messenger:priority-level"
 #: Sid of the queue-policy statement letting an exchange's topic deliver to a channel's queue, and
 #: of the one letting it dead-letter to the channel's DLQ (the subscription's RedrivePolicy).
 ALLOW_TOPIC_SID = "AllowExchangeTopic"
@@ -494,6 +498,9 @@ class ChannelSpec:
         }
         if self.namespace:
             tags[TAG_NAMESPACE] = self.namespace
+        if self.priority_level is not None:
+            tags[TAG_PRIORITY_CHANNEL] = self.name.removesuffix(f"-{self.priority_level}")
+            tags[TAG_PRIORITY_LEVEL] = self.priority_level
         if self.tags.owner:
             tags[TAG_OWNER] = self.tags.owner
         if self.tags.team:
