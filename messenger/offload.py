@@ -111,6 +111,11 @@ class PayloadStore:
         return OffloadPointer(bucket=self.bucket, key=key)
 
     def get(self, pointer: OffloadPointer) -> str:
+        """The body as text (UnicodeDecodeError when it is not UTF-8)."""
+        return self.get_bytes(pointer).decode("utf-8")
+
+    def get_bytes(self, pointer: OffloadPointer) -> bytes:
+        """The body as stored; PayloadMissing when the object is gone."""
         try:
             response = self.s3.get_object(Bucket=pointer.bucket, Key=pointer.key)
         except ClientError as error:
@@ -120,7 +125,7 @@ class PayloadStore:
                     f"offloaded payload s3://{pointer.bucket}/{pointer.key} does not exist ({code})"
                 ) from None
             raise
-        return str(response["Body"].read().decode("utf-8"))
+        return bytes(response["Body"].read())
 
     def refresh(self, pointer: OffloadPointer) -> bool:
         """Restart the payload's lifecycle clock (a copy onto itself: S3 expires objects by
