@@ -20,9 +20,11 @@ os.environ.update(LOCAL_CREDENTIALS)
 
 
 def pytest_report_header() -> str:
-    """Which botocore paths this run's clients take (`make test-plain-botocore`: plain)."""
-    paths = ClientFactory("us-east-1").fast_paths
-    return f"messenger: {paths.reason}"
+    """Which botocore this run's clients use (`make test-other-botocore`: another version)."""
+    import boto3
+    import botocore
+
+    return f"messenger: boto3 {boto3.__version__}, botocore {botocore.__version__}"
 
 
 @pytest.fixture(scope="session")
