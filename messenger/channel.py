@@ -157,6 +157,23 @@ def workers_table_name(namespace: str = "") -> str:
     return f"{namespace}-messenger-workers" if namespace else "messenger-workers"
 
 
+def schedule_group_name(namespace: str = "") -> str:
+    """The EventBridge Scheduler group of a namespace's scheduled jobs: '<namespace->messenger'."""
+    return f"{namespace}-messenger" if namespace else "messenger"
+
+
+def scheduler_role_name(namespace: str = "") -> str:
+    """The IAM role EventBridge Scheduler assumes to send a namespace's scheduled jobs:
+    '<namespace->messenger-scheduler'."""
+    return f"{namespace}-messenger-scheduler" if namespace else "messenger-scheduler"
+
+
+def schedule_dlq_name(namespace: str = "") -> str:
+    """The standard SQS queue of the scheduled jobs Scheduler could not deliver:
+    '<namespace->messenger-schedules-dlq'."""
+    return f"{namespace}-messenger-schedules-dlq" if namespace else "messenger-schedules-dlq"
+
+
 def offload_bucket_name(namespace: str, account_id: str, region: str) -> str:
     """The offload bucket: '<namespace->messenger-offload-<account>-<region>'. Bucket names are
     global: the region keeps one namespace in two regions (or accounts) apart."""

@@ -38,12 +38,15 @@ class QueueTarget:
         self.sqs = sqs
         self.url = url
 
-    def send(self, message: OutgoingMessage) -> str:
+    def send(self, message: OutgoingMessage, delay_seconds: int = 0) -> str:
+        """Send one message; `delay_seconds` (0-900, standard queues) hides it that long."""
+        delay = {"DelaySeconds": delay_seconds} if delay_seconds else {}
         response = self.sqs.send_message(
             QueueUrl=self.url,
             MessageBody=message.encoded.body,
             MessageAttributes=message.encoded.attributes,
             **_fifo_fields(message),
+            **delay,
         )
         return str(response["MessageId"])
 
