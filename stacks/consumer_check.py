@@ -116,12 +116,17 @@ for target in sys.argv[1:]:
         if cls.handler is Consumer.handler:
             raise TypeError(f"{cls.__name__} does not define handler(self, message)")
         spec = cls.channel_spec("")
+        if not isinstance(cls.idempotent, bool):
+            raise TypeError(f"{cls.__name__}.idempotent must be True or False, got "
+                            f"{cls.idempotent!r}")
         found[target] = {
             "channel": spec.name, "ordered": spec.ordered,
             "processing_timeout": float(cls.processing_timeout),
             "priorities": list(spec.priorities), "default_level": spec.default_level,
             "track_status": spec.track_status,
             "filter_policy": spec.message_filter.policy() if spec.message_filter else None,
+            # As Consumer guards its handler: `idempotency_key` implies `idempotent`.
+            "idempotent": cls.idempotent or cls.idempotency_key is not None,
         }
         json.dumps(found[target])
     except BaseException as error:

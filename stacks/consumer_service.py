@@ -5,12 +5,23 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from aws_cdk import Annotations, CfnOutput, Duration, Fn, RemovalPolicy, Stack
+import jsii
+from aws_cdk import (
+    Annotations,
+    AspectPriority,
+    Aspects,
+    CfnOutput,
+    Duration,
+    Fn,
+    IAspect,
+    RemovalPolicy,
+    Stack,
+)
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
-from constructs import Construct
+from constructs import Construct, IConstruct
 
 from stacks.channel import Channel
 from stacks.consumer_image import DEFAULT_ARCHITECTURE, ConsumerImage
@@ -39,12 +50,13 @@ DEFAULT_PROCESSING_TIMEOUT = Duration.seconds(60)
 
 class ConsumerClassFacts(Construct):
     """A construct that runs a consumer class from its code (ConsumerService, LambdaConsumer):
-    what the synth-time lint reads of that class. Needs `image`, `consumer_class` and
-    `requested_processing_timeout`."""
+    what the synth-time lint reads of that class, and the grants derived from it. Needs
+    `image`, `consumer_class`, `requested_processing_timeout` and `requested_idempotent`."""
 
     image: ConsumerImage
     consumer_class: str
     requested_processing_timeout: Duration | None
+    requested_idempotent: bool | None
 
     @property
     def class_facts(self) -> dict | None:
@@ -63,6 +75,22 @@ class ConsumerClassFacts(Construct):
         if facts and "processing_timeout" in facts:
             return Duration.millis(round(facts["processing_timeout"] * 1000))
         return DEFAULT_PROCESSING_TIMEOUT
+
+    @property
+    def idempotent(self) -> bool:
+        """The class's `idempotent` (`idempotency_key` implies it); for a ready image, whose class
+        synth cannot read, the requested one (default False)."""
+        facts = self.class_facts
+        if facts and "idempotent" in facts:
+            return bool(facts["idempotent"])
+        return bool(self.requested_idempotent)
+
+    def grant_from_class(self, foundation: Foundation, role: iam.IRole) -> None:
+        """Grant `role` what the class declares it uses: an idempotent class, its records' table.
+        Decided at synth (an aspect), when every consumer of the app is known, so the classes of
+        one code folder are still imported once, together."""
+        Aspects.of(self).add(_ClassGrants(self, foundation, role),
+                             priority=AspectPriority.MUTATING)
 
 
 class ConsumerService(ConsumerClassFacts):
@@ -97,8 +125,12 @@ class ConsumerService(ConsumerClassFacts):
     capacity: 'on-demand' (default), 'spot', or `FargateCapacity.mix(on_demand_base=...,
         spot_weight=...)`; the cluster needs the Fargate capacity providers (the platform's has).
     environment: extra environment variables (no secrets: they are visible in the task definition).
-    idempotent: the class is idempotent (`idempotent = True` or `idempotency_key`): grant its
-        records' table (default False: no access to it).
+    Derived from the class, not given: status tracking (the channel's `track_status`, which
+    must agree with the class) and idempotency (`idempotent = True` or `idempotency_key`): the
+    task role may write status records, or use the idempotency table, only when it does.
+    idempotent: deprecated, the class decides; given, it must agree with the class (synth fails
+        otherwise). Only for a ready image (`ConsumerImage.from_image`), whose class synth cannot
+        read, does it decide (default False: no access to the idempotency table).
     """
 
     def __init__(
@@ -125,7 +157,7 @@ class ConsumerService(ConsumerClassFacts):
         capacity: str | FargateCapacity = "on-demand",
         subnets: ec2.SubnetSelection | None = None,
         environment: Mapping[str, str] | None = None,
-        idempotent: bool = False,
+        idempotent: bool | None = None,
     ) -> None:
         super().__init__(scope, id)
         module, _, class_name = consumer_class.partition(":")
@@ -153,6 +185,7 @@ class ConsumerService(ConsumerClassFacts):
         self.consumer_class = consumer_class
         self.image = image
         self.requested_processing_timeout = processing_timeout
+        self.requested_idempotent = idempotent
         self.shutdown_timeout = shutdown_timeout
         self.stop_timeout = stop_timeout
         topology = Topology.of(self)
@@ -203,8 +236,7 @@ class ConsumerService(ConsumerClassFacts):
         foundation.grant_workers_write(self.task_definition.task_role)  # `messenger workers`
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.task_definition.task_role)
-        if idempotent:  # the class says `idempotent = True`: its records' table
-            foundation.grant_idempotency(self.task_definition.task_role)
+        self.grant_from_class(foundation, self.task_definition.task_role)
 
         self.security_group = ec2.SecurityGroup(
             self,
@@ -340,16 +372,46 @@ class _ClassValidation:
             for name, value in deployed.items()
             if facts.get(name) != value
         ]
+        kind = type(service).__name__
+        if service.requested_idempotent is not None:
+            if service.requested_idempotent != facts["idempotent"]:
+                errors.append(
+                    f"{kind} idempotent={service.requested_idempotent} contradicts {target}, "
+                    f"which is {'' if facts['idempotent'] else 'not '}idempotent (its "
+                    f"`idempotent` and `idempotency_key`); the class decides, and its role gets "
+                    f"the idempotency table only when it is: drop the argument."
+                )
+            else:
+                Annotations.of(service).add_warning_v2(
+                    "messenger:idempotent-argument-deprecated",
+                    f"{kind} idempotent= is derived from {target} now (its `idempotent` and "
+                    f"`idempotency_key`): drop the argument",
+                )
         requested = service.requested_processing_timeout
         declared = facts["processing_timeout"]
         if requested is not None and requested.to_seconds() != declared:
             errors.append(
-                f"{type(service).__name__} processing_timeout ({requested.to_seconds():g} s) "
+                f"{kind} processing_timeout ({requested.to_seconds():g} s) "
                 f"differs from "
                 f"{target}.processing_timeout ({declared:g} s), which the consumer enforces; "
                 f"drop the argument (the class's value is used) or make them equal."
             )
         return errors
+
+
+@jsii.implements(IAspect)
+class _ClassGrants:
+    """The grants a consumer's class decides (see `ConsumerClassFacts.grant_from_class`)."""
+
+    def __init__(self, consumer: ConsumerClassFacts, foundation: Foundation,
+                 role: iam.IRole) -> None:
+        self.consumer, self.foundation, self.role = consumer, foundation, role
+
+    def visit(self, node: IConstruct) -> None:
+        if node.node.path != self.consumer.node.path:
+            return  # the aspect reaches the consumer's children too
+        if self.consumer.idempotent:
+            self.foundation.grant_idempotency(self.role)
 
 
 class _TimeoutValidation:

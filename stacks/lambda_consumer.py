@@ -52,7 +52,8 @@ class LambdaConsumer(ConsumerClassFacts):
 
     channel: the channel it consumes (grants: consume the queues, forward to the DLQs, the key).
     foundation: the platform key and offload bucket (grants: read offloaded payloads; write
-        status records when the channel tracks status).
+        status records when the channel tracks status; use the idempotency table when the
+        class is idempotent).
     code: the folder of the consumer classes (its name is their package), bundled with the
         library; third-party packages it needs come from `layers`.
     consumer_class: 'package.module:Class', `package` being the folder's name; imported at synth
@@ -73,8 +74,8 @@ class LambdaConsumer(ConsumerClassFacts):
     alarm_topic: where the alarms notify (default: nowhere; e.g. the platform's ops topic).
     layers: Lambda layers with the code's third-party packages.
     environment: extra environment variables (no secrets: they are visible in the function).
-    idempotent: the class is idempotent (`idempotent = True` or `idempotency_key`): grant its
-        records' table (default False: no access to it).
+    idempotent: deprecated: the class decides (`idempotent = True` or `idempotency_key`: the role
+        may use the idempotency table, else not); given, it must agree (synth fails otherwise).
     Outputs: `function`, `role`, `event_sources` (one per queue), `alarms` (errors, throttles,
     and the age of the oldest message per queue).
     """
@@ -99,7 +100,7 @@ class LambdaConsumer(ConsumerClassFacts):
         alarm_topic: sns.ITopic | None = None,
         layers: Sequence[lambda_.ILayerVersion] = (),
         environment: Mapping[str, str] | None = None,
-        idempotent: bool = False,
+        idempotent: bool | None = None,
     ) -> None:
         super().__init__(scope, id)
         module, _, class_name = consumer_class.partition(":")
@@ -150,6 +151,7 @@ class LambdaConsumer(ConsumerClassFacts):
                 f"Fargate: ConsumerService's image installs them)"
             )
         self.requested_processing_timeout = processing_timeout
+        self.requested_idempotent = idempotent
         self.requested_timeout = timeout
         topology = Topology.of(self)
         if self.image.contains(consumer_class):
@@ -196,8 +198,7 @@ class LambdaConsumer(ConsumerClassFacts):
         foundation.grant_offload_read(self.role)
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.role)
-        if idempotent:  # the class says `idempotent = True`: its records' table
-            foundation.grant_idempotency(self.role)
+        self.grant_from_class(foundation, self.role)
         # Mappings without the L2 event source's own grants: the channel's cover them.
         self.event_sources = [
             self.function.add_event_source_mapping(

@@ -1,0 +1,186 @@
+"""What synth derives from a consumer class instead of an argument to forget: the idempotency
+table grant, on Fargate and Lambda alike (one in-process synth per session)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk.assertions import Match, Template
+
+from messenger.channel import ChannelSpec, idempotency_table_name
+from stacks.channel import Channel
+from stacks.consumer_image import ConsumerImage
+from stacks.consumer_service import ConsumerService
+from stacks.foundation import Foundation
+from stacks.lambda_consumer import LambdaConsumer
+from tests.infra.conftest import ACCOUNT, REGION
+from tests.infra.test_validation import PLATFORM_CLUSTER, _app
+
+NAMESPACE = "derived"
+#: A team's folder `jobs/`: two idempotent classes (one by `idempotent = True`, one by
+#: `idempotency_key`) and two plain ones, none deployed with an `idempotent=` argument.
+CONSUMERS = '''
+from messenger import Consumer
+
+
+class Job(Consumer):
+    processing_timeout = 10
+
+    def handler(self, message):
+        pass
+
+
+class FargatePlain(Job):
+    channel = "fargate_plain"
+
+
+class FargateIdempotent(Job):
+    channel = "fargate_idempotent"
+    idempotent = True
+
+
+class LambdaPlain(Job):
+    channel = "lambda_plain"
+
+
+class LambdaKeyed(Job):
+    channel = "lambda_keyed"
+    idempotency_key = staticmethod(lambda message: message.body["order"])
+'''
+FARGATE = {"FargatePlain": "fargate_plain", "FargateIdempotent": "fargate_idempotent"}
+LAMBDA = {"LambdaPlain": "lambda_plain", "LambdaKeyed": "lambda_keyed"}
+IDEMPOTENT = {"FargateIdempotent", "LambdaKeyed"}
+#: Powertools' calls on its records (`Foundation.grant_idempotency`), as the minimized policy
+#: lists them.
+POWERTOOLS_ACTIONS = ["dynamodb:DeleteItem", "dynamodb:DescribeTable", "dynamodb:GetItem",
+                      "dynamodb:PutItem", "dynamodb:UpdateItem"]
+
+
+def _team_folder(parent: Path) -> Path:
+    code = parent / "jobs"
+    code.mkdir()
+    (code / "consumers.py").write_text(CONSUMERS)
+    return code
+
+
+def _lambda_spec(channel: str) -> ChannelSpec:
+    # 6 x the function's timeout (10 s + 3 s to finish) fits in the visibility timeout
+    return ChannelSpec(channel, namespace=NAMESPACE, visibility_timeout=120)
+
+
+@dataclass
+class DerivedGrants:
+    template: Template
+    roles: dict[str, str]  # consumer class -> its role's logical id
+    table: str  # the idempotency table's logical id
+
+
+@pytest.fixture(scope="session")
+def derived(tmp_path_factory: pytest.TempPathFactory) -> DerivedGrants:
+    """Two Fargate services and two Lambda consumers of the team's classes, in one stack."""
+    folder = tmp_path_factory.mktemp("derived")
+    code = _team_folder(folder)
+    app = _app(folder / "cdk.out")
+    stack = cdk.Stack(app, "Jobs", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    foundation = Foundation(stack, "Foundation", namespace=NAMESPACE)
+    cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(stack, "Vpc", nat_gateways=0,
+                                                          availability_zones=["eu-west-1a"]),
+                          **PLATFORM_CLUSTER)
+    image = ConsumerImage.from_code(code)
+    roles = {}
+    for name, channel in FARGATE.items():
+        spec = ChannelSpec(channel, namespace=NAMESPACE)
+        service = ConsumerService(
+            stack, name, channel=Channel(stack, f"{name}Channel", spec=spec, key=foundation.key),
+            foundation=foundation, cluster=cluster, image=image,
+            consumer_class=f"jobs.consumers:{name}", namespace=NAMESPACE)
+        roles[name] = service.task_role
+    for name, channel in LAMBDA.items():
+        spec = _lambda_spec(channel)
+        function = LambdaConsumer(
+            stack, name, channel=Channel(stack, f"{name}Channel", spec=spec, key=foundation.key),
+            foundation=foundation, code=code, consumer_class=f"jobs.consumers:{name}",
+            namespace=NAMESPACE)
+        roles[name] = function.role
+    template = Template.from_stack(stack)
+    return DerivedGrants(
+        template,
+        {name: stack.get_logical_id(role.node.default_child) for name, role in roles.items()},
+        stack.get_logical_id(foundation.idempotency_table.node.default_child),
+    )
+
+
+def _policies_naming(derived: DerivedGrants, logical_id: str) -> set[str]:
+    """The roles whose policies name `logical_id` anywhere in their statements."""
+    found = set()
+    for policy in derived.template.find_resources("AWS::IAM::Policy").values():
+        if logical_id in str(policy["Properties"]["PolicyDocument"]):
+            found |= {role["Ref"] for role in policy["Properties"]["Roles"]}
+    return found
+
+
+def test_the_idempotency_table_is_granted_to_the_idempotent_classes_only(
+    derived: DerivedGrants,
+) -> None:
+    # Given idempotent and plain classes on Fargate and Lambda, no `idempotent=` argument given
+    # Then exactly the idempotent classes' roles may use the idempotency table
+    assert derived.template.find_resources("AWS::DynamoDB::Table", {"Properties": {
+        "TableName": idempotency_table_name(NAMESPACE)}}).keys() == {derived.table}
+    assert _policies_naming(derived, derived.table) == {
+        derived.roles[name] for name in IDEMPOTENT}
+
+
+@pytest.mark.parametrize("consumer", sorted(IDEMPOTENT))
+def test_an_idempotent_class_gets_powertools_calls_on_the_table(
+    derived: DerivedGrants, consumer: str,
+) -> None:
+    derived.template.has_resource_properties("AWS::IAM::Policy", {
+        "Roles": Match.array_with([{"Ref": derived.roles[consumer]}]),
+        "PolicyDocument": {"Statement": Match.array_with([{
+            "Action": POWERTOOLS_ACTIONS, "Effect": "Allow",
+            "Resource": {"Fn::GetAtt": [derived.table, "Arn"]},
+        }])},
+    })
+
+
+@pytest.mark.parametrize(("kind", "consumer", "given"), [
+    ("ConsumerService", "FargateIdempotent", False),
+    ("ConsumerService", "FargatePlain", True),
+    ("LambdaConsumer", "LambdaKeyed", False),
+])
+def test_an_argument_contradicting_the_class_fails_synthesis(
+    tmp_path: Path, kind: str, consumer: str, given: bool,
+) -> None:
+    # Given a consumer deployed with the deprecated argument saying the opposite of its class
+    code = _team_folder(tmp_path)
+    app = _app(tmp_path / "cdk.out")
+    stack = cdk.Stack(app, "Jobs", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    foundation = Foundation(stack, "Foundation", namespace=NAMESPACE)
+    if kind == "ConsumerService":
+        spec = ChannelSpec(FARGATE[consumer], namespace=NAMESPACE)
+        cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(
+            stack, "Vpc", nat_gateways=0, availability_zones=["eu-west-1a"]), **PLATFORM_CLUSTER)
+        ConsumerService(
+            stack, consumer, channel=Channel(stack, "Channel", spec=spec, key=foundation.key),
+            foundation=foundation, cluster=cluster, image=ConsumerImage.from_code(code),
+            consumer_class=f"jobs.consumers:{consumer}", namespace=NAMESPACE, idempotent=given)
+    else:
+        spec = _lambda_spec(LAMBDA[consumer])
+        LambdaConsumer(
+            stack, consumer, channel=Channel(stack, "Channel", spec=spec, key=foundation.key),
+            foundation=foundation, code=code, consumer_class=f"jobs.consumers:{consumer}",
+            namespace=NAMESPACE, idempotent=given)
+    # When synthesized, Then it fails on that consumer, saying the class decides
+    with pytest.raises(Exception) as failure:
+        app.synth()
+    message = str(failure.value)
+    assert f"Jobs/{consumer}" in message
+    assert re.search(
+        rf"{kind} idempotent={given} contradicts jobs.consumers:{consumer}, which is "
+        rf"{'not ' if given else ''}idempotent .* the class decides", message), message
