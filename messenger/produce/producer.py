@@ -39,13 +39,18 @@ from messenger.errors import (
     InvalidMessage,
     InvalidSettings,
     PayloadTooLarge,
+    PublishFailed,
 )
 from messenger.jobs.dedup import (
     DEFAULT_WINDOW_SECONDS,
+    HELD_CODE,
     Claim,
     DedupStore,
     Duplicate,
+    Held,
     RecentIds,
+    SentMarks,
+    check_lease,
     check_window,
 )
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
@@ -96,12 +101,16 @@ class _BaseProducer:
     default_priority: ClassVar[str | None] = None
     #: Record QUEUED in the status table for every message sent.
     track_status: ClassVar[bool] = False
-    #: Dedup on enqueue: a push whose message_id was pushed within `dedup_window` seconds is
-    #: not sent and is reported as a duplicate (one conditional DynamoDB write per push that
-    #: names a message_id; see `messenger.jobs.dedup`). A push may override it (`dedup=`).
+    #: Dedup on enqueue: a push whose message_id was sent within `dedup_window` seconds is
+    #: not sent and is reported as a duplicate (a conditional DynamoDB claim before the send
+    #: and a mark after it, batched in push_many; see `messenger.jobs.dedup`). A push may
+    #: override it (`dedup=`).
     dedup: ClassVar[bool] = False
     #: Seconds a pushed id counts as taken (1 to 14 days; default 5 minutes).
     dedup_window: ClassVar[int] = DEFAULT_WINDOW_SECONDS
+    #: Seconds a claim not yet marked sent holds off other pushes of its id (a producer that
+    #: died between claim and send holds it this long); None: the retry budget + 20 s.
+    dedup_lease: ClassVar[float | None] = None
     #: pydantic model(s) of the body (see `messenger.schema`): validated before sending.
     model: ClassVar[Any] = None
 
@@ -157,7 +166,8 @@ class _BaseProducer:
             raise InvalidSettings(f"{type(self).__name__}.dedup must be True or False, got "
                                   f"{self.dedup!r}")
         self.window = check_window(self.dedup_window, f"{type(self).__name__}.dedup_window")
-        self.dedup_store = DedupStore(self.clients, self.settings)
+        self.dedup_store = DedupStore(self.clients, self.settings, check_lease(
+            self.dedup_lease, self.settings, f"{type(self).__name__}.dedup_lease"))
         #: Ordered channels: deduplication ids sent in SQS's own 5-minute interval.
         self.recent_ids = RecentIds() if self.ordered else None
         self.threshold = self._threshold()
@@ -229,6 +239,12 @@ class _BaseProducer:
     def _push(self, item: PushItem, trace: ProducerTrace | None) -> PushedId:
         prepared, _ = self._prepare(0, item, trace)
         verdict = self._dedup(prepared, item, set())
+        if isinstance(verdict, str):
+            # An id held by another producer's push in flight is waited on, within the budget,
+            # until sent there (a duplicate) or given up (ours); never a duplicate unsent.
+            verdict = self._claim(verdict, time.monotonic() + self.settings.retry_budget_seconds)
+        if isinstance(verdict, Held):
+            raise PublishFailed(verdict.describe())
         if isinstance(verdict, Duplicate):
             logger.info("push to %s: message %s is a duplicate (not sent)", self.channel,
                         prepared.message_id)
@@ -242,6 +258,8 @@ class _BaseProducer:
             if verdict is not None:
                 self.dedup_store.release(verdict)  # not sent: a retry is not a duplicate
             raise
+        if verdict is not None:
+            self.dedup_store.mark_sent([verdict])
         self._remember([prepared])
         self._record_queued([prepared.message_id], sent_at)
         if trace is not None:
@@ -257,8 +275,9 @@ class _BaseProducer:
         """
         items = [item if isinstance(item, PushItem) else PushItem(item) for item in items]
         result = PushManyResult(message_ids=[None] * len(items))
+        deadline = time.monotonic() + self.settings.retry_budget_seconds
         by_level: dict[str | None, list[PreparedItem]] = {}
-        claims: dict[int, Claim] = {}
+        keys: dict[int, str] = {}  # items whose id is claimed before their batch is sent
         taken: set[str] = set()  # deduplication ids of this call (ordered channels)
         trace = self._trace(batch=True)
         for index, item in enumerate(items):
@@ -273,15 +292,28 @@ class _BaseProducer:
                 result.message_ids[index] = prepared.message_id  # the id it repeats
                 continue
             if verdict is not None:
-                claims[index] = verdict
+                keys[index] = verdict
             result.offloaded += offloaded
             by_level.setdefault(prepared.level, []).append(prepared)
+        marks = SentMarks(self.dedup_store)
+        held: dict[int, Held] = {}
         for level, entries in by_level.items():
             for batch in self._batches(entries):
-                self._send_batch(level, batch, result, trace)  # records each batch's QUEUED
-        for index, claim in claims.items():
-            if result.message_ids[index] is None:  # not sent: a retry is not a duplicate
-                self.dedup_store.release(claim)
+                # Claimed batch by batch, so a claim is sent (and marked) well within its lease.
+                ready, claims = self._claim_batch(batch, keys, None, result, held)
+                self._send_claimed(level, ready, claims, result, trace, marks)
+        marks.flush()  # before waiting: a producer racing us may be waiting on these marks
+        for level, entries in by_level.items():
+            # Held by a producer racing us: wait, within the budget, for each to be sent there
+            # (a duplicate) or given up (ours to send); else report it, never drop it.
+            for batch in self._batches([entry for entry in entries if entry.index in held]):
+                still: dict[int, Held] = {}
+                ready, claims = self._claim_batch(batch, keys, deadline, result, still)
+                self._send_claimed(level, ready, claims, result, trace, marks)
+                result.failures += [PushFailure(index, HELD_CODE, verdict.describe())
+                                    for index, verdict in still.items()]
+        marks.flush()
+        result.duplicates.sort()
         self._remember([p for entries in by_level.values() for p in entries
                         if result.message_ids[p.index] is not None])
         if result.duplicates:
@@ -403,9 +435,9 @@ class _BaseProducer:
         return SQS_MAX_RECEIVE_COUNT
 
     def _dedup(self, prepared: PreparedItem, item: PushItem, taken: set[str]
-               ) -> Claim | Duplicate | None:
-        """Whether this push repeats one within the window: a Duplicate (do not send), the
-        Claim made for it (release it if the send fails), or None (no check applies).
+               ) -> Duplicate | str | None:
+        """Whether this push repeats one within the window: a Duplicate (do not send), the key
+        to claim in the dedup table before sending (`_claim`), or None (no check applies).
 
         Ordered channels: a deduplication id sent by this producer in SQS's 5 minutes (or
         earlier in this call) is a duplicate SQS would drop; with dedup on, the table is asked
@@ -423,7 +455,50 @@ class _BaseProducer:
             key = item.message_id
         if not dedup or key is None:
             return None
-        return self.dedup_store.claim(self.channel, key, self.window)
+        return key
+
+    def _claim(self, key: str, wait_until: float | None) -> Claim | Duplicate | Held:
+        return self.dedup_store.claim(self.channel, key, self.window, wait_until)
+
+    def _claim_batch(self, batch: list[PreparedItem], keys: dict[int, str],
+                     wait_until: float | None, result: PushManyResult, held: dict[int, Held]
+                     ) -> tuple[list[PreparedItem], dict[int, Claim]]:
+        """The entries of `batch` to send and the claims made for them; duplicates go to
+        `result`, ids held by another producer to `held` (wait_until: see DedupStore.claim)."""
+        ready: list[PreparedItem] = []
+        claims: dict[int, Claim] = {}
+        for entry in batch:
+            key = keys.get(entry.index)
+            if key is None:
+                ready.append(entry)
+                continue
+            try:
+                verdict = self._claim(key, wait_until)
+            except Exception as error:  # reported per item, never raised
+                result.failures.append(PushFailure(entry.index, _failure_code(error), str(error)))
+                continue
+            if isinstance(verdict, Duplicate):
+                result.duplicates.append(entry.index)
+                result.message_ids[entry.index] = entry.message_id  # the id it repeats
+            elif isinstance(verdict, Held):
+                held[entry.index] = verdict
+            else:
+                claims[entry.index] = verdict
+                ready.append(entry)
+        return ready, claims
+
+    def _send_claimed(self, level: str | None, ready: list[PreparedItem],
+                      claims: dict[int, Claim], result: PushManyResult,
+                      trace: ProducerTrace | None, marks: SentMarks) -> None:
+        """Send `ready` as one batch, then settle its claims: sent ones to be marked, the
+        others released (not sent: a retry is not a duplicate)."""
+        if ready:
+            self._send_batch(level, ready, result, trace)  # records the batch's QUEUED
+        for index, claim in claims.items():
+            if result.message_ids[index] is None:
+                self.dedup_store.release(claim)
+            else:
+                marks.add(claim)
 
     def _remember(self, sent: list[PreparedItem]) -> None:
         if self.recent_ids is not None:

@@ -1,5 +1,8 @@
 """Dedup on enqueue: a repeated message id within the window is not sent and is reported; two
-processes racing on one id send one message; ordered channels report SQS's own drops."""
+processes racing on one id send one message; ordered channels report SQS's own drops. Never a
+duplicate unsent: a claim whose answer was lost is the producer's own, and a claim left by a
+failed send whose release failed too is taken over (at once from the same process, after the
+lease from any other)."""
 
 from __future__ import annotations
 
@@ -10,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
 
 from messenger import Producer, PushItem
 from messenger.errors import InvalidMessage, InvalidSettings, PublishFailed
-from messenger.jobs.dedup import RecentIds
+from messenger.jobs.dedup import HELD_CODE, RecentIds
 from tests.faults import injected
 from tests.integration.helpers import decode, drain
 
@@ -93,6 +97,102 @@ def test_a_failed_send_releases_its_claim(settings, clients):
     assert producer.push_many([PushItem({"n": 2}, message_id="job-10")]).published == 1
 
 
+class LostFirstAnswer:
+    """botocore `after-call` hook: the first answer of `operation` is lost after DynamoDB
+    applied the request (a read timeout), as a timeout or a 5xx after the write would."""
+
+    def __init__(self, operation: str = "PutItem") -> None:
+        self.operation, self.lost = operation, 0
+
+    def __call__(self, model=None, **_):
+        if model is not None and model.name == self.operation and not self.lost:
+            self.lost += 1
+            raise ReadTimeoutError(endpoint_url="http://dynamodb (answer lost)")
+
+
+def refuse(*operations):
+    """botocore `before-call` hook: the operations fail like a dropped connection."""
+    def hook(model=None, **_):
+        if model is not None and model.name in operations:
+            raise EndpointConnectionError(endpoint_url="http://blackholed")
+    return hook
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["push", "push_many"])
+def test_a_claim_whose_answer_was_lost_is_sent_once(settings, clients, many):
+    producer = Jobs(settings=settings, clients=clients)
+    producer.push({"warm": True})  # the queue and the table exist
+    sqs, url = queue(clients, settings)
+    drain(sqs, url)
+    # Given DynamoDB stores the claim but its answer is lost (the retry finds the claim there)
+    fault = LostFirstAnswer()
+    with injected(clients, "after-call", fault):
+        # When the job is pushed
+        if many:
+            result = producer.push_many([PushItem({"n": 1}, message_id="lost-1"),
+                                         PushItem({"n": 2}, message_id="lost-2")])
+            assert (result.published, result.duplicates, result.failures) == (2, [], [])
+        else:
+            assert not producer.push({"n": 1}, message_id="lost-1").duplicate
+    assert fault.lost == 1
+    # Then it was sent exactly once, and a later push of the id is the duplicate
+    assert sorted(decode(m).message_id for m in drain(sqs, url)) == \
+        ["lost-1", "lost-2"][:1 + many]
+    assert producer.push({"n": 3}, message_id="lost-1").duplicate
+
+
+class Leased(Producer):
+    channel = "jobs"
+    dedup = True
+    dedup_lease = 2.0
+
+
+def test_a_failed_send_whose_release_failed_is_sent_by_a_retry(settings, clients):
+    short = settings.with_changes(retry_budget_seconds=0.3)
+    producer = Leased(settings=short, clients=clients)
+    producer.push({"warm": True})
+    sqs, url = queue(clients, settings)
+    drain(sqs, url)
+    # Given sends fail past the budget and so do the releases of their claims
+    with injected(clients, "before-call", refuse("SendMessage", "SendMessageBatch",
+                                                  "DeleteItem")):
+        with pytest.raises(PublishFailed):
+            producer.push({"n": 1}, message_id="r-1")
+        result = producer.push_many([PushItem({"n": 2}, message_id="r-2")])
+        assert result.failures and not result.duplicates
+        with pytest.raises(PublishFailed):
+            producer.push({"n": 3}, message_id="r-3")
+    # When another producer (its own tokens) pushes r-1 within the lease: neither sent nor a
+    # duplicate, it fails clearly (the id is another producer's, not yet sent)
+    other = Leased(settings=short, clients=clients)
+    with pytest.raises(PublishFailed, match="being pushed by another producer"):
+        other.push({"n": 1}, message_id="r-1")
+    held = other.push_many([PushItem({"n": 2}, message_id="r-2")])
+    assert [f.code for f in held.failures] == [HELD_CODE] and not held.duplicates
+    # Then the same producer's retry sends at once (its own claim), the other's after the lease
+    started = time.monotonic()
+    assert not producer.push({"n": 3}, message_id="r-3").duplicate
+    assert producer.push_many([PushItem({"n": 2}, message_id="r-2")]).published == 1
+    assert time.monotonic() - started < Leased.dedup_lease
+    time.sleep(Leased.dedup_lease)
+    assert not other.push({"n": 1}, message_id="r-1").duplicate
+    # and each job was sent exactly once: now every id is a duplicate
+    assert sorted(decode(m).body["n"] for m in drain(sqs, url)) == [1, 2, 3]
+    assert all(other.push({}, message_id=f"r-{n}").duplicate for n in (1, 2, 3))
+
+
+def test_claims_of_the_older_schema_stay_duplicates(settings, clients):
+    producer = Jobs(settings=settings, clients=clients)
+    producer.push({"warm": True}, message_id="warm")  # the table exists
+    # Given a claim written before leases (no state, no lease): its producer's send is unknown
+    now = int(time.time())
+    clients.client("dynamodb").put_item(TableName=producer.dedup_store.table, Item={
+        "dedup_key": {"S": "jobs#old"}, "message_id": {"S": "old"}, "channel": {"S": "jobs"},
+        "claimed_at": {"N": str(now)}, "token": {"S": "t0"}, "expires_at": {"N": str(now + 60)}})
+    # Then a push of its id is a duplicate within its window, as before
+    assert producer.push({"n": 1}, message_id="old").duplicate
+
+
 def test_bad_dedup_settings_get_one_clear_error(settings, clients):
     class Window(Producer):
         channel = "jobs"
@@ -101,6 +201,13 @@ def test_bad_dedup_settings_get_one_clear_error(settings, clients):
 
     with pytest.raises(InvalidSettings, match="dedup_window must be a whole number of seconds"):
         Window(settings=settings, clients=clients)
+
+    class Lease(Producer):
+        channel = "jobs"
+        dedup_lease = 0
+
+    with pytest.raises(InvalidSettings, match="dedup_lease must be a number of seconds > 0"):
+        Lease(settings=settings, clients=clients)
     with pytest.raises(InvalidMessage, match="dedup must be True, False or None"):
         Plain(settings=settings, clients=clients).push({"n": 1}, message_id="x", dedup="yes")
 
