@@ -31,7 +31,7 @@ from constructs import Construct
 from messenger.tools.emr import EMR_PYTHON, python_confs
 from stacks.bundle import REPO_ROOT, library_bundle, spark_job_scripts
 from stacks.channel import Channel
-from stacks.foundation import Foundation
+from stacks.foundation import Foundation, deliver_access_logs_by_bucket_policy
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 
 DEFAULT_RELEASE_LABEL = "emr-7.9.0"
@@ -99,6 +99,7 @@ class EmrPipeline(Construct):
         idle_timeout: Duration = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         super().__init__(scope, id)
+        deliver_access_logs_by_bucket_policy(self)
         self.job_timeout, self.idle_timeout = job_timeout, idle_timeout
         self.logs_bucket = s3.Bucket(
             self, "Logs", encryption=s3.BucketEncryption.S3_MANAGED,

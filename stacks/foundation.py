@@ -34,6 +34,16 @@ OFFLOAD_EXPIRY_DAYS = 2 * -(-SQS_MAX_RETENTION_SECONDS // 86_400) + 1
 #: Where offloaded bodies live in the bucket (`messenger.offload.OFFLOAD_PREFIX`).
 OFFLOAD_PREFIX = "payloads/"
 ACCESS_LOG_EXPIRY_DAYS = 90
+#: The feature flag that makes `server_access_logs_bucket` grant S3's log delivery through the
+#: log bucket's policy; without it CDK grants an ACL, which a bucket with ACLs disabled
+#: (BUCKET_OWNER_ENFORCED, what cdk-nag and AWS advise) refuses at synth.
+SERVER_ACCESS_LOGS_USE_BUCKET_POLICY = "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy"
+
+
+def deliver_access_logs_by_bucket_policy(scope: Construct) -> None:
+    """Buckets under `scope` receive server access logs through their bucket policy, whatever the
+    app's feature flags (context set on `scope` alone, before it has children)."""
+    scope.node.set_context(SERVER_ACCESS_LOGS_USE_BUCKET_POLICY, True)
 
 
 class Foundation(Construct):
@@ -52,6 +62,7 @@ class Foundation(Construct):
         removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, id)
+        deliver_access_logs_by_bucket_policy(self)
         stack = Stack.of(self)
         self.key = kms.Key(
             self,

@@ -1,0 +1,116 @@
+"""The platform as a team app composes it synthesizes under CDK's default feature flags, not only
+under this repository's `cdk.json`: the same stacks, cdk-nag clean, in both (one in-process
+synth of each per session)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+
+from examples.cdk import add_example_channels
+from stacks.config import MessengerConfig
+from stacks.messenger_app import build_app
+from tests.infra.conftest import ACCOUNT, REGION
+
+REPO = Path(__file__).resolve().parents[2]
+#: The feature flags of this repository's cdk.json (its `messenger:` keys are app.py's to read).
+CDK_JSON_FLAGS = {key: value
+                  for key, value in json.loads((REPO / "cdk.json").read_text())["context"].items()
+                  if not key.startswith("messenger:")}
+VARIANTS = {"no feature flags": {}, "cdk.json's feature flags": CDK_JSON_FLAGS}
+NAMESPACE = "flags"
+
+
+@dataclass
+class Synthesized:
+    templates: dict[str, dict[str, Any]] | None  # None: synthesis failed
+    error: str
+    violations: list[tuple[str, str, list[str]]]  # cdk-nag: plugin, rule, constructs
+
+
+def _synthesize(outdir: Path, context: dict[str, Any]) -> Synthesized:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("CDK_CONTEXT_JSON", raising=False)  # nothing but `context` reaches the app
+        app = cdk.App(outdir=str(outdir), context=context,
+                      builtin_cloud_formation_validation=False)
+        config = MessengerConfig(namespace=NAMESPACE, account=ACCOUNT, region=REGION)
+        try:
+            build_app(app, config, channels=add_example_channels)  # as app.py composes it
+            assembly = app.synth()
+        except Exception as error:  # reported by the tests, one per variant
+            return Synthesized(None, str(error), [])
+    report = json.loads((outdir / "validation-report.json").read_text())
+    violations = [
+        (plugin["pluginName"], violation["ruleName"],
+         [where.get("constructPath", "") for where in violation["violatingConstructs"]])
+        for plugin in report["pluginReports"] for violation in plugin["violations"]
+    ]
+    return Synthesized({stack.stack_name: stack.template for stack in assembly.stacks}, "",
+                       violations)
+
+
+@pytest.fixture(scope="session")
+def variants(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Synthesized]:
+    return {name: _synthesize(tmp_path_factory.mktemp("flags"), context)
+            for name, context in VARIANTS.items()}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_platform_synthesizes_cdk_nag_clean(
+    variants: dict[str, Synthesized], variant: str
+) -> None:
+    synthesized = variants[variant]
+    assert synthesized.error == ""
+    assert synthesized.templates is not None
+    assert set(synthesized.templates) == {
+        f"{NAMESPACE}-MessengerPlatform", f"{NAMESPACE}-MessengerExamples",
+        f"{NAMESPACE}-MessengerPipeline",
+    }
+    assert synthesized.violations == []
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_access_logs_are_delivered_by_bucket_policy_not_acl(
+    variants: dict[str, Synthesized], variant: str
+) -> None:
+    # Given every bucket that logs its access, in every stack
+    templates = variants[variant].templates
+    assert templates is not None
+    logging_buckets = 0
+    for template in templates.values():
+        resources = template["Resources"]
+        buckets = {k: r["Properties"] for k, r in resources.items()
+                   if r["Type"] == "AWS::S3::Bucket"}
+        logged = {k: p["LoggingConfiguration"] for k, p in buckets.items()
+                  if "LoggingConfiguration" in p}
+        for source, logging in logged.items():
+            target = logging["DestinationBucketName"]["Ref"]
+            # Then its log bucket keeps ACLs disabled and lets S3's log delivery write by policy
+            assert "AccessControl" not in buckets[target]
+            assert buckets[target]["OwnershipControls"] == {
+                "Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]}
+            (policy,) = [r["Properties"]["PolicyDocument"] for r in resources.values()
+                         if r["Type"] == "AWS::S3::BucketPolicy"
+                         and r["Properties"]["Bucket"] == {"Ref": target}]
+            assert any(statement["Principal"] == {"Service": "logging.s3.amazonaws.com"}
+                       and statement["Action"] == "s3:PutObject"
+                       and statement["Effect"] == "Allow"
+                       for statement in policy["Statement"]), (source, policy)
+        logging_buckets += len(logged)
+    assert logging_buckets == 2  # the offload bucket and the EMR pipeline's code bucket
+
+
+def test_the_flags_change_no_resource(variants: dict[str, Synthesized]) -> None:
+    # The cdk.json flags only write the same templates differently (partition literals,
+    # minimized policies): the same resources of the same types in every stack
+    resources = [
+        {stack: {k: r["Type"] for k, r in template["Resources"].items()}
+         for stack, template in (synthesized.templates or {}).items()}
+        for synthesized in variants.values()
+    ]
+    assert resources[0] and resources[0] == resources[1]
