@@ -1,5 +1,6 @@
 """push_many killed -9 mid-call, then retried: on an ordered channel the retry returns the same ids
-and the queue holds every message exactly once (the ids follow from the content)."""
+and the queue holds every message exactly once (the ids follow from the content). A dedup push
+killed -9 between its claim and its send: a retry of the id sends it after the claim's lease."""
 
 from __future__ import annotations
 
@@ -79,3 +80,72 @@ def test_a_killed_push_many_retried_sends_each_message_once(
     assert ledger.lost == set() and max(copies.values()) == 1, line
     assert len(ids) == 300
     assert [by_id[i] for i in retry.message_ids] == list(range(300))
+
+
+CLAIMER = textwrap.dedent("""
+    import time
+    from messenger import Producer
+
+    class Jobs(Producer):
+        channel = "jobs"
+        dedup = True
+        dedup_lease = float(__import__("sys").argv[1])
+
+    producer = Jobs()
+    claim = producer.dedup_store.claim
+
+    def claim_then_stop(*args, **kwargs):  # paused between the claim and the send
+        verdict = claim(*args, **kwargs)
+        print("claimed", flush=True)
+        time.sleep(600)
+        return verdict
+
+    producer.dedup_store.claim = claim_then_stop
+    producer.push({"job": 7}, message_id="job-7")
+    print("finished")
+""")
+
+
+class DedupJobs(Producer):
+    channel = "jobs"
+    dedup = True
+    dedup_lease = 3.0
+
+
+@pytest.mark.timeout(120)
+def test_a_dedup_push_killed_between_claim_and_send_is_sent_by_a_retry_after_the_lease(
+    settings, clients, local_endpoint, report
+):
+    from messenger.errors import PublishFailed
+
+    DedupJobs(settings=settings, clients=clients).push({"warm": True}, message_id="warm")
+    sqs = clients.client("sqs")
+    url = queue_url(sqs, f"{settings.namespace}-jobs")
+    drain(sqs, url)
+    # Given a producer process killed -9 after its claim of job-7 and before its send
+    env = {**os.environ, **local_endpoint.env(), **settings.as_env()}
+    child = subprocess.Popen([sys.executable, "-c", CLAIMER, str(DedupJobs.dedup_lease)],
+                             cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "claimed"
+    killed_at = time.monotonic()
+    child.send_signal(signal.SIGKILL)
+    output, _ = child.communicate(timeout=10)
+    assert child.returncode == -signal.SIGKILL and "finished" not in output
+    # When the caller retries at once, with a budget shorter than the lease: neither sent nor a
+    # duplicate; it fails, saying the id is held
+    impatient = DedupJobs(settings=settings.with_changes(retry_budget_seconds=0.5),
+                          clients=clients)
+    with pytest.raises(PublishFailed, match="being pushed by another producer"):
+        impatient.push({"job": 7}, message_id="job-7")
+    # and again with a budget that outlasts the lease: it waits the lease out and sends
+    retry = DedupJobs(settings=settings, clients=clients).push({"job": 7}, message_id="job-7")
+    waited = time.monotonic() - killed_at
+    # Then the job is in the queue exactly once, sent after the lease, and now a duplicate
+    received = [decode(raw) for raw in drain(sqs, url)]
+    line = {"test": "dedup_push_kill_9", "lease_seconds": DedupJobs.dedup_lease,
+            "sent_after_seconds": round(waited, 2), "copies": len(received)}
+    report(line)
+    assert not retry.duplicate and [m.message_id for m in received] == ["job-7"], line
+    assert waited >= DedupJobs.dedup_lease
+    assert impatient.push({"job": 7}, message_id="job-7").duplicate
