@@ -168,8 +168,9 @@ class Foundation(Construct):
 
     def grant_dedup(self, grantee: iam.IGrantable) -> None:
         """Push with dedup on (`jobs.dedup.DedupStore`): conditional claims, released again
-        when a send fails."""
-        self._grant_table(grantee, self.dedup_table, "dynamodb:PutItem", "dynamodb:DeleteItem")
+        when a send fails, marked sent after it (one PutItem, or BatchWriteItem in push_many)."""
+        self._grant_table(grantee, self.dedup_table, "dynamodb:PutItem", "dynamodb:DeleteItem",
+                          "dynamodb:BatchWriteItem")
 
     def grant_workers_write(self, grantee: iam.IGrantable) -> None:
         """Register a consumer process (`jobs.workers.WorkerRegistry`): write its entry,
