@@ -39,6 +39,8 @@ DEFAULT_MAX_BUFFER = 10_000
 
 
 class StatusEvent(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 too
+    #: Pushed with `at=`/`delay=` beyond SQS's delay: a one-time schedule, due at `due_at`.
+    SCHEDULED = "SCHEDULED"
     QUEUED = "QUEUED"
     #: Pushed again within the dedup window (or SQS's 5 minutes, ordered): not sent.
     DUPLICATE = "DUPLICATE"
@@ -70,6 +72,8 @@ class StatusRecord:
     error: str = ""
     #: FAILED: the end of the handler's traceback (at most ~4 KiB).
     traceback: str = ""
+    #: SCHEDULED: when the job is due (epoch seconds).
+    due_at: float | None = None
 
     def item(self, retention_seconds: int) -> dict[str, Any]:
         item: dict[str, Any] = {
@@ -91,6 +95,10 @@ class StatusRecord:
             item["error"] = {"S": self.error[:1000]}
         if self.traceback:
             item["traceback"] = {"S": self.traceback[-MAX_TRACEBACK_CHARS:]}
+        if self.due_at is not None:
+            item["due_at"] = {"N": repr(self.due_at)}
+            # A scheduled job's records outlive its wait as well as the retention after it.
+            item["expires_at"] = {"N": str(int(max(self.at, self.due_at) + retention_seconds))}
         return item
 
     @classmethod
@@ -106,6 +114,7 @@ class StatusRecord:
             error_class=item.get("error_class", {}).get("S", ""),
             error=item.get("error", {}).get("S", ""),
             traceback=item.get("traceback", {}).get("S", ""),
+            due_at=float(item["due_at"]["N"]) if "due_at" in item else None,
         )
 
 
@@ -273,6 +282,8 @@ def render_timeline(message_id: str, records: list[StatusRecord]) -> str:
             extra.append(f"receive={r.receive_count}")
         if r.duration is not None:
             extra.append(f"duration={r.duration:.3f}s")
+        if r.due_at is not None:
+            extra.append("due=" + time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(r.due_at)))
         if r.error_class:
             extra.append(f"error={r.error_class}: {r.error}")
         elif r.error:  # DEAD_LETTERED: why
