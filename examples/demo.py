@@ -32,7 +32,7 @@ from messenger.produce.producer import Producer, PushItem
 from messenger.provision import Provisioner
 from messenger.settings import Settings
 from messenger.tools.local import start_local_process
-from messenger.tools.requeue import Requeuer
+from messenger.operations.requeue import Requeuer
 from messenger.tools.webhook_sink import WebhookSink
 
 console = Console()

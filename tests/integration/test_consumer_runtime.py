@@ -30,7 +30,7 @@ from messenger.consume import runtime as runtime_module
 from messenger.consume.lifecycle import LifecycleEvent, configure_json_logging
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.offload import OffloadPointer, pointer_attributes
-from messenger.tools.requeue import Requeuer
+from messenger.operations.requeue import Requeuer
 from tests.integration.helpers import drain
 
 

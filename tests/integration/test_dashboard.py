@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from messenger.aws import RequestCounter
-from messenger.tools.dlq import DeadLetterWorkbench
+from messenger.operations.deadletters import DeadLetterWorkbench
 from tests.dashboard import served
 from tests.integration.helpers import decode, drain
 from tests.integration.test_dlq_workbench import channel, counts, dead_letter

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from messenger import Message
-from messenger.tools.dlq import DeadLetterWorkbench
+from messenger.operations.deadletters import DeadLetterWorkbench
 from tests.dashboard import served
 from tests.integration.helpers import decode, drain
 from tests.integration.test_dlq_workbench import TRACEBACK, channel, dead_letter

@@ -19,7 +19,7 @@ from messenger.message import (
 from messenger.offload import PayloadStore, pointer_attributes
 from messenger.provision import Provisioner
 from messenger.tools import cli
-from messenger.tools.dlq import REDRIVE_REASON, DeadLetterWorkbench
+from messenger.operations.deadletters import REDRIVE_REASON, DeadLetterWorkbench
 from tests.integration import test_consumer_runtime
 from tests.integration.helpers import decode, drain
 

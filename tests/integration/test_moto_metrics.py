@@ -108,7 +108,7 @@ def test_messenger_top_shows_rates_from_the_published_metrics(settings, clients)
     # Given a channel sent 10 messages, 4 of them received, nothing written to CloudWatch
     from messenger import ChannelSpec
     from messenger.provision import Provisioner
-    from messenger.tools.top import snapshot
+    from messenger.operations.snapshot import snapshot
 
     channel = Provisioner(clients, settings).ensure_channel(
         ChannelSpec("rates", namespace=settings.namespace))

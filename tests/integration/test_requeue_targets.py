@@ -11,7 +11,7 @@ from messenger import ChannelSpec
 from messenger.message import Message
 from messenger.provision import Provisioner
 from messenger.tools import cli
-from messenger.tools.requeue import Requeuer
+from messenger.operations.requeue import Requeuer
 from messenger.tools.top import requeue_channel
 from tests.integration.helpers import decode, drain
 

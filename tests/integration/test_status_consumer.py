@@ -179,7 +179,7 @@ def test_push_many_stamps_each_batch_when_it_is_sent_and_timelines_read_in_order
 
 @pytest.mark.timeout(60)
 def test_requeued_is_stamped_before_the_destination_receives_it(settings, clients, running):
-    from messenger.tools.requeue import Requeuer
+    from messenger.operations.requeue import Requeuer
     from tests.integration.helpers import drain
 
     StatusStore(clients, settings).ensure_table()

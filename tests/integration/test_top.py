@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 from messenger import ChannelSpec, ChannelTags, MessageFilter, Producer
 from messenger.provision import Provisioner
 from messenger.tools import cli
-from messenger.tools.top import requeue_channel, snapshot
+from messenger.operations.snapshot import snapshot
+from messenger.tools.top import requeue_channel
 
 
 def make_channels(clients, settings):

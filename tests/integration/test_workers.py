@@ -13,7 +13,7 @@ import pytest
 
 from messenger.jobs.workers import WorkerRegistry, ecs_task_arn, list_workers
 from messenger.tools import cli
-from messenger.tools.top import snapshot
+from messenger.operations.snapshot import snapshot
 from tests.integration.consumer_apps.apps import CHANNEL
 from tests.integration.test_consumer_process import start  # noqa: F401 - the fixture
 

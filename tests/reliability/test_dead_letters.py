@@ -12,7 +12,7 @@ import pytest
 from messenger.channel import physical_name
 from messenger.message import DEAD_LETTER_FAILURE_ATTRIBUTE, DEAD_LETTER_REASON_ATTRIBUTE
 from messenger.provision import Provisioner
-from messenger.tools.requeue import Requeuer
+from messenger.operations.requeue import Requeuer
 from tests.reliability.apps import CHANNEL, TimeoutLedgerConsumer
 from tests.reliability.conftest import drain_all, message_id_of
 

@@ -1,6 +1,6 @@
-"""The dashboard's web app: pages read through `messenger top`'s snapshot, the worker registry,
-the dead-letter workbench and the status store; actions go through the workbench and the
-Requeuer, so they keep the CLI's never-lose rule (a message leaves a DLQ only after its queue
+"""The dashboard's web app, a view over the library's public names: pages read through the
+queue snapshot, the worker registry, the dead-letter workbench and the status store
+(`messenger.operations`, `messenger.jobs`); actions go through the workbench and the Requeuer, so they keep the CLI's never-lose rule (a message leaves a DLQ only after its queue
 accepted it).
 
 Safety (docs/dashboard.md): every request's Host header must be `127.0.0.1:<port>` or
@@ -38,10 +38,9 @@ from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSetting
 from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import list_workers
 from messenger.settings import Settings
-from messenger.tools.dlq import DeadLetterWorkbench
-from messenger.tools.dlq import _age as age_text
-from messenger.tools.top import _serves as serves
-from messenger.tools.top import channel_dlq_rows, requeue_rows, snapshot
+from messenger.operations.deadletters import DeadLetterWorkbench
+from messenger.operations.snapshot import channel_dlq_rows, requeue_rows, snapshot
+from messenger.tools.format import duration_text
 
 HERE = Path(__file__).parent
 #: Dead letters a channel page lists at first, and at most (one scan holds them all briefly).
@@ -102,7 +101,7 @@ def _page_text(title: str, text: str) -> str:
 def build_app(dashboard: Dashboard) -> ASGIApp:
     """The ASGI app (routes, templates, static assets, error pages, host check)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
-    templates.env.filters["age"] = age_text
+    templates.env.filters["age"] = duration_text
     templates.env.filters["clock"] = lambda at: time.strftime("%Y-%m-%d %H:%M:%S",
                                                               time.gmtime(at))
     templates.env.filters["pretty"] = lambda body: (
@@ -130,9 +129,8 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         limit = _int_param(request.query_params.get("limit"), "limit", PAGE_SIZE, MAX_LETTERS)
         bench = dashboard.workbench(name)
         listing = bench.list(limit=limit)
-        # A priority channel's workers register under its name and serve every level's queue.
-        workers = [w for w in list_workers(dashboard.clients, dashboard.settings)
-                   if serves(w.channel, name)]
+        # A prioritized channel's workers register under its name and serve every level's queue.
+        workers = list_workers(dashboard.clients, dashboard.settings, name)
         return render(request, "channel.html", channel=name, listing=listing, workers=workers,
                       limit=limit, next_limit=min(MAX_LETTERS, limit + PAGE_SIZE),
                       max_letters=MAX_LETTERS, now=time.time())
