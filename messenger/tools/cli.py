@@ -23,6 +23,16 @@ def _local(args: argparse.Namespace) -> int:
     return serve_forever(args.host, args.port, stock_moto=args.stock_moto)
 
 
+def _api(args: argparse.Namespace) -> int:
+    from messenger.api.app import JobApi
+    from messenger.api.channels import channels_from_options
+    from messenger.api.local import serve_forever
+    from messenger.settings import Settings
+
+    channels = channels_from_options(args.channel, args.status, args.channels)
+    return serve_forever(JobApi(channels, Settings.from_env()), args.host, args.port)
+
+
 def _requeue(args: argparse.Namespace) -> int:
     from messenger.tools.requeue import run_cli
 
@@ -90,6 +100,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve moto's own SQS, without messenger's index (per-request cost grows with depth)",
     )
     local.set_defaults(run=_local)
+
+    api = commands.add_parser(
+        "api", help="serve the HTTP job API on loopback (the Lambda's code, no authorization)")
+    api.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    api.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free one)")
+    api.add_argument("--channel", action="append", default=[], metavar="NAME",
+                     help="a single-queue channel to serve (repeatable)")
+    api.add_argument("--status", action="store_true",
+                     help="the --channel channels record status (GET /jobs/{id} reads it)")
+    api.add_argument("--channels", default=None, metavar="FILE",
+                     help="channels as JSON, the form of MESSENGER_API_CHANNELS (exchanges, "
+                          "ordered, priorities)")
+    api.set_defaults(run=_api)
 
     from messenger.tools.dashboard import add_parser as add_dashboard
     from messenger.tools.dlq import add_parser as add_dlq
