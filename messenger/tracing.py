@@ -105,8 +105,9 @@ def with_headers(encoded: EncodedMessage, headers: Mapping[str, str]) -> Encoded
 
 
 def received_headers(raw: Mapping[str, Any]) -> dict[str, str]:
-    """The meta headers of a received SQS message ({} when absent or unreadable: a message
-    without a readable context is processed in a new trace)."""
+    """The string meta headers of a received SQS message ({} when absent or unreadable; a
+    header whose value is not a string is left out: a message without a readable context is
+    processed in a new trace, whatever a sender wrote there)."""
     entry = raw.get("MessageAttributes", {}).get(META_HEADERS_ATTRIBUTE)
     if not entry:
         return {}
@@ -114,7 +115,19 @@ def received_headers(raw: Mapping[str, Any]) -> dict[str, str]:
         headers = json.loads(entry.get("StringValue", ""))
     except (ValueError, TypeError, RecursionError):
         return {}
-    return headers if isinstance(headers, dict) else {}
+    if not isinstance(headers, dict):
+        return {}
+    return {name: value for name, value in headers.items() if isinstance(value, str)}
+
+
+def _creation_context(api: _Otel, raw: Mapping[str, Any]) -> Any:
+    """The context a received message was created in; None (a new trace) when its headers
+    hold none the propagator can read. Never raises: anyone who can send to a queue writes
+    these headers."""
+    try:
+        return api.propagate.extract(received_headers(raw))
+    except Exception:
+        return None
 
 
 def current_headers(mode: str) -> dict[str, str]:
@@ -256,8 +269,9 @@ class ProcessTrace:
         if api is None:
             return None
         queue = queue_url.rsplit("/", 1)[-1]
-        creation = api.propagate.extract(received_headers(raw))
-        producer = api.trace.get_current_span(creation).get_span_context()
+        creation = _creation_context(api, raw)
+        producer = api.trace.get_current_span(creation).get_span_context() \
+            if creation is not None else api.trace.INVALID_SPAN_CONTEXT
         system = raw.get("Attributes", {})
         span = api.tracer().start_span(
             f"process {queue}", context=creation, kind=api.trace.SpanKind.CONSUMER,
@@ -307,8 +321,10 @@ def requeue_span(mode: str, system: str, destination: str,
         return
     links = []
     for raw in messages:
-        found = api.trace.get_current_span(
-            api.propagate.extract(received_headers(raw))).get_span_context()
+        creation = _creation_context(api, raw)
+        if creation is None:
+            continue
+        found = api.trace.get_current_span(creation).get_span_context()
         if found.is_valid:
             links.append(api.trace.Link(found))
     with api.tracer().start_as_current_span(

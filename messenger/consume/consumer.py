@@ -239,13 +239,6 @@ class Consumer:
         return IdempotencyGuard(self.clients, self.settings, self.spec.name,
                                 float(self.processing_timeout), self.idempotency_window, key)
 
-    def call_handler(self, message: ReceivedMessage) -> None:
-        """The handler, through the idempotency guard when the class is idempotent."""
-        if self.idempotency is None:
-            self.handler(message)
-        else:
-            self.idempotency.run(self.handler, message)
-
     # -- to override --------------------------------------------------------------------------
     def handler(self, message: ReceivedMessage) -> None:
         """Handle one message; return to have it deleted, raise to have it retried."""

@@ -10,6 +10,7 @@ import threading
 from typing import Any, Protocol
 
 from messenger.consume.failures import RetryPolicy
+from messenger.consume.idempotency import IdempotencyGuard
 from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
 from messenger.consume.mailbox import ReceivedMessage
 from messenger.consume.settings import ConsumerSettings
@@ -24,6 +25,8 @@ class RuntimeHost(Protocol):
     settings: Settings
     transition_lock: threading.RLock
     body_schema: BodySchema | None
+    #: Runs the handler at most once per key (None: the consumer is not idempotent).
+    idempotency: IdempotencyGuard | None
 
     # The consumer class's attributes (class variables): read-only here.
     @property
@@ -42,8 +45,6 @@ class RuntimeHost(Protocol):
     def retry_policy(self) -> RetryPolicy: ...
 
     def handler(self, message: ReceivedMessage) -> None: ...
-
-    def call_handler(self, message: ReceivedMessage) -> None: ...
 
     def emit(self, name: str, message_id: str | None = None, duration: float | None = None,
              fields: dict[str, Any] | None = None) -> None: ...

@@ -1,16 +1,20 @@
 """Idempotent handlers: a message id's handler runs to completion at most once within a window.
 
 A consumer with `idempotent = True` (or an `idempotency_key` function) runs its handler through
-Powertools' idempotency utility on DynamoDB (`IdempotencyHandler` with a
-`DynamoDBPersistenceLayer`; Powertools is imported only by such a consumer):
-- before the handler, one conditional PutItem records the key IN_PROGRESS, expiring after the
-  consumer's `processing_timeout` (a handler that died mid-run frees its key by then);
-- a handler that returns marks it COMPLETED (UpdateItem) for `idempotency_window` seconds;
-- a handler that raises deletes the record (DeleteItem): the retry runs it again;
-- a key found COMPLETED raises `AlreadyDone` (the runtime deletes the message with a
-  `duplicate_skipped` event); a key IN_PROGRESS elsewhere raises `InProgressElsewhere` (the
-  runtime makes the message visible again after `retry_after` seconds, neither failed nor
-  dead-lettered).
+Powertools' idempotency utility on DynamoDB (the public methods of its
+`DynamoDBPersistenceLayer`; Powertools is imported only by such a consumer), in three steps that
+the outcome policy (`messenger.consume.outcome`) runs outside the handler's processing timeout:
+- `begin`, before the handler: one conditional PutItem records the key IN_PROGRESS, expiring
+  after the consumer's `processing_timeout` (a handler that died mid-run frees its key by then);
+  a key found COMPLETED raises `AlreadyDone` (the message is deleted with a `duplicate_skipped`
+  event); a key IN_PROGRESS elsewhere raises `InProgressElsewhere` (the message is visible again
+  after `retry_after` seconds, neither failed nor dead-lettered);
+- `complete`, after a handler that returned: marks it COMPLETED (UpdateItem) for
+  `idempotency_window` seconds;
+- `abandon`, after a handler that raised or timed out: deletes the record (DeleteItem), so the
+  retry runs it again.
+Each step retries throttling and 5xx answers within the retry budget, then raises
+`StoreUnavailable`.
 
 Table `<namespace->messenger-idempotency`: partition key `id` ('<channel>#<md5 of the key>'),
 TTL on `expires_at`. The key is the message id unless `idempotency_key(message)` names another.
@@ -23,9 +27,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from messenger.aws import ClientFactory
+from messenger.aws import ClientFactory, call_with_budget
 from messenger.channel import idempotency_table_name
-from messenger.errors import InvalidSettings
+from messenger.errors import InvalidSettings, RetryBudgetExhausted
 from messenger.jobs.tables import EXPIRES_AT, ensure_table
 from messenger.settings import Settings
 
@@ -45,6 +49,10 @@ class InProgressElsewhere(Exception):
     def __init__(self, retry_after: int) -> None:
         super().__init__(f"a handler for this key is still in progress; retry in {retry_after} s")
         self.retry_after = retry_after
+
+
+class StoreUnavailable(RetryBudgetExhausted):
+    """The idempotency table did not answer (throttled, 5xx) within the retry budget."""
 
 
 class _Deadline:
@@ -83,11 +91,11 @@ class IdempotencyGuard:
         self.retry_after = max(1, math.ceil(processing_timeout))
         self.key = key or (lambda message: message.message_id)
         # No key (None or empty) raises: a message is never run unguarded by mistake.
+        self._deadline = _Deadline(processing_timeout)
         self.config = IdempotencyConfig(expires_after_seconds=window,
                                         raise_on_no_idempotency_key=True,
                                         # Powertools reads only get_remaining_time_in_millis.
-                                        lambda_context=_Deadline(  # type: ignore[arg-type]
-                                            processing_timeout))
+                                        lambda_context=self._deadline)  # type: ignore[arg-type]
         self.store = DynamoDBPersistenceLayer(
             table_name=self.table, key_attr=KEY_ATTRIBUTE, expiry_attr=EXPIRES_AT,
             boto3_client=clients.client("dynamodb"),
@@ -103,31 +111,70 @@ class IdempotencyGuard:
                              KEY_ATTRIBUTE)
                 self._ready = True
 
-    def run(self, handler: Callable[[Any], Any], message: Any) -> None:
-        """Run `handler(message)` unless its key ran already (AlreadyDone) or runs elsewhere
-        (InProgressElsewhere); what the handler raises is raised (its record deleted)."""
-        from aws_lambda_powertools.utilities.idempotency.base import IdempotencyHandler
+    def _configured(self) -> Any:
+        if not self.store.configured:
+            self.store.configure(self.config, key_prefix=self.channel)
+        return self.store
+
+    def _call(self, what: str, call: Callable[[], Any]) -> Any:
+        return call_with_budget(call, self.settings.retry_budget_seconds,
+                                f"{what} in {self.table}", error=StoreUnavailable)
+
+    def begin(self, message: Any) -> str:
+        """Record the message's key IN_PROGRESS; returns the key for `complete` / `abandon`.
+        Raises AlreadyDone, InProgressElsewhere, or StoreUnavailable (nothing recorded)."""
         from aws_lambda_powertools.utilities.idempotency.exceptions import (
-            IdempotencyAlreadyInProgressError,
+            IdempotencyItemAlreadyExistsError,
+            IdempotencyItemNotFoundError,
+        )
+        from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import (
+            STATUS_CONSTANTS,
         )
 
         self.ensure()
-        ran = []
+        store = self._configured()
+        value = self.key(message)
+        key = "" if value is None else str(value)  # no key raises: never run unguarded
+        for _ in range(3):  # a record that expires between the put and the read: put again
+            try:
+                self._call("PutItem", lambda: store.save_inprogress(
+                    data=key, remaining_time_in_millis=self._deadline.millis))
+                return key
+            except IdempotencyItemAlreadyExistsError as exists:
+                record = exists.old_data_record
+                if record is None:
+                    try:
+                        record = self._call("GetItem", lambda: store.get_record(data=key))
+                    except IdempotencyItemNotFoundError:
+                        continue
+            if record is None:
+                continue
+            if record.status == STATUS_CONSTANTS["COMPLETED"]:
+                raise AlreadyDone(f"already handled within the last "
+                                  f"{self.config.expires_after_seconds} s")
+            if record.status == STATUS_CONSTANTS["INPROGRESS"]:
+                raise InProgressElsewhere(self.retry_after)
+        raise InProgressElsewhere(self.retry_after)
 
-        def call() -> None:
-            ran.append(True)
-            handler(message)
+    def complete(self, key: str) -> None:
+        """The handler of `key` returned: COMPLETED for the window (StoreUnavailable)."""
+        store = self._configured()
+        self._call("UpdateItem", lambda: store.save_success(data=key, result={}))
 
-        key = self.key(message)
-        runner = IdempotencyHandler(
-            function=call, function_payload=None if key is None else str(key), config=self.config,
-            persistence_store=self.store, key_prefix=self.channel, function_args=(),
-            function_kwargs={},
-        )
+    def abandon(self, key: str, error: BaseException | None = None) -> None:
+        """The handler of `key` raised or timed out: delete its record, so that the retry runs
+        it (StoreUnavailable)."""
+        store = self._configured()
+        self._call("DeleteItem", lambda: store.delete_record(
+            data=key, exception=error if isinstance(error, Exception) else RuntimeError()))
+
+    def run(self, handler: Callable[[Any], Any], message: Any) -> None:
+        """Run `handler(message)` unless its key ran already (AlreadyDone) or runs elsewhere
+        (InProgressElsewhere); what the handler raises is raised (its record deleted)."""
+        key = self.begin(message)
         try:
-            runner.handle()
-        except IdempotencyAlreadyInProgressError:
-            raise InProgressElsewhere(self.retry_after) from None
-        if not ran:
-            raise AlreadyDone(f"already handled within the last {self.config.expires_after_seconds}"
-                              f" s")
+            handler(message)
+        except BaseException as error:
+            self.abandon(key, error)
+            raise
+        self.complete(key)

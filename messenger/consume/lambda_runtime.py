@@ -6,15 +6,13 @@ queue; Powertools' batch utility (`BatchProcessor`, or `SqsFifoPartialProcessor`
 channel) turns each message's outcome into the partial batch response, so only failed messages
 return to the queue (the event source must report batch item failures: `LambdaConsumer` sets it).
 
-Per message, as on Fargate (`messenger.consume.runtime`):
-- handled: reported as a success (Lambda deletes it);
-- the handler raised: 'failed' (with its traceback), then made visible again after its backoff
-  delay ('retried') and reported as a batch item failure; on the receive that uses up its
-  attempts (`messenger.consume.failures.RetryPolicy`; SQS's `ApproximateReceiveCount` in the
-  record), forwarded to the DLQ with its cause (`failed: attempts used up (n of m)` and the
-  failure note) instead of left for SQS's redrive, which gives no reason;
-- undecodable, or its offloaded payload gone: forwarded to the DLQ at once with the reason;
-- past `processing_timeout`: interrupted, forwarded to the DLQ (`processing_timeout: ...`).
+Per message, the verdict is the Fargate runtime's: both call the one outcome policy
+(`messenger.consume.outcome`: decode, the handler under its timeout, completed / duplicate /
+retry after a capped backoff / dead letter with reason and traceback). Here a completed or
+duplicate message is reported as a success (Lambda deletes it), a dead-lettered one too (the
+forward deleted it); a retried one (visible again after its delay) or one whose forward failed
+is a batch item failure. A handler's `KeyboardInterrupt` or `SystemExit` is that message's
+failure, as on Fargate, never the whole invocation's.
 A message's time is also bounded by the invocation's: a handler still running `FINISH_SECONDS`
 before the function would time out is interrupted and the message released (visible again at
 once, 'released' with reason 'out_of_time'), and once that time has come no further message of
@@ -52,28 +50,17 @@ from aws_lambda_powertools.utilities.batch.types import PartialItemFailureRespon
 from messenger.aws import call_with_budget
 from messenger.channel import MAX_BATCH_ENTRIES
 from messenger.consume.consumer import Consumer, load_consumer
-from messenger.consume.failures import HandlerFailure, exhausted_reason, failure_note
-from messenger.consume.idempotency import AlreadyDone, InProgressElsewhere
 from messenger.consume.lifecycle import (
     ConsumerState,
-    LifecycleHooks,
     configure_json_logging,
     one_received_line,
 )
-from messenger.consume.mailbox import (
-    Delivery,
-    EntryError,
-    Mailbox,
-    ReceivedMessage,
-    Stage,
-    unreadable_reason,
-)
-from messenger.consume.tracking import consumer_id
-from messenger.consume.watchdog import ProcessingTimeout, interrupt, run_interruptibly
-from messenger.errors import InvalidSettings, MessageDecodeError, MessengerError, PayloadMissing
+from messenger.consume.mailbox import Delivery, EntryError, Mailbox, Stage
+from messenger.consume.outcome import OutcomePolicy, Verdict
+from messenger.consume.watchdog import ProcessingTimeout, interrupt
+from messenger.errors import InvalidSettings, MessengerError
 from messenger.offload import PayloadStore
 from messenger.provision import Provisioner
-from messenger.tracing import ProcessTrace
 
 #: Seconds of an invocation kept for what follows the last handler: dead-letter forwards,
 #: releases, the status records and the response. No message starts later than this before
@@ -87,6 +74,8 @@ CONSUMER_VARIABLE = "MESSENGER_CONSUMER"
 #: Release reasons (the 'released' event's `reason`).
 OUT_OF_TIME = "out_of_time"
 GROUP_BLOCKED = "group_blocked"
+#: `_Batch._expire`: the message's deadline moved on (the idempotency store's time).
+_NOT_YET = "not_yet"
 
 
 class MessageNotFinished(MessengerError):
@@ -227,6 +216,8 @@ class LambdaConsumerRuntime:
             box.queue_url.rstrip("/").rsplit("/", 1)[-1]: box for box in boxes
         }
         self.store = PayloadStore(consumer.clients.client("s3"), "")
+        #: What happens to each message (shared with the Fargate runtime).
+        self.outcomes = OutcomePolicy(consumer, self.store)
         self._handlers: ThreadPoolExecutor | None = None
         consumer.transition(ConsumerState.INITIALIZED)
 
@@ -270,7 +261,6 @@ class _Batch:
         self.deadline = time.monotonic() + remaining - runtime.finish_seconds
         self.seen: set[str] = set()
         self.releases: list[tuple[Delivery, str]] = []
-        self._cut: str | None = None
 
     def run(self, event: dict[str, Any]) -> PartialItemFailureResponse:
         consumer = self.consumer
@@ -336,171 +326,86 @@ class _Batch:
             raise MessageNotFinished("not finished: see its lifecycle events")
 
     def process(self, delivery: Delivery) -> bool:
-        """Run one message; True when it is finished for good (handled or dead-lettered).
+        """Run one message (`OutcomePolicy.run`); True when it is finished for good (handled or
+        dead-lettered).
 
         The handler runs on the runtime's handler thread while this (the invocation's) thread
         watches its deadline: at the deadline the handler is interrupted; one blocked in C code
         that does not return within STUCK_GRACE_SECONDS is left behind on its thread (a new one
         takes the next message), so the invocation still answers in time."""
-        consumer = self.consumer
         with delivery.lock:
             delivery.stage = Stage.RUNNING
             delivery.started_at = time.monotonic()
-            delivery.deadline = min(delivery.started_at + consumer.processing_timeout,
+            delivery.deadline = min(delivery.started_at + self.consumer.processing_timeout,
                                     self.deadline)
-        self._cut = None
-        consumer.emit("started", delivery.log_id,
-                      fields={"receive_count": delivery.receive_count})
         running = self.runtime.handler_thread().submit(self._run_guarded, delivery)
-        try:
-            outcome = running.result(timeout=max(0.0, delivery.deadline - time.monotonic()))
-        except FutureTimeout:
-            cut = self._expire(delivery)
+        while True:
+            with delivery.lock:  # (the policy moves it while the idempotency store is called)
+                due = self.deadline if delivery.deadline is None else delivery.deadline
             try:
-                outcome = running.result(timeout=min(STUCK_GRACE_SECONDS,
+                verdict = running.result(timeout=max(0.0, due - time.monotonic()))
+                break
+            except FutureTimeout:
+                pass
+            cut = self._expire(delivery)
+            if cut is _NOT_YET:
+                continue
+            try:
+                verdict = running.result(timeout=min(STUCK_GRACE_SECONDS,
                                                      self.runtime.finish_seconds / 3))
             except FutureTimeout:
                 self.runtime.abandon_handler_thread()
-                consumer.emit("stuck", delivery.log_id, fields={"cut": cut})
+                self.consumer.emit("stuck", delivery.log_id, fields={"cut": cut})
                 if cut is None:  # its handler had returned; a retry or forward is under way
                     return False
-                outcome = None
-        if outcome is not None:
-            return outcome
-        return self._timed_out(delivery)
+                verdict = Verdict.TAKEN
+            break
+        if verdict is Verdict.TIMED_OUT or verdict is Verdict.TAKEN:
+            return self._timed_out(delivery)
+        return verdict.finished
 
-    def _run_guarded(self, delivery: Delivery) -> bool | None:
+    def _run_guarded(self, delivery: Delivery) -> Verdict:
         with delivery.lock:
             delivery.thread_id = threading.get_ident()
-        try:
-            return self._run(delivery)
-        except ProcessingTimeout:  # an interruption that arrived as the handler returned
-            return None
-
-    def _run(self, delivery: Delivery) -> bool | None:
-        """Decode, hooks, handler (on the handler thread); None when its time ran out."""
-        consumer = self.consumer
         mailbox = delivery.mailbox
         assert mailbox is not None
+        budget = max(0.1, min(mailbox.budget, self.deadline - time.monotonic()))
         try:
-            budget = max(0.1, min(mailbox.budget, self.deadline - time.monotonic()))
-            message = delivery.decode(self.runtime.store, budget, consumer.body_schema)
-        except (MessageDecodeError, PayloadMissing) as bad:
-            if not delivery.claim(Stage.RUNNING, Stage.DONE):
-                return None
-            reason = unreadable_reason(bad)
-            ProcessTrace.unprocessable(consumer.settings.tracing, delivery.raw,  # (off: nothing)
-                                       mailbox.queue_url, delivery.log_id, reason)
-            return self.dead_letter(delivery, reason)
-        except ProcessingTimeout:
-            raise
-        except Exception as unreadable:  # S3 unreachable past the budget: try again later
-            if not delivery.claim(Stage.RUNNING, Stage.DONE):
-                return None
-            return self.failed(delivery, None, unreadable)
-        delivery.message = message
-        consumer.check_delay(message)
-        consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)
-        failure = self._call_handler(delivery, message)
-        consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
-        if not delivery.claim(Stage.RUNNING, Stage.DONE):
-            return None
-        if isinstance(failure, InProgressElsewhere):  # back when that run's record expires
-            fields: dict[str, Any] = {"retry_after": failure.retry_after,
-                                      "receive_count": delivery.receive_count}
-            try:
-                mailbox.retry_later(delivery, failure.retry_after)
-            except Exception as error:  # visible again when its lease ends instead
-                fields["error"] = str(error)
-            consumer.emit("duplicate_in_progress", delivery.log_id, fields=fields)
-            return False
-        if failure is not None and not isinstance(failure, AlreadyDone):
-            return self.failed(delivery, message, failure)
-        consumer.emit("duplicate_skipped" if failure else "completed", delivery.log_id,
-                      duration=delivery.running_for(),
-                      fields={"receive_count": delivery.receive_count})
-        return True
+            return self.runtime.outcomes.run(delivery, budget, limit=self.deadline)
+        except ProcessingTimeout:  # an interruption that arrived as the handler returned
+            return Verdict.TAKEN
 
-    def _call_handler(
-        self, delivery: Delivery, message: ReceivedMessage
-    ) -> BaseException | None:
-        """What the handler raised, or None (also when interrupted: the stage says so).
-        Anything but Ctrl-C is the handler's failure."""
-        error = run_interruptibly(delivery, self.consumer.call_handler, message,
-                                  self.consumer.settings.tracing)
-        if isinstance(error, KeyboardInterrupt):
-            raise error
-        return error
+    def _cut_of(self, delivery: Delivery) -> str:
+        """Why its deadline came: the invocation's end (OUT_OF_TIME) or its processing timeout."""
+        deadline = delivery.deadline
+        return OUT_OF_TIME if deadline is None or deadline >= self.deadline \
+            else "processing_timeout"
 
     def _expire(self, delivery: Delivery) -> str | None:
-        """The message's deadline came: interrupt its handler; returns why (OUT_OF_TIME or
-        'processing_timeout'), None when it had finished meanwhile."""
+        """The message's deadline came: interrupt its handler; returns why (`_cut_of`), None
+        when it had finished meanwhile, _NOT_YET when its deadline moved on."""
         with delivery.lock:
             if delivery.stage is not Stage.RUNNING:
                 return None
+            if delivery.deadline is not None and time.monotonic() < delivery.deadline:
+                return _NOT_YET
             delivery.stage = Stage.TIMED_OUT
-            self._cut = OUT_OF_TIME if delivery.deadline == self.deadline else "processing_timeout"
             if delivery.in_handler and delivery.thread_id is not None:
                 interrupt(delivery.thread_id, ProcessingTimeout)
-            return self._cut
+            return self._cut_of(delivery)
 
     def _timed_out(self, delivery: Delivery) -> bool:
         """Its deadline came: past processing_timeout → the DLQ, as on Fargate; cut short by
         the invocation's end → released, to run again in another invocation."""
-        consumer = self.consumer
-        if self._cut == OUT_OF_TIME:
+        if delivery.stage is not Stage.TIMED_OUT:  # the policy gave its verdict meanwhile
+            return False
+        delivery.stage = Stage.DONE
+        if self._cut_of(delivery) == OUT_OF_TIME:
             self.release(delivery, OUT_OF_TIME)
             return False
-        timeout = consumer.processing_timeout
-        consumer.emit("timed_out", delivery.log_id, duration=delivery.running_for(), fields={
-            "processing_timeout": timeout, "receive_count": delivery.receive_count,
-        })
-        consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
-        return self.dead_letter(delivery, f"processing_timeout: exceeded {timeout:g} s")
-
-    def failed(self, delivery: Delivery, message: Any, error: BaseException) -> bool:
-        """The handler (or reading the payload) failed: retried after its backoff delay, or
-        dead-lettered with its cause when this run used up its attempts (as on Fargate)."""
-        consumer = self.consumer
-        delivery.stage = Stage.DONE
-        failure = HandlerFailure.of(error)
-        attempt, policy = delivery.receive_count, consumer.retry_policy
-        attempts = policy.attempts(delivery.raw.get("MessageAttributes", {}))
-        consumer.emit("failed", delivery.log_id, duration=delivery.running_for(), fields={
-            **failure.fields(), "receive_count": attempt, "max_attempts": attempts,
-        })
-        consumer.run_hooks(LifecycleHooks.ON_ERROR, message, error)
-        if attempt >= attempts:
-            return self.dead_letter(delivery, exhausted_reason(attempt, attempts), failure)
-        delay = policy.delay(attempt)
-        assert delivery.mailbox is not None
-        try:
-            delivery.mailbox.retry_later(delivery, delay)
-            consumer.emit("retried", delivery.log_id, fields={
-                "delay": delay, "receive_count": attempt, "max_attempts": attempts,
-            })
-        except Exception as failed:  # visible again when its lease ends instead
-            consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failed)})
-        return False
-
-    def dead_letter(self, delivery: Delivery, reason: str,
-                    failure: HandlerFailure | None = None) -> bool:
-        """Forward to the DLQ with the reason and a note of what failed, and delete (the
-        mailbox's own, forward first); when that fails the message stays in the queue (a batch
-        item failure)."""
-        delivery.stage = Stage.DONE
-        assert delivery.mailbox is not None
-        try:
-            delivery.mailbox.dead_letter(
-                delivery, reason, failure_note(delivery.receive_count, consumer_id(), failure))
-        except Exception as error:
-            self.consumer.emit("dead_letter_failed", delivery.log_id, fields={
-                "reason": reason, "error": f"{type(error).__name__}: {error}",
-            })
-            return False
-        self.consumer.emit("dead_lettered", delivery.log_id, duration=delivery.running_for(),
-                           fields={"reason": reason, "receive_count": delivery.receive_count})
-        return True
+        outcomes = self.runtime.outcomes
+        outcomes.report_timeout(delivery)
+        return outcomes.forward_timed_out(delivery).finished
 
     def release(self, delivery: Delivery, reason: str) -> None:
         """Give the message back at the end of the invocation (visible again at once)."""

@@ -22,11 +22,10 @@
   CPU optimisation: the plain path is receive → a worker per chain → handler → delete; running
   fast polls on the receiver (`workers_to_wake`, `_run_here`, `rescue_receiver`) and waking the
   deleter once per batch meanwhile (`DeleteBatcher.deferred_wakes`) only save CPU.
-- A worker decodes a message, runs the START hooks, the handler and the END hooks, then queues it
-  for deletion (success), makes it visible again after its backoff delay (error; on its last
-  attempt it forwards it to the DLQ with the error, `messenger.consume.failures`) or forwards it
-  to the DLQ (undecodable, payload missing). A handler that returns past its deadline timed out:
-  its message is dead-lettered, never deleted as a success.
+- A worker runs a message through the outcome policy (`messenger.consume.outcome`, shared with
+  the Lambda runtime: decode, the handler under its timeout, the verdict), then queues it for
+  deletion (completed, duplicate) or lets it go (retried, dead-lettered). A handler that returns
+  past its deadline timed out: its message is dead-lettered, never deleted as a success.
 - A completed message stays leased until SQS confirms its delete: a delete that fails
   transiently (throttled past the retry budget, an SQS error) is tried again while the lease
   keeper renews the lease; one SQS refuses for good (the receipt handle is no longer valid)
@@ -48,32 +47,22 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from messenger.aws import is_transient
-from messenger.consume.failures import (
-    MAX_RETRY_DELAY_SECONDS,
-    HandlerFailure,
-    exhausted_reason,
-    failure_note,
-)
+from messenger.consume.failures import HandlerFailure
 from messenger.consume.host import RuntimeHost
-from messenger.consume.idempotency import AlreadyDone, InProgressElsewhere
 from messenger.consume.lease import LeaseKeeper, lapse_event, lease_lapsed
 from messenger.consume.levels import LevelPoller
-from messenger.consume.lifecycle import ConsumerState, LifecycleHooks, one_received_line
+from messenger.consume.lifecycle import ConsumerState, one_received_line
 from messenger.consume.mailbox import (
     DeleteBatcher,
     Delivery,
     EntryError,
     Mailbox,
-    ReceivedMessage,
     Stage,
-    unreadable_reason,
 )
+from messenger.consume.outcome import OutcomePolicy, Verdict
 from messenger.consume.prefetch import Prefetch
-from messenger.consume.tracking import consumer_id
-from messenger.consume.watchdog import ProcessingTimeout, Watchdog, run_interruptibly
-from messenger.errors import MessageDecodeError, PayloadMissing
+from messenger.consume.watchdog import ProcessingTimeout, Watchdog
 from messenger.offload import PayloadStore
-from messenger.tracing import ProcessTrace
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +142,9 @@ class Runtime:
         self._threads: list[threading.Thread] = []
         self.leases = LeaseKeeper(self, lease_sqs)
         self.watchdog = Watchdog(self)
+        #: What happens to each message (shared with the Lambda runtime).
+        self.outcomes = OutcomePolicy(consumer, store, done_stage=Stage.DELETING,
+                                      forward_failed=self._forward_failed)
 
     # -- state ------------------------------------------------------------------------------
     def free_slots(self) -> int:
@@ -576,7 +568,8 @@ class Runtime:
                 return
 
     def _process(self, delivery: Delivery) -> bool:
-        """Run one message; True when it is finished for good (deleted or dead-lettered)."""
+        """Run one message (`OutcomePolicy.run`); True when it is finished for good (deleted or
+        dead-lettered)."""
         with delivery.lock:
             if delivery.stage is not Stage.QUEUED:
                 return False
@@ -584,69 +577,19 @@ class Runtime:
             delivery.started_at = time.monotonic()
             delivery.deadline = delivery.started_at + self.consumer.processing_timeout
             delivery.thread_id = threading.get_ident()
-        consumer = self.consumer
-        consumer.emit("started", delivery.log_id, fields={"receive_count": delivery.receive_count})
-        try:
-            message = delivery.decode(self.store, self.mailbox.budget, consumer.body_schema)
-        except (MessageDecodeError, PayloadMissing) as bad:  # never readable: the DLQ at once
-            reason = unreadable_reason(bad)
-            ProcessTrace.unprocessable(  # (nothing when tracing is off)
-                consumer.settings.tracing, delivery.raw,
-                delivery.mailbox.queue_url if delivery.mailbox else "", delivery.log_id, reason)
-            return self.dead_letter(delivery, reason, Stage.RUNNING)
-        except Exception as unreadable:  # S3 unreachable past the budget: try again later
-            return self._failed(delivery, None, unreadable)
-        delivery.message = message
-        consumer.check_delay(message)
-        consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)
-        failure = self._call_handler(delivery, message)
-        consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
+        verdict = self.outcomes.run(delivery, self.mailbox.budget)
         self._check_lease(delivery)
-        if self.watchdog.expire(delivery, time.monotonic()):
-            # Past its deadline before the watchdog's tick saw it: a timeout all the same.
+        if verdict is Verdict.TIMED_OUT:  # returned past its deadline before the tick saw it
             self.watchdog.timed_out(delivery)
             return False
-        if isinstance(failure, InProgressElsewhere):
-            return self._in_progress_elsewhere(delivery, failure)
-        if failure is not None and not isinstance(failure, AlreadyDone):
-            return self._failed(delivery, message, failure)
-        if not delivery.claim(Stage.RUNNING, Stage.DELETING):
-            return False  # timed out meanwhile: the watchdog dead-lettered it
-        consumer.emit("duplicate_skipped" if failure else "completed", delivery.log_id,
-                      duration=delivery.running_for(),
-                      fields={"receive_count": delivery.receive_count})
-        with self._lock:
-            self._deleting[delivery.receipt_handle] = delivery
-        self.deleter.add(delivery)
-        self._finish(delivery, progress=True)
-        return True
-
-    def _call_handler(
-        self, delivery: Delivery, message: ReceivedMessage
-    ) -> BaseException | None:
-        """Run the handler: what it raised, or None (also on a timeout: the watchdog has it).
-
-        Anything it raises counts as the handler's failure, `SystemExit` and `KeyboardInterrupt`
-        included (a real SIGINT reaches the main thread's signal handler, never a worker): the
-        message is retried (or dead-lettered on its last attempt) with that reason and the worker
-        lives on."""
-        return run_interruptibly(delivery, self.consumer.call_handler, message,
-                                 self.consumer.settings.tracing)
-
-    def _in_progress_elsewhere(self, delivery: Delivery, busy: InProgressElsewhere) -> bool:
-        """An idempotent handler for the same key runs elsewhere: back to the queue, visible
-        again when that run's in-progress record expires (neither failed nor dead-lettered)."""
-        if not delivery.claim(Stage.RUNNING, Stage.DONE):
+        if verdict is Verdict.TAKEN:  # timed out meanwhile: the watchdog dead-letters it
             return False
-        fields: dict[str, Any] = {"retry_after": busy.retry_after,
-                                  "receive_count": delivery.receive_count}
-        try:
-            self.mailbox.retry_later(delivery, busy.retry_after)
-        except Exception as failed:  # its lease runs out instead: redelivered a bit later
-            fields["error"] = str(failed)
-        self.consumer.emit("duplicate_in_progress", delivery.log_id, fields=fields)
-        self._finish(delivery)
-        return False
+        if verdict.deletes:
+            with self._lock:
+                self._deleting[delivery.receipt_handle] = delivery
+            self.deleter.add(delivery)
+        self._finish(delivery, progress=verdict is not Verdict.KEPT)
+        return verdict.finished
 
     def _check_lease(self, delivery: Delivery) -> None:
         """Report a lease that ran out while the message ran (the process stalled, e.g. a C call
@@ -658,62 +601,26 @@ class Runtime:
             name, message_id, fields = lapse_event(delivery, now, self.visibility)
             self.consumer.emit(name, message_id, fields=fields)
 
-    def _failed(self, delivery: Delivery, message: Any, error: BaseException) -> bool:
-        """A failed run: report it with its cause; dead-letter the message when that was its
-        last attempt, else make it visible again after its backoff delay."""
-        if not delivery.claim(Stage.RUNNING, Stage.DONE):
-            return False
-        consumer = self.consumer
-        failure = HandlerFailure.of(error)
-        attempt, policy = delivery.receive_count, consumer.retry_policy
-        attempts = policy.attempts(delivery.raw.get("MessageAttributes", {}))
-        consumer.emit("failed", delivery.log_id, duration=delivery.running_for(),
-                      fields={**failure.fields(), "receive_count": attempt,
-                              "max_attempts": attempts})
-        consumer.run_hooks(LifecycleHooks.ON_ERROR, message, error)
-        if attempt >= attempts:
-            return self.dead_letter(delivery, exhausted_reason(attempt, attempts), Stage.DONE,
-                                    failure)
-        # SQS keeps a message in flight at most 12 hours since its receive, delay included.
-        held = time.monotonic() - delivery.received_at
-        delay = max(0, min(policy.delay(attempt), int(MAX_RETRY_DELAY_SECONDS - held) - 1))
-        try:
-            self.mailbox.retry_later(delivery, delay)
-            consumer.emit("retried", delivery.log_id, fields={
-                "delay": delay, "receive_count": attempt, "max_attempts": attempts})
-        except Exception as failed:  # its lease runs out instead: redelivered a bit later
-            consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failed)})
-        self._finish(delivery, progress=True)
-        return False
+    def report_timeout(self, delivery: Delivery) -> None:
+        """The watchdog marked the message timed out: its 'timed_out' event."""
+        self.outcomes.report_timeout(delivery)
 
-    def dead_letter(self, delivery: Delivery, reason: str, expected: Stage,
-                    failure: HandlerFailure | None = None) -> bool:
-        """Forward to the DLQ with the reason and a note of what failed (`failure_note`);
-        `expected`: the stage to claim it from (TIMED_OUT and DONE: claimed already)."""
-        if expected not in (Stage.TIMED_OUT, Stage.DONE) and \
-                not delivery.claim(expected, Stage.DONE):
-            return False
-        note = failure_note(delivery.receive_count, consumer_id(), failure)
-        try:
-            self.mailbox.dead_letter(delivery, reason, note)
-        except Exception as error:
-            self.consumer.emit("dead_letter_failed", delivery.log_id, fields={
-                "reason": reason, "error": f"{type(error).__name__}: {error}"})
-            self._finish(delivery)
-            if failure is not None:
-                return False  # still in its queue: back when its lease ends, or SQS's redrive
-            # No DLQ to take it: the message stays in the queue; stop with the error.
-            fatal = error
-            if expected is Stage.TIMED_OUT:
-                fatal = ProcessingTimeout(f"{reason}; forwarding to the DLQ failed: {error}")
-            self.fail(fatal)
-            return False
-        self.consumer.emit(
-            "dead_lettered", delivery.log_id, duration=delivery.running_for(),
-            fields={"reason": reason, "receive_count": delivery.receive_count},
-        )
-        self._finish(delivery, progress=expected is not Stage.TIMED_OUT)
-        return True
+    def forward_timed_out(self, delivery: Delivery) -> None:
+        """Forward a timed-out message to the DLQ (on the watchdog's forwarder thread)."""
+        self.outcomes.forward_timed_out(delivery)
+        self._finish(delivery)
+
+    def _forward_failed(self, delivery: Delivery, reason: str, failure: HandlerFailure | None,
+                        error: Exception) -> None:
+        """A dead-letter forward failed. A failed handler's message stays in its queue (back
+        when its lease ends, or SQS's redrive); one dead-lettered for another reason (no DLQ to
+        take it) stops the consumer with the error, the message still in its queue."""
+        if failure is not None:
+            return
+        fatal: BaseException = error
+        if delivery.stage is Stage.TIMED_OUT:
+            fatal = ProcessingTimeout(f"{reason}; forwarding to the DLQ failed: {error}")
+        self.fail(fatal)
 
     def _finish(self, delivery: Delivery, progress: bool = False) -> None:
         with self._lock:

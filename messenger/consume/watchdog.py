@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper
-from messenger.consume.lifecycle import LifecycleHooks, write_held_lines
+from messenger.consume.lifecycle import write_held_lines
 from messenger.consume.mailbox import DeleteBatcher, Delivery, Mailbox, Stage
 from messenger.consume.settings import ConsumerSettings
 from messenger.errors import MessengerError
@@ -127,7 +127,9 @@ class Watched(Protocol):
 
     def stuck_since(self) -> list[float]: ...
 
-    def dead_letter(self, delivery: Delivery, reason: str, expected: Stage) -> bool: ...
+    def report_timeout(self, delivery: Delivery) -> None: ...
+
+    def forward_timed_out(self, delivery: Delivery) -> None: ...
 
     def rescue_receiver(self, now: float) -> bool: ...
 
@@ -209,21 +211,15 @@ class Watchdog:
     def timed_out(self, delivery: Delivery) -> None:
         """Report a message `expire` marked, and forward it to the DLQ on a forwarder thread
         (its lease is kept until then)."""
-        timeout = self.consumer.processing_timeout
-        self.consumer.emit(
-            "timed_out", delivery.log_id, duration=delivery.running_for(),
-            fields={"processing_timeout": timeout, "receive_count": delivery.receive_count},
-        )
+        self.runtime.report_timeout(delivery)
         try:
-            self._forwarder.submit(self._forward, delivery, timeout)
+            self._forwarder.submit(self._forward, delivery)
         except RuntimeError:  # shut down already: forward it here
-            self._forward(delivery, timeout)
+            self._forward(delivery)
 
-    def _forward(self, delivery: Delivery, timeout: float) -> None:
+    def _forward(self, delivery: Delivery) -> None:
         try:
-            self.consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
-            reason = f"processing_timeout: exceeded {timeout:g} s"
-            self.runtime.dead_letter(delivery, reason, Stage.TIMED_OUT)
+            self.runtime.forward_timed_out(delivery)
         except Exception as error:  # a bug: the message stays held until shutdown releases it
             self.consumer.emit("watchdog_error", delivery.log_id, fields={"error": repr(error)})
 

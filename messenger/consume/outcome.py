@@ -1,0 +1,305 @@
+"""What happens to a received message: decided here once, for the Fargate runtime
+(`messenger.consume.runtime`) and the Lambda runtime (`messenger.consume.lambda_runtime`).
+
+The runtimes keep transport and threading (receiving, workers, leases, deletes, the batch
+response, watching deadlines); each calls `OutcomePolicy.run` on a RUNNING delivery and acts on
+the `Verdict` it returns (dramatiq's `Retries` middleware is the model: one retry policy for
+every broker). In order:
+1. Attempts already used up (SQS's receive count is past the message's attempts: a consumer
+   stopped, or was killed, during its last attempt, before any verdict): dead-lettered at once,
+   'attempts_exhausted: ...', without running the handler again.
+2. Decode (an offloaded body is read from S3 within the retry budget): an unreadable or invalid
+   body, or a payload gone, is dead-lettered at once with its reason; S3 unreachable is a retry.
+3. An idempotent consumer's key is claimed (`IdempotencyGuard.begin`) outside the handler's
+   processing timeout: done already → DUPLICATE; running elsewhere → visible again when that
+   run's claim expires; the table unavailable past the retry budget → retried after the backoff
+   delay (not the handler's failure, never a dead letter).
+4. START hooks, the handler under its processing timeout (anything it raises is its failure,
+   `SystemExit` and `KeyboardInterrupt` included), END hooks. A handler returning past its
+   deadline timed out (TIMED_OUT: the runtime reports and forwards it, `report_timeout`,
+   `forward_timed_out`, its reason `processing_timeout: exceeded N s`).
+5. The claim is settled, outside the timeout too: COMPLETED after a handler that returned (a
+   store that still fails then is logged, `idempotency_record_failed`, and the message is
+   deleted all the same: it was processed, a requeue would run it twice), deleted after one
+   that failed.
+6. The verdict: COMPLETED; or the failure reported ('failed', ON_ERROR hooks) and, on its last
+   attempt, dead-lettered with its cause (`failed: attempts used up (n of m)` and the failure
+   note), else made visible again after its backoff delay, capped so that it stays within SQS's
+   12 hours in flight.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from typing import Any
+
+from messenger.consume.failures import (
+    MAX_RETRY_DELAY_SECONDS,
+    HandlerFailure,
+    exhausted_reason,
+    failure_note,
+)
+from messenger.consume.host import RuntimeHost
+from messenger.consume.idempotency import AlreadyDone, InProgressElsewhere, StoreUnavailable
+from messenger.consume.lifecycle import LifecycleHooks
+from messenger.consume.mailbox import Delivery, Mailbox, ReceivedMessage, Stage, unreadable_reason
+from messenger.consume.tracking import consumer_id
+from messenger.consume.watchdog import ProcessingTimeout, run_interruptibly
+from messenger.errors import MessageDecodeError, PayloadMissing
+from messenger.offload import PayloadStore
+from messenger.tracing import ProcessTrace
+
+
+class Verdict(enum.Enum):
+    """What became of a message (`OutcomePolicy.run`)."""
+
+    COMPLETED = "completed"  # the handler returned: delete it
+    DUPLICATE = "duplicate"  # done within the idempotency window already: delete it
+    RETRY = "retry"  # back in its queue after a delay (failed, its key busy, store unavailable)
+    DEAD_LETTERED = "dead_lettered"  # forwarded to the DLQ and deleted from its queue
+    KEPT = "kept"  # the DLQ forward failed: still in its queue, back when its lease ends
+    TIMED_OUT = "timed_out"  # past its deadline, marked here: report and forward it
+    TAKEN = "taken"  # another thread gave the verdict (the deadline watcher): nothing to do
+
+    @property
+    def deletes(self) -> bool:
+        """The runtime deletes the message (Fargate's delete batch, Lambda's response)."""
+        return self in (Verdict.COMPLETED, Verdict.DUPLICATE)
+
+    @property
+    def finished(self) -> bool:
+        """Gone from its queue for good (deleted or dead-lettered)."""
+        return self in (Verdict.COMPLETED, Verdict.DUPLICATE, Verdict.DEAD_LETTERED)
+
+
+def stopped_reason(receive_count: int, attempts: int) -> str:
+    """The dead-letter reason of a message received after its attempts were used up."""
+    return (f"attempts_exhausted: the consumer stopped during attempt {receive_count - 1} of "
+            f"{attempts}")
+
+
+def timeout_reason(processing_timeout: float) -> str:
+    return f"processing_timeout: exceeded {processing_timeout:g} s"
+
+
+#: Called when a dead-letter forward failed: (delivery, reason, failure or None, error).
+ForwardFailed = Callable[[Delivery, str, HandlerFailure | None, Exception], None]
+
+
+class OutcomePolicy:
+    """Decides and carries out what happens to each message of one consumer (module doc).
+
+    consumer: the consumer. store: reads offloaded payloads. done_stage: the stage of a message
+    to delete (Fargate: Stage.DELETING, leased until SQS confirms; Lambda: Stage.DONE).
+    forward_failed: called when a dead-letter forward fails (Fargate stops the consumer when
+    there is no DLQ to take an unreadable message); the verdict is KEPT either way.
+    """
+
+    def __init__(self, consumer: RuntimeHost, store: PayloadStore,
+                 done_stage: Stage = Stage.DONE, forward_failed: ForwardFailed | None = None,
+                 ) -> None:
+        self.consumer = consumer
+        self.store = store
+        self.done_stage = done_stage
+        self.forward_failed = forward_failed
+
+    # -- one message -------------------------------------------------------------------------
+    def run(self, delivery: Delivery, budget: float, limit: float | None = None) -> Verdict:
+        """Run one RUNNING delivery (its deadline set) to its verdict, on the handler's thread.
+
+        budget: seconds for reading an offloaded body. limit: monotonic time no deadline goes
+        past (Lambda: the invocation's; None: none), also while the idempotency store is
+        called (its calls do not count against the processing timeout)."""
+        consumer = self.consumer
+        consumer.emit("started", delivery.log_id, fields={"receive_count": delivery.receive_count})
+        attempts = self.attempts(delivery)
+        if delivery.receive_count > attempts:
+            return self._unprocessable(delivery, stopped_reason(delivery.receive_count, attempts))
+        try:
+            message = delivery.decode(self.store, budget, consumer.body_schema)
+        except (MessageDecodeError, PayloadMissing) as bad:  # never readable: the DLQ at once
+            return self._unprocessable(delivery, unreadable_reason(bad))
+        except ProcessingTimeout:
+            raise
+        except Exception as unreadable:  # S3 unreachable past the budget: try again later
+            return self._failed(delivery, None, unreadable)
+        delivery.message = message
+        consumer.check_delay(message)
+        guard = consumer.idempotency
+        key: str | None = None
+        if guard is not None:
+            self._set_deadline(delivery, limit)
+            try:
+                key = guard.begin(message)
+            except AlreadyDone:
+                return self._delete(delivery, "duplicate_skipped", Verdict.DUPLICATE)
+            except InProgressElsewhere as busy:
+                return self._busy(delivery, busy)
+            except StoreUnavailable as error:
+                return self._retry(delivery, error=error)
+            except Exception as error:  # no key: the handler's failure, as if it had raised it
+                return self._failed(delivery, message, error)
+            timeout_at = time.monotonic() + consumer.processing_timeout
+            if not self._set_deadline(delivery, timeout_at if limit is None
+                                      else min(timeout_at, limit)):
+                self._settle(key, delivery, ProcessingTimeout())
+                return Verdict.TAKEN
+        consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)
+        raised = run_interruptibly(delivery, consumer.handler, message, consumer.settings.tracing)
+        consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
+        verdict = self._past_deadline(delivery, limit if key is not None else None)
+        if key is not None:
+            self._settle(key, delivery, raised if verdict is None else ProcessingTimeout())
+        if verdict is not None:
+            return verdict
+        if raised is not None:
+            return self._failed(delivery, message, raised)
+        return self._delete(delivery, "completed", Verdict.COMPLETED)
+
+    def attempts(self, delivery: Delivery) -> int:
+        """How many attempts the message gets (`RetryPolicy.attempts`)."""
+        return self.consumer.retry_policy.attempts(delivery.raw.get("MessageAttributes", {}))
+
+    def retry_delay(self, delivery: Delivery) -> int:
+        """Seconds a message waits after failing its current attempt: the backoff delay,
+        capped so that it stays within SQS's 12 hours in flight since its receive."""
+        held = time.monotonic() - delivery.received_at
+        delay = self.consumer.retry_policy.delay(delivery.receive_count)
+        return max(0, min(delay, int(MAX_RETRY_DELAY_SECONDS - held) - 1))
+
+    # -- the timeout path (the runtime's deadline watcher marked it TIMED_OUT) ---------------
+    def report_timeout(self, delivery: Delivery) -> None:
+        self.consumer.emit("timed_out", delivery.log_id, duration=delivery.running_for(), fields={
+            "processing_timeout": self.consumer.processing_timeout,
+            "receive_count": delivery.receive_count})
+
+    def forward_timed_out(self, delivery: Delivery) -> Verdict:
+        """ON_PROCESSING_TIMEOUT hooks, then the DLQ with the reason (DEAD_LETTERED or KEPT)."""
+        self.consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
+        return self._forward(delivery, timeout_reason(self.consumer.processing_timeout))
+
+    # -- verdicts ----------------------------------------------------------------------------
+    @staticmethod
+    def _set_deadline(delivery: Delivery, deadline: float | None) -> bool:
+        """Move a running message's deadline; False when it timed out meanwhile."""
+        with delivery.lock:
+            if delivery.stage is not Stage.RUNNING:
+                return False
+            delivery.deadline = deadline
+            return True
+
+    @staticmethod
+    def _past_deadline(delivery: Delivery, then: float | None) -> Verdict | None:
+        """After the handler: TIMED_OUT when it returned past its deadline (marked here), TAKEN
+        when the deadline watcher marked it first, else None (its deadline becomes `then`: the
+        idempotency store's calls come next)."""
+        with delivery.lock:
+            if delivery.stage is not Stage.RUNNING:
+                return Verdict.TAKEN
+            if delivery.deadline is not None and time.monotonic() >= delivery.deadline:
+                delivery.stage = Stage.TIMED_OUT
+                return Verdict.TIMED_OUT
+            delivery.deadline = then
+            return None
+
+    def _settle(self, key: str, delivery: Delivery, error: BaseException | None) -> None:
+        """Record the idempotent handler's end: COMPLETED, or its claim deleted (`error`)."""
+        guard = self.consumer.idempotency
+        assert guard is not None
+        try:
+            if error is None:
+                guard.complete(key)
+            else:
+                guard.abandon(key, error)
+        except Exception as failed:
+            # Completed: deleted all the same (it was processed; its key stays IN_PROGRESS
+            # until the claim expires). Failed: the retry waits for the claim to expire.
+            self.consumer.emit("idempotency_record_failed", delivery.log_id, fields={
+                "completed": error is None, "error": f"{type(failed).__name__}: {failed}"})
+
+    def _delete(self, delivery: Delivery, event: str, verdict: Verdict) -> Verdict:
+        if not delivery.claim(Stage.RUNNING, self.done_stage):
+            return Verdict.TAKEN
+        self.consumer.emit(event, delivery.log_id, duration=delivery.running_for(),
+                           fields={"receive_count": delivery.receive_count})
+        return verdict
+
+    def _busy(self, delivery: Delivery, busy: InProgressElsewhere) -> Verdict:
+        """Its key runs elsewhere: visible again when that run's claim expires (neither failed
+        nor dead-lettered)."""
+        if not delivery.claim(Stage.RUNNING, Stage.DONE):
+            return Verdict.TAKEN
+        fields: dict[str, Any] = {"retry_after": busy.retry_after,
+                                  "receive_count": delivery.receive_count}
+        try:
+            self._mailbox(delivery).retry_later(delivery, busy.retry_after)
+        except Exception as failed:  # its lease runs out instead: redelivered a bit later
+            fields["error"] = str(failed)
+        self.consumer.emit("duplicate_in_progress", delivery.log_id, fields=fields)
+        return Verdict.RETRY
+
+    def _failed(self, delivery: Delivery, message: ReceivedMessage | None,
+                error: BaseException) -> Verdict:
+        """A failed run: reported with its cause; dead-lettered when that was its last
+        attempt, else visible again after its backoff delay."""
+        if not delivery.claim(Stage.RUNNING, Stage.DONE):
+            return Verdict.TAKEN
+        failure = HandlerFailure.of(error)
+        attempt, attempts = delivery.receive_count, self.attempts(delivery)
+        self.consumer.emit("failed", delivery.log_id, duration=delivery.running_for(), fields={
+            **failure.fields(), "receive_count": attempt, "max_attempts": attempts})
+        self.consumer.run_hooks(LifecycleHooks.ON_ERROR, message, error)
+        if attempt >= attempts:
+            return self._forward(delivery, exhausted_reason(attempt, attempts), failure)
+        return self._retry(delivery, attempts=attempts)
+
+    def _retry(self, delivery: Delivery, attempts: int | None = None,
+               error: BaseException | None = None) -> Verdict:
+        """Visible again after the backoff delay; `error`: not the handler's (the idempotency
+        store), reported on the 'retried' event."""
+        if error is not None and not delivery.claim(Stage.RUNNING, Stage.DONE):
+            return Verdict.TAKEN
+        delay = self.retry_delay(delivery)
+        fields: dict[str, Any] = {"delay": delay, "receive_count": delivery.receive_count,
+                                  "max_attempts": attempts or self.attempts(delivery)}
+        if error is not None:
+            fields["error"] = f"{type(error).__name__}: {error}"
+        try:
+            self._mailbox(delivery).retry_later(delivery, delay)
+            self.consumer.emit("retried", delivery.log_id, fields=fields)
+        except Exception as failed:  # its lease runs out instead: redelivered a bit later
+            self.consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failed)})
+        return Verdict.RETRY
+
+    def _unprocessable(self, delivery: Delivery, reason: str) -> Verdict:
+        """Dead-lettered before any handler ran; its trace ends in a failed `process` span."""
+        if not delivery.claim(Stage.RUNNING, Stage.DONE):
+            return Verdict.TAKEN
+        mailbox = self._mailbox(delivery)
+        ProcessTrace.unprocessable(self.consumer.settings.tracing, delivery.raw,
+                                   mailbox.queue_url, delivery.log_id, reason)
+        return self._forward(delivery, reason)
+
+    def _forward(self, delivery: Delivery, reason: str,
+                 failure: HandlerFailure | None = None) -> Verdict:
+        """To the DLQ with the reason and a note of what failed (`failure_note`), then deleted
+        (claimed already)."""
+        try:
+            self._mailbox(delivery).dead_letter(
+                delivery, reason, failure_note(delivery.receive_count, consumer_id(), failure))
+        except Exception as error:
+            self.consumer.emit("dead_letter_failed", delivery.log_id, fields={
+                "reason": reason, "error": f"{type(error).__name__}: {error}"})
+            if self.forward_failed is not None:
+                self.forward_failed(delivery, reason, failure, error)
+            return Verdict.KEPT
+        self.consumer.emit("dead_lettered", delivery.log_id, duration=delivery.running_for(),
+                           fields={"reason": reason, "receive_count": delivery.receive_count})
+        return Verdict.DEAD_LETTERED
+
+    @staticmethod
+    def _mailbox(delivery: Delivery) -> Mailbox:
+        assert delivery.mailbox is not None, "a delivery knows its mailbox"
+        return delivery.mailbox
