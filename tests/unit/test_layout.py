@@ -19,6 +19,7 @@ LAYERS = {
     "consume": 2,
     "ops": 2,
     "spark": 3,
+    "api": 3,
     "tools": 4,
 }
 
