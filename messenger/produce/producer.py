@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from messenger.aws import ClientFactory, call_with_budget, error_code
@@ -53,6 +54,7 @@ from messenger.jobs.dedup import (
     check_lease,
     check_window,
 )
+from messenger.jobs.schedules import Delivery, plan_delivery
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.message import (
     MAX_ATTEMPTS_ATTRIBUTE,
@@ -72,6 +74,7 @@ from messenger.produce.checks import (
     utf8_text,
 )
 from messenger.produce.push import PreparedItem, PushedId, PushFailure, PushItem, PushManyResult
+from messenger.produce.scheduled import ScheduledSends
 from messenger.produce.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, is_missing_resource
 from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
@@ -175,6 +178,9 @@ class _BaseProducer:
         #: W3C headers of the context pushes belong to when no span is current (a Spark
         #: executor's: the driver's); see `messenger.tracing`.
         self.trace_parent: dict[str, str] = {}
+        #: Pushes with at=/delay=: DelaySeconds or a one-time schedule (`messenger.jobs.schedules`).
+        self.scheduled = ScheduledSends(self.channel, self.clients, self.settings,
+                                        self.provisioner, self.status)
 
     # -- to override ----------------------------------------------------------------------
     def meta_headers(self) -> dict[str, str]:
@@ -209,6 +215,8 @@ class _BaseProducer:
         message_id: str | None = None,
         max_attempts: int | None = None,
         dedup: bool | None = None,
+        at: datetime | None = None,
+        delay: timedelta | float | None = None,
     ) -> PushedId:
         """Send one message; returns its message id (a str; `.duplicate` says whether it was
         a duplicate and not sent). Raises InvalidMessage, PayloadTooLarge, ChannelNotFound
@@ -224,19 +232,25 @@ class _BaseProducer:
         the channel's max_receives (None: the consumer's `max_attempts`); InvalidMessage
         otherwise. dedup: check the id against the dedup window first (None: the producer's
         `dedup`); needs a message_id on a standard channel (without one, every push is new).
+        at / delay: run the job at this aware datetime, or after this timedelta (or seconds):
+        SQS's DelaySeconds within 15 minutes on a standard queue, else a one-time EventBridge
+        Scheduler schedule (docs/scheduled-jobs.md); its id is fixed now.
         """
+        when = plan_delivery(at, delay, ordered=self.ordered,
+                             fanout=self.messaging_system == SNS_SYSTEM)
         item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id,
                         max_attempts, dedup)
         trace = self._trace(batch=False)
         if trace is None:
-            return self._push(item, None)
+            return self._push(item, None, when)
         with trace.sending(1) as span:
-            pushed = self._push(item, trace)
+            pushed = self._push(item, trace, when)
             if span is not None:
                 span.set_attribute("messenger.duplicate", pushed.duplicate)
             return pushed
 
-    def _push(self, item: PushItem, trace: ProducerTrace | None) -> PushedId:
+    def _push(self, item: PushItem, trace: ProducerTrace | None,
+              when: Delivery | None = None) -> PushedId:
         prepared, _ = self._prepare(0, item, trace)
         verdict = self._dedup(prepared, item, set())
         if isinstance(verdict, str):
@@ -253,7 +267,8 @@ class _BaseProducer:
         sent_at = time.time()  # SQS accepts it after this: a consumer's RECEIVED comes later
         try:
             sent_id = self._with_target(
-                prepared.level, lambda target: target.send(prepared.outgoing), "push")
+                prepared.level, lambda target: self.scheduled.send(target, prepared, when),
+                "push")
         except BaseException:
             if verdict is not None:
                 self.dedup_store.release(verdict)  # not sent: a retry is not a duplicate
@@ -261,7 +276,8 @@ class _BaseProducer:
         if verdict is not None:
             self.dedup_store.mark_sent([verdict])
         self._remember([prepared])
-        self._record_queued([prepared.message_id], sent_at)
+        if when is None or not when.scheduled:  # a schedule records SCHEDULED itself
+            self._record_queued([prepared.message_id], sent_at)
         if trace is not None:
             trace.sent(sent_id)
         return PushedId(prepared.message_id)

@@ -1,0 +1,286 @@
+"""A namespace's one-time schedules in EventBridge Scheduler: create, list, find, cancel.
+
+Every scheduled job of a namespace is a schedule in its group `<namespace->messenger`
+(`messenger.channel.schedule_group_name`), named '<channel key>.<job key>'
+(`messenger.jobs.schedules.schedule_name`), with `ActionAfterCompletion=DELETE`: a schedule that
+still exists has not fired. Scheduler assumes the role `<namespace->messenger-scheduler` to send
+it and puts what it could not deliver, after its retries, in `<namespace->messenger-schedules-dlq`.
+The CDK app deploys all three; with provisioning=auto a missing one is created at first use.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from messenger.aws import ClientFactory, error_code
+from messenger.channel import (
+    SQS_MAX_RETENTION_SECONDS,
+    TAG_MANAGED,
+    TAG_NAMESPACE,
+    TAG_ROLE,
+    schedule_dlq_name,
+    schedule_group_name,
+    scheduler_role_name,
+)
+from messenger.errors import ChannelNotFound, MessengerError
+from messenger.jobs.schedules import (
+    channel_prefix,
+    job_key,
+    parse_at,
+    retry_policy,
+    schedule_name,
+    target_arn,
+)
+from messenger.message import MESSAGE_ID_ATTRIBUTE
+from messenger.provision import Provisioner
+from messenger.settings import Settings
+
+logger = logging.getLogger("messenger.schedules")
+
+#: ListSchedules returns at most 100 schedules a page.
+LIST_PAGE_SIZE = 100
+
+
+class ScheduleNotFound(MessengerError):
+    """No scheduled job has this id: it never existed, already fired or was cancelled."""
+
+
+@dataclass(frozen=True)
+class ScheduledJob:
+    """One job waiting in Scheduler: its id, channel key, schedule and when it is due."""
+
+    job_id: str
+    name: str
+    group: str
+    due: datetime | None
+    target: str
+    #: The queue URL or topic ARN it is sent to.
+    destination: str
+    state: str
+
+    @property
+    def channel_key(self) -> str:
+        return self.name.partition(".")[0]
+
+
+def job_of(schedule: dict[str, Any]) -> ScheduledJob:
+    """The ScheduledJob of a GetSchedule answer (its job id read from the target's input)."""
+    target = schedule.get("Target", {})
+    try:
+        request = json.loads(target.get("Input") or "{}")
+    except ValueError:
+        request = {}
+    attributes = request.get("MessageAttributes") or {}
+    job_id = str(attributes.get(MESSAGE_ID_ATTRIBUTE, {}).get("StringValue") or "")
+    return ScheduledJob(
+        job_id=job_id or schedule["Name"].partition(".")[2],
+        name=schedule["Name"],
+        group=schedule.get("GroupName", ""),
+        due=parse_at(schedule.get("ScheduleExpression", ""),
+                     schedule.get("ScheduleExpressionTimezone") or "UTC"),
+        target=target.get("Arn", ""),
+        destination=str(request.get("QueueUrl") or request.get("TopicArn") or ""),
+        state=schedule.get("State", ""),
+    )
+
+
+class ScheduleStore:
+    """One-time schedules of a namespace (thread-safe). provisioner: for the account, the key and
+    auto-provisioning (default: one of its own)."""
+
+    def __init__(self, clients: ClientFactory, settings: Settings,
+                 provisioner: Provisioner | None = None) -> None:
+        self.clients = clients
+        self.settings = settings
+        self.provisioner = provisioner or Provisioner(clients, settings)
+        self.group = schedule_group_name(settings.namespace)
+        self._lock = threading.Lock()
+        self._wiring: tuple[str, str] | None = None
+
+    @property
+    def scheduler(self) -> Any:
+        return self.clients.client("scheduler")
+
+    # -- the group, role and DLQ ----------------------------------------------------------
+    def wiring(self) -> tuple[str, str]:
+        """(role ARN, DLQ ARN) of the namespace's schedules; the group, role and DLQ are created
+        when missing (provisioning=auto) or checked (verify: ChannelNotFound)."""
+        with self._lock:
+            if self._wiring is None:
+                self._ensure_group()
+                self._wiring = (self._ensure_role(), self._ensure_dlq())
+            return self._wiring
+
+    def _ensure_group(self) -> None:
+        try:
+            self.scheduler.get_schedule_group(Name=self.group)
+            return
+        except ClientError as error:
+            if error_code(error) != "ResourceNotFoundException":
+                raise
+        if not self.provisioner.auto:
+            raise ChannelNotFound(self.provisioner.describe_missing(
+                f"schedule group {self.group!r}"))
+        tags = [{"Key": TAG_MANAGED, "Value": "true"}]
+        if self.settings.namespace:
+            tags.append({"Key": TAG_NAMESPACE, "Value": self.settings.namespace})
+        try:
+            self.scheduler.create_schedule_group(Name=self.group, Tags=tags)
+        except ClientError as error:
+            if error_code(error) != "ConflictException":  # another producer made it
+                raise
+
+    def _ensure_role(self) -> str:
+        name = scheduler_role_name(self.settings.namespace)
+        arn = f"arn:aws:iam::{self.provisioner.account_id}:role/{name}"
+        if not self.provisioner.auto:
+            return arn  # deployed by the CDK app; producers may not read IAM
+        iam = self.clients.client("iam")
+        try:
+            iam.get_role(RoleName=name)
+            return arn
+        except ClientError as error:
+            if error_code(error) != "NoSuchEntity":
+                raise
+        trust = {"Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Principal": {"Service": "scheduler.amazonaws.com"},
+            "Action": "sts:AssumeRole",
+            "Condition": {"StringEquals": {"aws:SourceAccount": self.provisioner.account_id}},
+        }]}
+        prefix = f"{self.settings.namespace}-" if self.settings.namespace else ""
+        policy = {"Version": "2012-10-17", "Statement": [
+            {"Effect": "Allow", "Action": "sqs:SendMessage",
+             "Resource": self.provisioner.arn("sqs", f"{prefix}*")},
+            {"Effect": "Allow", "Action": "sns:Publish",
+             "Resource": self.provisioner.arn("sns", f"{prefix}*")},
+            {"Effect": "Allow", "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
+             "Resource": self.provisioner.key_arn()},
+        ]}
+        try:
+            iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust),
+                            Tags=[{"Key": TAG_MANAGED, "Value": "true"}])
+        except ClientError as error:
+            if error_code(error) != "EntityAlreadyExists":
+                raise
+        iam.put_role_policy(RoleName=name, PolicyName="send-scheduled-jobs",
+                            PolicyDocument=json.dumps(policy))
+        return arn
+
+    def _ensure_dlq(self) -> str:
+        name = schedule_dlq_name(self.settings.namespace)
+        found = self.provisioner.find_queue(name)
+        if found is not None:
+            return found.arn
+        if not self.provisioner.auto:
+            raise ChannelNotFound(self.provisioner.describe_missing(f"schedule DLQ {name!r}"))
+        # Not tagged messenger:managed: the resource cleaner must never take a quiet schedule DLQ
+        # for an unused channel queue.
+        tags = {TAG_ROLE: "schedule-dlq"}
+        if self.settings.namespace:
+            tags[TAG_NAMESPACE] = self.settings.namespace
+        self.clients.client("sqs").create_queue(
+            QueueName=name,
+            Attributes={"MessageRetentionPeriod": str(SQS_MAX_RETENTION_SECONDS),
+                        "KmsMasterKeyId": self.provisioner.key_arn()},
+            tags=tags,
+        )
+        return self.provisioner.arn("sqs", name)
+
+    # -- one-time schedules ---------------------------------------------------------------
+    def create(self, channel: str, job_id: str, due: datetime, kind: str, request: str) -> str:
+        """Schedule `request` (the universal target's input, `schedules.target_input`) to be
+        sent once at `due`; returns the schedule's ARN. A job id scheduled already (a retried
+        push) keeps its first schedule."""
+        role, dlq = self.wiring()
+        name = schedule_name(channel, job_id)
+        try:
+            created = self.scheduler.create_schedule(
+                Name=name,
+                GroupName=self.group,
+                ScheduleExpression=f"at({due.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%S})",
+                ScheduleExpressionTimezone="UTC",
+                FlexibleTimeWindow={"Mode": "OFF"},
+                ActionAfterCompletion="DELETE",
+                Description=f"messenger job {job_id} on {channel}"[:512],
+                Target={
+                    "Arn": target_arn(kind),
+                    "RoleArn": role,
+                    "Input": request,
+                    "DeadLetterConfig": {"Arn": dlq},
+                    "RetryPolicy": retry_policy(),
+                },
+            )
+            return str(created["ScheduleArn"])
+        except ClientError as error:
+            if error_code(error) != "ConflictException":
+                raise
+        logger.info("job %s on %s is scheduled already: its first schedule stands", job_id,
+                    channel)
+        return str(self.scheduler.get_schedule(Name=name, GroupName=self.group)["Arn"])
+
+    def _names(self, prefix: str | None = None) -> Iterator[str]:
+        paginator = self.scheduler.get_paginator("list_schedules")
+        kwargs: dict[str, Any] = {"GroupName": self.group}
+        if prefix:
+            kwargs["NamePrefix"] = prefix
+        try:
+            for page in paginator.paginate(**kwargs, PaginationConfig={
+                    "PageSize": LIST_PAGE_SIZE}):
+                for summary in page.get("Schedules", []):
+                    yield str(summary["Name"])
+        except ClientError as error:
+            if error_code(error) != "ResourceNotFoundException":
+                raise  # no group: nothing was ever scheduled in this namespace
+
+    def _get(self, name: str) -> ScheduledJob | None:
+        try:
+            return job_of(self.scheduler.get_schedule(Name=name, GroupName=self.group))
+        except ClientError as error:
+            if error_code(error) != "ResourceNotFoundException":
+                raise
+            return None  # fired (and deleted) or cancelled since it was listed
+
+    def list(self, channel: str) -> list[ScheduledJob]:
+        """The channel's jobs still waiting, soonest first (one GetSchedule each: the list
+        holds no due times)."""
+        jobs = [job for name in self._names(channel_prefix(channel))
+                if (job := self._get(name)) is not None]
+        far = datetime.max.replace(tzinfo=timezone.utc)
+        return sorted(jobs, key=lambda job: (job.due or far, job.name))
+
+    def find(self, job_id: str, channel: str | None = None) -> ScheduledJob | None:
+        """The waiting job `job_id` (None: unknown, fired or cancelled). Without its channel,
+        the group's names are scanned for it (one page per 100 schedules)."""
+        if channel is not None:
+            return self._get(schedule_name(channel, job_id))
+        suffix = f".{job_key(job_id)}"
+        for name in self._names():
+            if name.endswith(suffix):
+                job = self._get(name)
+                if job is not None and job.job_id == job_id:
+                    return job
+        return None
+
+    def cancel(self, job_id: str, channel: str | None = None) -> ScheduledJob:
+        """Delete the job's schedule before it fires; ScheduleNotFound when there is none."""
+        job = self.find(job_id, channel)
+        if job is None:
+            raise ScheduleNotFound(
+                f"no scheduled job {job_id!r} in schedule group {self.group!r}: unknown, "
+                f"already fired or already cancelled")
+        try:
+            self.scheduler.delete_schedule(Name=job.name, GroupName=self.group)
+        except ClientError as error:
+            if error_code(error) != "ResourceNotFoundException":
+                raise
+            raise ScheduleNotFound(f"scheduled job {job_id!r} fired or was cancelled just "
+                                   f"now") from None
+        return job
