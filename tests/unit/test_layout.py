@@ -19,6 +19,7 @@ LAYERS = {
     "consume": 2,
     "ops": 2,
     "spark": 3,
+    "operations": 3,
     "api": 3,
     "tools": 4,
 }
@@ -128,6 +129,29 @@ def test_stacks_never_import_the_examples():
             ):
                 wrong.append(str(path.relative_to(ROOT)))
     assert not wrong, wrong
+
+
+#: The `messenger` commands' own modules: views, which nothing else imports from.
+COMMAND_MODULES = {"messenger.tools.cli", "messenger.tools.top", "messenger.tools.dlq",
+                   "messenger.tools.workers", "messenger.tools.requeue"}
+
+
+def test_the_commands_and_the_dashboard_are_views_over_public_names():
+    # Given every import of the tools (the `messenger` commands and the dashboard)
+    wrong = []
+    for path in (PACKAGE / "tools").rglob("*.py"):
+        source = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                    and node.module.startswith("messenger.") and node.module != source):
+                continue
+            # Then none names another module's private helper (`_age`, `_serves`), and the
+            # dashboard takes nothing from a command's module: both call the library
+            wrong += [f"{source}: from {node.module} import {alias.name}"
+                      for alias in node.names if alias.name.startswith("_")]
+            if source.startswith("messenger.tools.dashboard") and node.module in COMMAND_MODULES:
+                wrong.append(f"{source}: from {node.module} import ...")
+    assert wrong == []
 
 
 def _modules_after(code: str) -> list[str]:
