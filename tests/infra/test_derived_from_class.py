@@ -11,7 +11,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Annotations, Match, Template
 
 from messenger.channel import ChannelSpec, idempotency_table_name
 from stacks.channel import Channel
@@ -184,3 +184,23 @@ def test_an_argument_contradicting_the_class_fails_synthesis(
     assert re.search(
         rf"{kind} idempotent={given} contradicts jobs.consumers:{consumer}, which is "
         rf"{'not ' if given else ''}idempotent .* the class decides", message), message
+
+
+def test_an_argument_agreeing_with_the_class_is_accepted_with_a_deprecation_warning(
+    tmp_path: Path,
+) -> None:
+    # Given a Lambda consumer of an idempotent class, deployed with idempotent=True as before
+    code = _team_folder(tmp_path)
+    app = _app(tmp_path / "cdk.out")
+    stack = cdk.Stack(app, "Jobs", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    foundation = Foundation(stack, "Foundation", namespace=NAMESPACE)
+    spec = _lambda_spec(LAMBDA["LambdaKeyed"])
+    LambdaConsumer(
+        stack, "LambdaKeyed", channel=Channel(stack, "Channel", spec=spec, key=foundation.key),
+        foundation=foundation, code=code, consumer_class="jobs.consumers:LambdaKeyed",
+        namespace=NAMESPACE, idempotent=True)
+    # When synthesized, Then it synthesizes, and says the argument is derived now
+    Annotations.from_stack(stack).has_warning(
+        "/Jobs/LambdaKeyed", Match.string_like_regexp(
+            r"LambdaConsumer idempotent= is derived from jobs.consumers:LambdaKeyed now .* "
+            r"drop the argument"))
