@@ -69,6 +69,18 @@ def _team_folder(parent: Path) -> Path:
     return code
 
 
+def _jobs_stack(folder: Path) -> tuple[cdk.App, cdk.Stack, Foundation, Path]:
+    """An app with one stack holding the foundation, and the team's folder beside it."""
+    app = _app(folder / "cdk.out")
+    stack = cdk.Stack(app, "Jobs", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    return app, stack, Foundation(stack, "Foundation", namespace=NAMESPACE), _team_folder(folder)
+
+
+def _cluster(stack: cdk.Stack) -> ecs.Cluster:
+    vpc = ec2.Vpc(stack, "Vpc", nat_gateways=0, availability_zones=["eu-west-1a"])
+    return ecs.Cluster(stack, "Cluster", vpc=vpc, **PLATFORM_CLUSTER)
+
+
 def _lambda_spec(channel: str) -> ChannelSpec:
     # 6 x the function's timeout (10 s + 3 s to finish) fits in the visibility timeout
     return ChannelSpec(channel, namespace=NAMESPACE, visibility_timeout=120)
@@ -84,14 +96,8 @@ class DerivedGrants:
 @pytest.fixture(scope="session")
 def derived(tmp_path_factory: pytest.TempPathFactory) -> DerivedGrants:
     """Two Fargate services and two Lambda consumers of the team's classes, in one stack."""
-    folder = tmp_path_factory.mktemp("derived")
-    code = _team_folder(folder)
-    app = _app(folder / "cdk.out")
-    stack = cdk.Stack(app, "Jobs", env=cdk.Environment(account=ACCOUNT, region=REGION))
-    foundation = Foundation(stack, "Foundation", namespace=NAMESPACE)
-    cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(stack, "Vpc", nat_gateways=0,
-                                                          availability_zones=["eu-west-1a"]),
-                          **PLATFORM_CLUSTER)
+    _, stack, foundation, code = _jobs_stack(tmp_path_factory.mktemp("derived"))
+    cluster = _cluster(stack)
     image = ConsumerImage.from_code(code)
     roles = {}
     for name, channel in FARGATE.items():
@@ -158,17 +164,12 @@ def test_an_argument_contradicting_the_class_fails_synthesis(
     tmp_path: Path, kind: str, consumer: str, given: bool,
 ) -> None:
     # Given a consumer deployed with the deprecated argument saying the opposite of its class
-    code = _team_folder(tmp_path)
-    app = _app(tmp_path / "cdk.out")
-    stack = cdk.Stack(app, "Jobs", env=cdk.Environment(account=ACCOUNT, region=REGION))
-    foundation = Foundation(stack, "Foundation", namespace=NAMESPACE)
+    app, stack, foundation, code = _jobs_stack(tmp_path)
     if kind == "ConsumerService":
         spec = ChannelSpec(FARGATE[consumer], namespace=NAMESPACE)
-        cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(
-            stack, "Vpc", nat_gateways=0, availability_zones=["eu-west-1a"]), **PLATFORM_CLUSTER)
         ConsumerService(
             stack, consumer, channel=Channel(stack, "Channel", spec=spec, key=foundation.key),
-            foundation=foundation, cluster=cluster, image=ConsumerImage.from_code(code),
+            foundation=foundation, cluster=_cluster(stack), image=ConsumerImage.from_code(code),
             consumer_class=f"jobs.consumers:{consumer}", namespace=NAMESPACE, idempotent=given)
     else:
         spec = _lambda_spec(LAMBDA[consumer])
@@ -190,10 +191,7 @@ def test_an_argument_agreeing_with_the_class_is_accepted_with_a_deprecation_warn
     tmp_path: Path,
 ) -> None:
     # Given a Lambda consumer of an idempotent class, deployed with idempotent=True as before
-    code = _team_folder(tmp_path)
-    app = _app(tmp_path / "cdk.out")
-    stack = cdk.Stack(app, "Jobs", env=cdk.Environment(account=ACCOUNT, region=REGION))
-    foundation = Foundation(stack, "Foundation", namespace=NAMESPACE)
+    _, stack, foundation, code = _jobs_stack(tmp_path)
     spec = _lambda_spec(LAMBDA["LambdaKeyed"])
     LambdaConsumer(
         stack, "LambdaKeyed", channel=Channel(stack, "Channel", spec=spec, key=foundation.key),
