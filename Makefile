@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: test test-plain-botocore demo bench lint synth clean consumer-image consumer-image-engine \
+.PHONY: test test-other-botocore demo bench lint synth clean consumer-image consumer-image-engine \
 	emr-env browser
 
 $(STAMP): requirements.txt pyproject.toml
@@ -26,14 +26,31 @@ ARGS ?=
 test: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m pytest $(ARGS)
 
-# The integration tests that exercise the wire (producer, offload, consumer, requeue) again with
-# plain botocore (MESSENGER_FAST_BOTOCORE=0: messenger/fastboto off), the path every process on
-# an unverified botocore takes (docs/fast-botocore.md). CI runs it after `make test`.
-PLAIN_BOTOCORE_TESTS := tests/integration/test_producer.py tests/integration/test_push_partial.py \
+# The retry-budget tests and the integration tests that exercise the wire (producer, offload,
+# consumer, requeue) again on another botocore than the pinned one: boto3 allows any 1.44.x, and
+# the Lambda runtime brings its own (the bundles ship none). A venv of its own, .venv-botocore:
+# requirements.txt but for the CDK, Spark, browser and lint packages, with OTHER_BOTOCORE.
+# CI runs it after `make test`.
+OTHER_BOTOCORE ?= 1.44.8
+OTHER_VENV := .venv-botocore
+OTHER_STAMP := $(OTHER_VENV)/.installed-$(OTHER_BOTOCORE)
+OTHER_BOTOCORE_LEFT_OUT := botocore|aws-cdk-lib|constructs|cdk-nag|cfn-lint|pyspark|selenium|ruff|mypy|vermin
+OTHER_BOTOCORE_TESTS := tests/integration/test_retry_budget.py tests/unit/test_bounded_retries.py \
+	tests/integration/test_producer.py tests/integration/test_push_partial.py \
 	tests/integration/test_consumer_runtime.py tests/integration/test_requeue.py
 
-test-plain-botocore: $(STAMP)
-	MESSENGER_FAST_BOTOCORE=0 $(BIN)/python -m pytest $(PLAIN_BOTOCORE_TESTS)
+$(OTHER_STAMP): requirements.txt pyproject.toml
+	test -x $(OTHER_VENV)/bin/python || $(PYTHON) -m venv $(OTHER_VENV)
+	$(OTHER_VENV)/bin/pip install --quiet --upgrade pip
+	grep -vE '^($(OTHER_BOTOCORE_LEFT_OUT))(\[.*\])?==' requirements.txt > $(OTHER_VENV)/requirements.txt
+	$(OTHER_VENV)/bin/pip install --quiet -r $(OTHER_VENV)/requirements.txt botocore==$(OTHER_BOTOCORE)
+	$(OTHER_VENV)/bin/pip install --quiet --no-deps -e .
+	rm -f $(OTHER_VENV)/.installed-*
+	touch $@
+
+test-other-botocore: $(OTHER_STAMP)
+	$(OTHER_VENV)/bin/python -c 'import botocore, sys; sys.exit(botocore.__version__ != "$(OTHER_BOTOCORE)")'
+	$(OTHER_VENV)/bin/python -m pytest $(OTHER_BOTOCORE_TESTS) $(ARGS)
 
 demo: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m examples.demo
@@ -87,4 +104,4 @@ EMR_STAMPS := .venv-emr/.installed .venv-emr39/.installed
 emr-env: $(EMR_STAMPS)
 
 clean:
-	rm -rf $(VENV) .venv-emr .venv-emr39 node_modules cdk.out .pytest_cache
+	rm -rf $(VENV) .venv-emr .venv-emr39 .venv-botocore node_modules cdk.out .pytest_cache

@@ -1,7 +1,7 @@
 """This consumer against the peer `aws-sqs-consumer` (PyPI) draining the same backlog.
 
 Each drain pushes a backlog of 1,000 messages to a fresh queue, then drains it in a child
-process with one consumer. A round runs the four drains below back to back, in ORDER or
+process with one consumer. A round runs the three drains below back to back, in ORDER or
 reversed (alternating from round to round), and each CPU ratio is taken within a round
 (messenger's drain over the peer's next to it), so a slow spell of the shared machine weighs on
 both sides of a ratio. Every figure is the median over the rounds (12 by default: see ROUNDS),
@@ -30,11 +30,8 @@ receives and deletes went to its own queue, and the endpoint got exactly the req
 child counted.
 
 - messenger: `Consumer` as deployed: concurrency 10, JSON event log on (to a file, as a
-  container's stderr would be), health file on, messenger.fastboto's fast botocore paths on
-  (the verified botocore).
-- messenger_plain: the same with plain botocore (MESSENGER_FAST_BOTOCORE=0), as it runs on any
-  other botocore: `cpu_ratio_plain_botocore`, and `fast_paths_cpu_saving` (the share of the
-  plain drain's CPU the fast paths save).
+  container's stderr would be), health file on, plain botocore (messenger replaces none of its
+  code since issue 40; docs/fast-botocore.md).
 - peer: `aws_sqs_consumer.Consumer` with `batch_size=10` (its cheapest setting: one receive and
   one delete batch per 10 messages), one thread, its default of asking SQS for no attributes.
   The goal is judged against it.
@@ -75,9 +72,6 @@ from bench.harness import backlog, json_log_to_file  # noqa: E402
 
 CPU_RATIO_GOAL = 1.0
 REQUESTS_GOAL = 0.22
-#: MESSENGER_FAST_BOTOCORE in each consumer's child (None: unset, as deployed: messenger's fast
-#: botocore paths on for the verified botocore), whatever the developer's shell has.
-FAST_BOTOCORE_SWITCH = {"messenger_plain": "0"}
 
 
 # -- the children ---------------------------------------------------------------------------
@@ -143,7 +137,7 @@ def drain_messenger(queue: str, namespace: str, messages: int,
     stopped = time.process_time()
     lines = sum(1 for _ in open(log.name))
     os.unlink(log.name)
-    return {"cpu_seconds": drain_cpu - listening[0], "fast_botocore": clients.fast_paths.on,
+    return {"cpu_seconds": drain_cpu - listening[0],
             "startup_cpu_seconds": listening[0] - cpu, "shutdown_cpu_seconds": stopped - stopping,
             "deleted": deleted[0], "wall_seconds": drained - listening[1],
             "handled": handled[0], "requests": counter.total, "log_lines": lines,
@@ -214,24 +208,21 @@ def drain_peer(queue_url: str, messages: int, attributes: bool = False) -> dict[
 #: whatever the distribution), so two outlying rounds on either side cannot move it; 9 rounds
 #: is the fewest for which such an interval leaves out the extremes at all.
 ROUNDS = 12
-#: Each round runs the four drains in this order, or reversed: messenger next to the peer, and
-#: messenger on plain botocore next to the peer, either way (the ratios pair those).
-ORDER = ("messenger", "peer", "messenger_plain", "peer_attributes")
+#: Each round runs the three drains in this order, or reversed: messenger next to the peer,
+#: either way (the ratios pair those).
+ORDER = ("messenger", "peer", "peer_attributes")
 #: Each round ratio: (numerator, denominator) drains of the same round.
 RATIOS = {"cpu_ratio": ("messenger", "peer"),
-          "cpu_ratio_plain_botocore": ("messenger_plain", "peer"),
           "cpu_ratio_same_attributes": ("messenger", "peer_attributes")}
 #: The user agent's app id (AWS_SDK_UA_APP_ID) of each child: which process sent a request.
 APP_ID = "peers-r{round}-{name}"
 
 
 
-def run_child(args: list[str], app_id: str, fast_botocore: str | None = None) -> dict[str, Any]:
+def run_child(args: list[str], app_id: str) -> dict[str, Any]:
     """Run one drain in a child process and reap it (subprocess.run waits for its exit)."""
-    env = {k: v for k, v in os.environ.items() if k != "MESSENGER_FAST_BOTOCORE"}
+    env = dict(os.environ)
     env["AWS_SDK_UA_APP_ID"] = app_id
-    if fast_botocore is not None:
-        env["MESSENGER_FAST_BOTOCORE"] = fast_botocore
     result = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
                             timeout=900, env=env)
     if result.returncode != 0:
@@ -351,8 +342,7 @@ def measure(rounds: int, messages: int, endpoint: str | None = None) -> dict[str
             url = backlog(namespace, channel, messages, pad=200)
             target = channel if name.startswith("messenger") else url
             app_id = APP_ID.format(round=round_number, name=name)
-            result = run_child(["--drain", name, target, namespace, str(messages)], app_id,
-                               FAST_BOTOCORE_SWITCH.get(name))
+            result = run_child(["--drain", name, target, namespace, str(messages)], app_id)
             runs[name].append(result)
             drains.append((app_id, url, result))
         load.append(os.getloadavg()[0])
@@ -360,7 +350,6 @@ def measure(rounds: int, messages: int, endpoint: str | None = None) -> dict[str
     for name, found in runs.items():
         assert all(r["handled"] >= messages for r in found), (name, found)
         assert all(r.get("deleted", messages) >= messages for r in found), (name, found)
-        assert name != "messenger_plain" or not any(r["fast_botocore"] for r in found)
         cpu = [r["cpu_seconds"] * 1000 / messages for r in found]
         summary[name] = {
             "cpu_seconds_per_1000": round(statistics.median(cpu), 4),
@@ -377,13 +366,9 @@ def measure(rounds: int, messages: int, endpoint: str | None = None) -> dict[str
             "threads_first_round": found[0].get("threads", {}),
             "by_operation": found[0]["by_operation"],
         }
-        if "fast_botocore" in found[0]:  # (off with an unverified botocore: see the docs)
-            summary[name]["fast_botocore"] = found[0]["fast_botocore"]
     ratios = {key: spread([a["cpu_seconds"] / b["cpu_seconds"]
                            for a, b in zip(runs[top], runs[bottom], strict=True)])
               for key, (top, bottom) in RATIOS.items()}
-    saving = spread([1 - a["cpu_seconds"] / b["cpu_seconds"]
-                     for a, b in zip(runs["messenger"], runs["messenger_plain"], strict=True)])
     # messenger's drain plus stopping the consumer (once per process), against the peer
     with_shutdown = spread([(a["cpu_seconds"] + a["shutdown_cpu_seconds"]) / b["cpu_seconds"]
                             for a, b in zip(runs["messenger"], runs["peer"], strict=True)])
@@ -394,7 +379,6 @@ def measure(rounds: int, messages: int, endpoint: str | None = None) -> dict[str
                          "median": round(statistics.median(load), 2)},
         **summary, **ratios,
         "cpu_ratio_goal": CPU_RATIO_GOAL, "cpu_ratio_with_shutdown": with_shutdown,
-        "fast_paths_cpu_saving": saving,
         "requests_goal": REQUESTS_GOAL,
         "isolation": (check_isolation(recording, drains) if recording
                       else {"checked": False, "why": "not the local endpoint"}),

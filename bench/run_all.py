@@ -67,12 +67,8 @@ BENCHES = (
     )),
     Bench("peers.py", "Consumer vs aws-sqs-consumer, same backlog, alternating rounds", (
         Figure("CPU ratio messenger/peer", ("cpu_ratio",), 1.0),
-        Figure("CPU ratio messenger/peer, plain botocore (MESSENGER_FAST_BOTOCORE=0)",
-               ("cpu_ratio_plain_botocore",)),
         Figure("CPU ratio to the peer reading the same attributes",
                ("cpu_ratio_same_attributes",)),
-        Figure("CPU the fast botocore paths save (share of the plain drain)",
-               ("fast_paths_cpu_saving",)),
         Figure("messenger CPU s per 1,000 (median)", ("messenger", "cpu_seconds_per_1000")),
         Figure("peer CPU s per 1,000 (median)", ("peer", "cpu_seconds_per_1000")),
         Figure("messenger requests per message", ("messenger", "requests_per_message"), 0.22),

@@ -1,4 +1,9 @@
-"""boto3 clients made lazily, with botocore's retry configuration, and a retry budget on top.
+"""boto3 clients made lazily, whose retries are held to a retry budget, through public hooks only.
+
+Every client makes one attempt per try (botocore's retry configuration) and its retries are
+decided by `BoundedRetries`, a handler of botocore's public `needs-retry` event: a call ends
+within its deadline plus one attempt, and no backoff sleeps past the deadline, on every botocore
+version (docs/fast-botocore.md says why messenger no longer replaces any of botocore's code).
 
 No endpoint or region is hard-coded: boto3 reads `AWS_ENDPOINT_URL` (and the per-service
 `AWS_ENDPOINT_URL_<SERVICE>`) itself, so the same code talks to the embedded moto server,
@@ -22,10 +27,11 @@ from botocore.exceptions import (
     ConnectionClosedError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    HTTPClientError,
     ReadTimeoutError,
 )
+from botocore.exceptions import ConnectionError as BotocoreConnectionError
 
-from messenger import fastboto
 from messenger.errors import PublishFailed, RetryBudgetExhausted
 
 T = TypeVar("T")
@@ -55,9 +61,15 @@ _TRANSIENT_EXCEPTIONS = (
     ReadTimeoutError,
 )
 
-#: botocore retries each call this often (standard mode: exponential backoff with jitter)
-#: before the retry budget below takes over.
-BOTOCORE_MAX_ATTEMPTS = 4
+#: Attempts per call (the first and 4 retries, made by `BoundedRetries`, as many as botocore
+#: made with `max_attempts=4` before) before the retry budget's own loop (`call_with_budget`)
+#: takes over.
+MAX_ATTEMPTS = 5
+#: The backoff before the n-th retry is drawn from 0 .. min(RETRY_BACKOFF_CAP_SECONDS,
+#: RETRY_BACKOFF_BASE_SECONDS * 2**(n-1)) (full jitter, as botocore's standard mode draws it),
+#: then capped at the time left before the deadline.
+RETRY_BACKOFF_BASE_SECONDS = 1.0
+RETRY_BACKOFF_CAP_SECONDS = 20.0
 #: Seconds to connect, and to wait for a response once sent (per attempt). An endpoint that
 #: accepts connections and never answers costs at most this much past the retry budget.
 CONNECT_TIMEOUT_SECONDS = 5.0
@@ -68,14 +80,39 @@ CALL_BUDGET_SECONDS = 20.0
 #: ReceiveMessage long-polls up to this long before it answers.
 LONG_POLL_SECONDS = 20
 
+#: Error codes a call's attempt is retried on: the transient ones above and those botocore's
+#: standard retry mode retries (throttling and transient codes of every AWS service, e.g.
+#: DynamoDB's ProvisionedThroughputExceededException), so a client loses none of botocore's
+#: retries by having `BoundedRetries` make them.
+RETRIED_ERROR_CODES = TRANSIENT_ERROR_CODES | frozenset(
+    {
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "PriorRequestNotComplete",
+        "ProvisionedThroughputExceededException",
+        "TransactionInProgressException",
+        "BandwidthLimitExceeded",
+        "LimitExceededException",
+        "EC2ThrottledException",
+    }
+)
+#: HTTP statuses an attempt is retried on whatever its error code (429: throttled).
+RETRIED_STATUS_CODES = frozenset({429, 500, 502, 503, 504})
+#: Exceptions an attempt is retried on: a connection not made, broken or timed out
+#: (botocore's public classes; its standard mode retries the same).
+RETRIED_EXCEPTIONS = (BotocoreConnectionError, HTTPClientError)
+
 _budget = threading.local()
 
 
 def client_config(
     read_timeout: float = CALL_TIMEOUT_SECONDS, validate_params: bool = True
 ) -> Config:
+    """The configuration of every client the factory makes. botocore makes one attempt per
+    call (`total_max_attempts=1`: its own retries would sleep a backoff chosen without the
+    deadline); `BoundedRetries` makes the retries."""
     return Config(
-        retries={"mode": "standard", "max_attempts": BOTOCORE_MAX_ATTEMPTS},
+        retries={"mode": "standard", "total_max_attempts": 1},
         connect_timeout=CONNECT_TIMEOUT_SECONDS,
         read_timeout=read_timeout,
         max_pool_connections=50,
@@ -84,26 +121,72 @@ def client_config(
 
 
 def retry_deadline() -> float | None:
-    """When botocore stops retrying this thread's current call (monotonic seconds): inside
+    """When this thread's current call stops retrying (monotonic seconds): inside
     `call_with_budget` its budget's, else the call's own (`ClientFactory.call_budget` from its
     start)."""
     deadline = getattr(_budget, "deadline", None)
     return getattr(_budget, "call_deadline", None) if deadline is None else deadline
 
 
-def _stop_retrying_past_the_budget(**_: Any) -> bool | None:
-    """botocore `needs-retry.<service>` hook, registered first, for clients off the paths of
-    `messenger.fastboto` (which hold botocore's retries to `retry_deadline` by wrapping its
-    retry handler, `fastboto.bound_retries`): once the deadline has passed, botocore retries no
-    attempt, a throttled or 5xx response (botocore raises its `ClientError`) or a broken one
-    (it raises the exception). False is a non-None answer, which ends the retries. Public hooks
-    only, so botocore's handler still runs after it (the endpoint asks every handler) and takes
-    a retry token for a retry not made, and a backoff chosen before the deadline is slept in
-    full."""
-    deadline = retry_deadline()
-    if deadline is not None and time.monotonic() >= deadline:
+class BoundedRetries:
+    """botocore `needs-retry.<service>` handler, registered first on every client the factory
+    makes: it decides each retry of a call, and no retry passes `deadline()`.
+
+    botocore emits `needs-retry` after every attempt and sleeps the first answer that is not
+    None, then retries (False: it does not). This handler answers, for an attempt that failed
+    in a way worth retrying (`RETRIED_ERROR_CODES`, `RETRIED_STATUS_CODES`, an error the
+    operation's model marks retryable, `RETRIED_EXCEPTIONS`) while fewer than `max_attempts`
+    were made and the deadline has not passed: a backoff with full jitter, capped at the time
+    left; for any other attempt, False (no retry). Public events and models only: botocore's
+    own handler runs after it and never retries (`client_config`: one attempt), so a call ends
+    within the deadline plus one attempt on any botocore version.
+
+    `deadline`: monotonic seconds (None: no deadline); `clock`, `draw` (uniform in 0..x):
+    stand-ins for tests.
+    """
+
+    def __init__(
+        self, deadline: Callable[[], float | None] = retry_deadline,
+        max_attempts: int = MAX_ATTEMPTS,
+        clock: Callable[[], float] = time.monotonic,
+        draw: Callable[[float], float] = lambda high: random.uniform(0, high),
+    ) -> None:
+        self.deadline, self.max_attempts = deadline, max_attempts
+        self.clock, self.draw = clock, draw
+
+    def __call__(
+        self, attempts: int = 1, response: Any = None, caught_exception: Any = None,
+        operation: Any = None, **_: Any,
+    ) -> float | bool:
+        if attempts >= self.max_attempts or not _worth_retrying(
+                response, caught_exception, operation):
+            return False
+        delay = self.draw(min(RETRY_BACKOFF_CAP_SECONDS,
+                              RETRY_BACKOFF_BASE_SECONDS * 2 ** (attempts - 1)))
+        deadline = self.deadline()
+        if deadline is None:
+            return delay
+        left = deadline - self.clock()
+        return False if left <= 0 else min(delay, left)
+
+
+def _worth_retrying(response: Any, caught_exception: Any, operation: Any) -> bool:
+    """Whether an attempt failed in a way worth retrying: `response` is botocore's
+    (http response, parsed) pair, `caught_exception` what the attempt raised instead."""
+    if caught_exception is not None:
+        return isinstance(caught_exception, RETRIED_EXCEPTIONS)
+    if response is None:
         return False
-    return None
+    http, parsed = response
+    if http.status_code < 400:
+        return False
+    code = (parsed or {}).get("Error", {}).get("Code", "")
+    if code in RETRIED_ERROR_CODES or http.status_code in RETRIED_STATUS_CODES:
+        return True
+    # an error the service's model marks retryable (the model is public: botocore.model)
+    return bool(code) and any(
+        shape.metadata.get("retryable") is not None and code in (shape.name, shape.error_code)
+        for shape in getattr(operation, "error_shapes", ()))
 
 
 def _genuine_session_class() -> type[boto3.session.Session]:
@@ -118,11 +201,9 @@ def _genuine_session_class() -> type[boto3.session.Session]:
 
 
 class ClientFactory:
-    """Makes one boto3 client per service on first use; thread-safe. Its clients take the
-    fast paths of `messenger.fastboto` (cheaper signing, parsing, request bodies and
-    User-Agent) when the installed botocore is the one they were verified against or
-    MESSENGER_FAST_BOTOCORE=1, and are plain botocore otherwise (`fast_paths` says which and
-    why; MESSENGER_FAST_BOTOCORE is read when the factory is made).
+    """Makes one boto3 client per service on first use; thread-safe. Its clients are plain
+    botocore with one handler of messenger's on a public event: `BoundedRetries`, which makes
+    their retries and holds them to the retry budget.
 
     Hooks registered with `register` (botocore event name, handler) apply to every client
     made before or after, which is how benchmarks count requests and tests inject faults.
@@ -138,14 +219,13 @@ class ClientFactory:
         #: Seconds an attempt may wait for its response (long polls: plus their wait).
         self.call_timeout = call_timeout
         #: Seconds after which a call made outside `call_with_budget` (a CLI's, a Lambda's)
-        #: stops retrying (botocore's retries of timed-out, broken, throttled or 5xx attempts
-        #: included, and no backoff sleeps past it): it ends within this plus one attempt.
+        #: stops retrying (retries of timed-out, broken, throttled or 5xx attempts, and no
+        #: backoff sleeps past it): it ends within this plus one attempt.
         self.call_budget = call_budget
         self._lock = threading.Lock()
         self._clients: dict[tuple[str, bool, float | None, bool], Any] = {}
         self._hooks: list[tuple[str, Callable[..., Any]]] = []
-        #: Whether the clients take `messenger.fastboto`'s fast paths, and why.
-        self.fast_paths = fastboto.FastPaths.from_env()
+        self._retries = BoundedRetries()
 
     def client(
         self, service: str, long_poll: bool = False, read_timeout: float | None = None,
@@ -155,16 +235,13 @@ class ClientFactory:
         ReceiveMessage wait (a consumer's mailbox); `read_timeout`: a client of its own with
         this read timeout (seconds), e.g. for lease renewals that must answer within a lease;
         `validate_params=False`: a client of its own that skips botocore's check of every
-        parameter, for callers that build requests only from values they checked themselves
-        (and, on the fast paths, writes plain JSON request bodies in one step)."""
+        parameter, for callers that build requests only from values they checked themselves."""
         key = (service, long_poll, read_timeout, validate_params)
         with self._lock:
             existing = self._clients.get(key)
             if existing is not None:
                 return existing
             core = botocore.session.get_session()
-            if self.fast_paths.on:
-                fastboto.prepare_session(core)
             session = _genuine_session_class()(botocore_session=core, region_name=self.region)
             timeout = self.call_timeout if read_timeout is None else read_timeout
             timeout += LONG_POLL_SECONDS if long_poll else 0
@@ -172,15 +249,11 @@ class ClientFactory:
                 service, config=client_config(timeout, validate_params),
                 endpoint_url=self.endpoint_url,
             )
-            if not (self.fast_paths.on and fastboto.bound_retries(made, retry_deadline)):
-                # on the service's own event: botocore's handler is there, and a handler of
-                # the bare 'needs-retry' would come after it
-                service_id = made.meta.service_model.service_id.hyphenize()
-                made.meta.events.register_first(
-                    f"needs-retry.{service_id}", _stop_retrying_past_the_budget)
+            # on the service's own event, first: botocore's handler is there (a handler of
+            # the bare 'needs-retry' would come after it), and the first answer is the one
+            service_id = made.meta.service_model.service_id.hyphenize()
+            made.meta.events.register_first(f"needs-retry.{service_id}", self._retries)
             made.meta.events.register_first("before-call", self._start_call_clock)
-            if self.fast_paths.on:
-                fastboto.speed_up(made, planned_bodies=not validate_params)
             for event, handler in self._hooks:
                 made.meta.events.register(event, handler)
             self._clients[key] = made
@@ -256,8 +329,8 @@ def call_with_budget(
     `what`.
     Non-transient errors propagate at once. Wall time is bounded by the budget plus one attempt
     (connect + call timeout), also against an endpoint that never answers or throttles every
-    request: botocore's own retries inside `call` stop at the budget's deadline too, and their
-    backoff does not sleep past it (`ClientFactory.client`)."""
+    request: the retries of a factory's client inside `call` stop at the budget's deadline too,
+    and their backoff does not sleep past it (`BoundedRetries`)."""
     deadline = time.monotonic() + budget_seconds
     attempt = 0
     while True:

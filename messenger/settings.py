@@ -15,8 +15,6 @@
 | AWS_REGION / AWS_DEFAULT_REGION | region                 | 'us-east-1'                      |
 
 `AWS_ENDPOINT_URL` is honoured by boto3 itself: messenger never passes an endpoint explicitly.
-`MESSENGER_FAST_BOTOCORE` (0, 1 or unset) is read by `ClientFactory` when it is made: whether
-its clients take `messenger.fastboto`'s fast paths (docs/fast-botocore.md).
 """
 
 from __future__ import annotations

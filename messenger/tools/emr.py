@@ -48,7 +48,7 @@ STEP_ID = re.compile(r"^s-[A-Z0-9]{1,255}$")
 #: Spark uses unless told) and 3.11; the EMR package runs on both, and steps choose 3.11.
 EMR_PYTHON = "/usr/bin/python3.11"
 #: Subpackages of messenger that EMR steps import (besides the core modules and spark.py).
-EMR_PARTS = ("produce", "jobs", "fastboto")
+EMR_PARTS = ("produce", "jobs")
 #: Core modules that are commands, not library: left out of the EMR package.
 EMR_EXCLUDED_MODULES = frozenset({"__main__.py"})
 #: Fixed timestamp for zip entries so that the same sources give the same bytes (and S3 keys).

@@ -22,7 +22,6 @@ import pytest
 from messenger import Producer, Settings
 from messenger.aws import ClientFactory
 from messenger.channel import physical_name
-from messenger.fastboto import VERIFIED_BOTOCORE
 from messenger.provision import Provisioner
 from messenger.tools.local import LOCAL_CREDENTIALS
 from tests.integration.consumer_apps.apps import SleepyConsumer
@@ -189,8 +188,11 @@ def test_the_image_holds_the_library_and_the_service_code_only(engine):
     versions = {p["name"].lower(): p["version"] for p in json.loads(lines["packages"])}
     installed = set(versions)
     assert {"messenger", "boto3", "filelock", "rich"} <= installed
-    # botocore is the verified one: the consumer takes messenger.fastboto's fast paths
-    assert versions["botocore"] == VERIFIED_BOTOCORE
+    # botocore is the one requirements.txt pins (the image's constraints come from it)
+    pins = dict(line.split("==", 1) for line in
+                (Path(__file__).resolve().parents[2] / "requirements.txt").read_text().split()
+                if "==" in line)
+    assert versions["botocore"] == pins["botocore"]
     # The service's own requirements.txt is installed too
     assert "slack_sdk" in installed or "slack-sdk" in installed
     # Nothing the tests, the CDK app or the tools need: they would only grow the image

@@ -186,10 +186,65 @@ def test_the_public_api_is_importable_from_the_package():
     assert "messenger.consume.consumer" in loaded
 
 
-def test_only_the_client_factory_reaches_the_fast_botocore_paths():
-    # messenger.fastboto reaches into botocore's private code: one door (ClientFactory, which
-    # switches it on for the verified botocore only), nothing else depends on it
-    importers = {source for source, targets in graph().items()
-                 if not source.startswith("messenger.fastboto")
-                 and any(target.startswith("messenger.fastboto") for target in targets)}
-    assert importers == {"messenger.aws"}
+#: Libraries whose private code messenger must not reach (docs/fast-botocore.md: the shortcuts
+#: that did were removed). Top-level package names.
+NOT_REACHED_INTO = ("boto3", "botocore", "s3transfer", "urllib3", "http", "email")
+
+
+def _private_botocore_attributes() -> set[str]:
+    """The private attribute names of a botocore client and the objects it holds (endpoint,
+    HTTP session, signer, serializer, event emitter, user agent, config)."""
+    import boto3
+
+    client = boto3.session.Session(region_name="us-east-1").client("sqs")
+    seen: set[str] = set()
+    objects: list[object] = [client, client.meta, client.meta.events]
+    names: set[str] = set()
+    while objects:
+        held = objects.pop()
+        if id(held) in seen or not hasattr(held, "__dict__"):
+            continue
+        seen.add(id(held))
+        for name, value in vars(held).items():
+            if name.startswith("_") and not name.startswith("__"):
+                names.add(name)
+                if type(value).__module__.split(".")[0] in NOT_REACHED_INTO:
+                    objects.append(value)
+        for cls in type(held).__mro__:
+            if cls.__module__.split(".")[0] in NOT_REACHED_INTO:
+                names.update(n for n in vars(cls) if n.startswith("_") and not n.startswith("__"))
+    return names
+
+
+def test_the_library_reads_no_private_name_of_botocore_or_the_standard_library():
+    # Given every private name of a botocore client and what it holds (read here, in a test),
+    # but for names messenger's own classes define too (a `_lock` of its own is its own)
+    trees = {path: ast.parse(path.read_text(), filename=str(path))
+             for path in sorted(PACKAGE.rglob("*.py"))}
+    own = {node.attr for tree in trees.values() for node in ast.walk(tree)
+           if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+           and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")}
+    own |= {node.name for tree in trees.values() for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    private = _private_botocore_attributes()
+    assert {"_endpoint", "_request_signer", "_serializer", "_emitter"} <= private - own
+    private -= own
+    found = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            # When the library imports a private module or name of botocore, boto3, urllib3,
+            # http or email, or reads one of those attributes
+            if isinstance(node, ast.ImportFrom) and node.module and \
+                    node.module.split(".")[0] in NOT_REACHED_INTO:
+                parts = node.module.split(".") + [alias.name for alias in node.names]
+                found += [f"{path}: from {node.module} import {p}"
+                          for p in parts if p.startswith("_")]
+            elif isinstance(node, ast.Import):
+                found += [f"{path}: import {alias.name}" for alias in node.names
+                          if alias.name.split(".")[0] in NOT_REACHED_INTO
+                          and any(p.startswith("_") for p in alias.name.split("."))]
+            elif isinstance(node, ast.Attribute) and node.attr in private and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append(f"{path}:{node.lineno}: .{node.attr}")
+    # Then it does none of that: it depends on their public interfaces only
+    assert found == []
