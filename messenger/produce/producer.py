@@ -252,11 +252,11 @@ class _BaseProducer:
     def _push(self, item: PushItem, trace: ProducerTrace | None,
               when: Delivery | None = None) -> PushedId:
         prepared, _ = self._prepare(0, item, trace)
-        verdict = self._dedup(prepared, item, set())
-        if isinstance(verdict, str):
-            # An id held by another producer's push in flight is waited on, within the budget,
-            # until sent there (a duplicate) or given up (ours); never a duplicate unsent.
-            verdict = self._claim(verdict, time.monotonic() + self.settings.retry_budget_seconds)
+        local = self._dedup(prepared, item, set())
+        # An id held by another producer's push in flight is waited on, within the budget,
+        # until sent there (a duplicate) or given up (ours); never a duplicate unsent.
+        verdict = self._claim(local, time.monotonic() + self.settings.retry_budget_seconds) \
+            if isinstance(local, str) else local
         if isinstance(verdict, Held):
             raise PublishFailed(verdict.describe())
         if isinstance(verdict, Duplicate):
