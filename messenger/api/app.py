@@ -307,7 +307,11 @@ class JobApi:
             if self._status is None:
                 self._status = StatusStore(self.clients, self.settings)
             store = self._status
-        records = [r for r in _refusing(lambda: store.timeline(job_id)) if r.channel in tracked]
+        try:
+            found = store.timeline(job_id)
+        except ChannelNotFound:  # no status table yet: nothing was recorded
+            found = []
+        records = [r for r in found if r.channel in tracked]
         if not records:
             raise ApiError(404, f"no job {job_id!r} on a channel that tracks status")
         return {"job_id": job_id, "channel": records[0].channel, "status": records[-1].event.value,

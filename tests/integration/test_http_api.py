@@ -1,0 +1,281 @@
+"""The HTTP job API over real HTTP: `JobApi` served by `messenger.api.local.LocalApi` on a free
+loopback port (the adapter builds API Gateway REST proxy events from the requests), producing to
+the moto server; a stdlib HTTP client calls it over TCP, as curl or another service would."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from messenger.api.app import JobApi, job_id_for_key
+from messenger.api.channels import ApiChannel
+from messenger.api.local import LocalApi
+from messenger.api.requests import MAX_BATCH_JOBS, MAX_REQUEST_BYTES
+from messenger.aws import ClientFactory
+from messenger.channel import queue_name_for
+from messenger.settings import Settings
+from tests.faults import Throttle, injected
+from tests.integration.helpers import decode, drain
+from tests.integration.helpers import queue_url as url_of
+from tests.integration.test_consumer_runtime import (  # noqa: F401 - fixtures
+    Recording,
+    running,
+    runtime,
+    wait_until,
+)
+
+CHANNELS = {
+    "http_jobs": ApiChannel("http_jobs", track_status=True),
+    "http_levels": ApiChannel("http_levels", priorities=("high", "default", "low")),
+}
+
+
+class HttpJobsConsumer(Recording):
+    channel = "http_jobs"
+    track_status = True
+
+
+class Reply:
+    def __init__(self, status: int, headers: Any, body: bytes) -> None:
+        self.status, self.headers, self.raw = status, headers, body
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.raw)
+
+
+Call = Callable[..., Reply]
+
+
+def _call(base: str, method: str, path: str, body: Any = None, *, raw: bytes | None = None,
+          headers: dict[str, str] | None = None) -> Reply:
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(
+        base + path, data=data, method=method,
+        headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return Reply(response.status, response.headers, response.read())
+    except urllib.error.HTTPError as error:
+        return Reply(error.code, error.headers, error.read())
+
+
+@pytest.fixture
+def serve(settings: Settings, clients: ClientFactory) -> Iterator[Callable[..., LocalApi]]:
+    started: list[LocalApi] = []
+
+    def start(**changes: Any) -> LocalApi:
+        api = JobApi(CHANNELS, settings.with_changes(**changes), clients)
+        started.append(LocalApi(api).start())
+        return started[-1]
+
+    yield start
+    for api in started:
+        api.stop()
+
+
+@pytest.fixture
+def call(serve: Callable[..., LocalApi]) -> Call:
+    api = serve()
+    return lambda *args, **kwargs: _call(api.url, *args, **kwargs)
+
+
+def _queue(clients: ClientFactory, settings: Settings, name: str) -> str:
+    return url_of(clients.client("sqs"), queue_name_for(name, settings.namespace))
+
+
+def test_a_job_posted_over_http_is_consumed(call: Call, running: Any) -> None:  # noqa: F811
+    # When a client posts one job
+    reply = call("POST", "/channels/http_jobs/jobs", {"body": {"name": "Ada"}})
+    # Then it is accepted, with its id and where to read its status
+    assert reply.status == 202, reply.raw
+    job_id = reply.json["job_id"]
+    assert reply.headers["Location"] == f"/jobs/{job_id}"
+    # And a consumer of the channel handles it, with that message id
+    run = running(HttpJobsConsumer)
+    handled = wait_until(lambda: run.consumer.handled)
+    assert [(m.body, m.message_id) for m in handled] == [({"name": "Ada"}, job_id)]
+    # And its status timeline is readable at the Location
+    timeline = wait_until(lambda: (r := call("GET", reply.headers["Location"])).status == 200
+                          and "COMPLETED" in [e["event"] for e in r.json["events"]] and r)
+    assert timeline.json["job_id"] == job_id and timeline.json["channel"] == "http_jobs"
+    assert timeline.json["events"][0]["event"] == "QUEUED"
+
+
+def test_the_status_of_an_unknown_job_is_404(call: Call) -> None:
+    reply = call("GET", "/jobs/no-such-job")
+    assert reply.status == 404
+    assert "no-such-job" in reply.json["error"]
+
+
+def test_a_batch_with_one_bad_job_accepts_the_others_and_names_the_bad_one(
+        call: Call, clients: ClientFactory, settings: Settings) -> None:
+    # When a batch holds two good jobs and one with an unknown priority
+    jobs = [{"body": 1, "priority": "high"}, {"body": 2, "priority": "urgent"}, {"body": 3}]
+    reply = call("POST", "/channels/http_levels/jobs/batch", {"jobs": jobs})
+    # Then the batch is a multi-status: the good ones accepted, the bad one named with the levels
+    assert reply.status == 207, reply.raw
+    results = reply.json["jobs"]
+    assert [r["status"] for r in results] == [202, 400, 202]
+    assert "urgent" in results[1]["error"] and "high, default, low" in results[1]["error"]
+    assert "job_id" not in results[1]
+    # And exactly the good ones are in their levels' queues
+    sqs = clients.client("sqs")
+    high = drain(sqs, _queue(clients, settings, "http_levels-high"))
+    default = drain(sqs, _queue(clients, settings, "http_levels-default"))
+    assert [decode(m).message_id for m in high] == [results[0]["job_id"]]
+    assert [decode(m).body for m in default] == [3]
+
+
+def test_a_batch_whose_jobs_are_all_valid_is_202(call: Call) -> None:
+    reply = call("POST", "/channels/http_jobs/jobs/batch", {"jobs": [{"body": i} for i in
+                                                                      range(MAX_BATCH_JOBS)]})
+    assert reply.status == 202
+    assert len({r["job_id"] for r in reply.json["jobs"]}) == MAX_BATCH_JOBS
+
+
+def test_the_same_idempotency_key_and_job_again_answers_the_first_id_and_sends_nothing(
+        call: Call, clients: ClientFactory, settings: Settings) -> None:
+    job = {"body": {"order": "A-1"}}
+    first = call("POST", "/channels/http_jobs/jobs", job, headers={"Idempotency-Key": "order-A-1"})
+    again = call("POST", "/channels/http_jobs/jobs", job, headers={"Idempotency-Key": "order-A-1"})
+    assert (first.status, again.status) == (202, 202)
+    assert again.json["job_id"] == first.json["job_id"] == job_id_for_key("http_jobs",
+                                                                            "order-A-1")
+    assert again.headers["Idempotent-Replayed"] == "true"
+    # The same key with another job is refused; a new key is a new job
+    other = call("POST", "/channels/http_jobs/jobs", {"body": {"order": "B"}},
+                 headers={"Idempotency-Key": "order-A-1"})
+    assert other.status == 422 and "another job" in other.json["error"]
+    fresh = call("POST", "/channels/http_jobs/jobs", job, headers={"Idempotency-Key": "order-A-2"})
+    assert fresh.status == 202 and fresh.json["job_id"] != first.json["job_id"]
+    # Then two messages were sent, one per key
+    held = drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))
+    assert sorted(decode(m).message_id for m in held) == sorted(
+        [first.json["job_id"], fresh.json["job_id"]])
+
+
+def test_a_key_still_being_accepted_is_409_and_the_job_is_sent_once(
+        call: Call, clients: ClientFactory, settings: Settings) -> None:
+    # Given a first request held inside its SendMessage
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(**_: Any) -> None:
+        entered.set()
+        release.wait(20)
+
+    job = {"body": {"slow": True}}
+    first: list[Reply] = []
+    with injected(clients, "before-send.sqs.SendMessage", hold):
+        thread = threading.Thread(target=lambda: first.append(call(
+            "POST", "/channels/http_jobs/jobs", job, headers={"Idempotency-Key": "slow-1"})))
+        thread.start()
+        assert entered.wait(20)
+        # When the same key arrives meanwhile
+        second = call("POST", "/channels/http_jobs/jobs", job,
+                      headers={"Idempotency-Key": "slow-1"})
+        release.set()
+        thread.join(30)
+    # Then it is told to come back, and the first is accepted
+    assert second.status == 409 and int(second.headers["Retry-After"]) > 0
+    assert first[0].status == 202
+    # And a retry after it answers the first id; one message was sent
+    retry = call("POST", "/channels/http_jobs/jobs", job, headers={"Idempotency-Key": "slow-1"})
+    assert retry.status == 202 and retry.json["job_id"] == first[0].json["job_id"]
+    assert len(drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))) == 1
+
+
+def test_throttled_sqs_after_the_claim_is_429_without_a_message_and_the_retry_sends_it(
+        serve: Callable[..., LocalApi], clients: ClientFactory, settings: Settings) -> None:
+    api = serve(retry_budget_seconds=1.0)
+    job = {"body": {"n": 1}}
+    # Given SQS throttles every SendMessage (after the idempotency and dedup claims are made)
+    with injected(clients, "before-send.sqs.SendMessage", Throttle(1.0, {"SendMessage"})):
+        refused = _call(api.url, "POST", "/channels/http_jobs/jobs", job,
+                        headers={"Idempotency-Key": "t-1"})
+    # Then the answer is 429 with Retry-After, and nothing is in the queue
+    assert refused.status == 429, refused.raw
+    assert int(refused.headers["Retry-After"]) > 0
+    sqs = clients.client("sqs")
+    assert drain(sqs, _queue(clients, settings, "http_jobs")) == []
+    # When the client retries with the same key once SQS recovers: accepted and sent, once
+    accepted = _call(api.url, "POST", "/channels/http_jobs/jobs", job,
+                     headers={"Idempotency-Key": "t-1"})
+    assert accepted.status == 202, accepted.raw
+    held = drain(sqs, _queue(clients, settings, "http_jobs"))
+    assert [decode(m).message_id for m in held] == [accepted.json["job_id"]]
+
+
+def test_a_5_mb_body_is_offloaded_to_s3_and_consumed_intact(
+        call: Call, running: Any) -> None:  # noqa: F811
+    text = "x" * (5 * 1024 * 1024)
+    reply = call("POST", "/channels/http_jobs/jobs", {"body": {"blob": text}})
+    assert reply.status == 202, reply.raw[:300]
+    run = running(HttpJobsConsumer)
+    (message,) = wait_until(lambda: run.consumer.handled, timeout=60)
+    assert message.body == {"blob": text} and message.message_id == reply.json["job_id"]
+
+
+BAD_INPUTS = [
+    # (what, path, request, status, words the one error line holds)
+    ("malformed JSON", "/channels/http_jobs/jobs", {"raw": b'{"body": '}, 400,
+     ["not valid JSON"]),
+    ("no body field", "/channels/http_jobs/jobs", {"body": {"priority": "high"}}, 400,
+     ["body", "Field required"]),
+    ("max_attempts of the wrong type", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "max_attempts": "3"}}, 400, ["max_attempts", "integer"]),
+    ("max_attempts out of range", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "max_attempts": 0}}, 400, ["max_attempts", "greater than or equal"]),
+    ("an unknown field", "/channels/http_jobs/jobs", {"body": {"body": 1, "prio": "x"}}, 400,
+     ["prio", "unknown field", "priority"]),
+    ("not an object", "/channels/http_jobs/jobs", {"body": [1, 2]}, 400, ["object"]),
+    ("unknown channel", "/channels/nowhere/jobs", {"body": {"body": 1}}, 404,
+     ["nowhere", "http_jobs"]),
+    ("unknown priority", "/channels/http_levels/jobs", {"body": {"body": 1, "priority": "top"}},
+     400, ["priority", "top", "high, default, low"]),
+    ("a priority on a channel without levels", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "priority": "high"}}, 400, ["priority", "declares no priorities"]),
+    ("a per-job delay", "/channels/http_jobs/jobs", {"body": {"body": 1, "delay_seconds": 5}},
+     400, ["delay_seconds"]),
+    ("oversized", "/channels/http_jobs/jobs",
+     {"raw": b'{"body": "' + b"x" * MAX_REQUEST_BYTES + b'"}'}, 413, [str(MAX_REQUEST_BYTES)]),
+    ("wrong content type", "/channels/http_jobs/jobs",
+     {"raw": b"body=1", "headers": {"Content-Type": "application/x-www-form-urlencoded"}}, 415,
+     ["Content-Type", "application/json"]),
+    ("a batch of 11", "/channels/http_jobs/jobs/batch",
+     {"body": {"jobs": [{"body": i} for i in range(MAX_BATCH_JOBS + 1)]}}, 400,
+     ["jobs", "at most 10"]),
+    ("an empty Idempotency-Key", "/channels/http_jobs/jobs",
+     {"body": {"body": 1}, "headers": {"Idempotency-Key": ""}}, 400, ["Idempotency-Key"]),
+]
+
+
+@pytest.mark.parametrize(("what", "path", "request_", "status", "words"), BAD_INPUTS,
+                         ids=[case[0] for case in BAD_INPUTS])
+def test_every_bad_input_gets_its_status_and_one_clear_message(
+        call: Call, clients: ClientFactory, settings: Settings, what: str, path: str,
+        request_: dict[str, Any], status: int, words: list[str]) -> None:
+    reply = call("POST", path, request_.get("body"), raw=request_.get("raw"),
+                 headers=request_.get("headers"))
+    assert reply.status == status, reply.raw[:500]
+    message = reply.json["error"]
+    assert isinstance(message, str) and "\n" not in message
+    for word in words:
+        assert word in message, message
+    # And nothing was sent
+    sqs = clients.client("sqs")
+    names = sqs.list_queues(QueueNamePrefix=settings.namespace).get("QueueUrls", [])
+    assert all(drain(sqs, url) == [] for url in names)
+
+
+def test_the_local_api_answers_within_api_gateways_timeout(call: Call) -> None:
+    started = time.monotonic()
+    assert call("POST", "/channels/http_jobs/jobs", {"body": 1}).status == 202
+    assert time.monotonic() - started < 29
