@@ -367,8 +367,9 @@ class DeadLetterWorkbench:
                 if not named:
                     missing.append(letter_id)
                 elif len(named) > 1:
+                    sqs_ids = ", ".join(sorted(m["MessageId"] for m, _ in named))
                     ambiguous.append(f"{letter_id!r} names {len(named)} dead letters (SQS "
-                                     f"MessageIds {', '.join(m['MessageId'] for m, _ in named)})")
+                                     f"MessageIds {sqs_ids})")
                 else:
                     chosen[named[0][0]["MessageId"]] = named[0]
             if missing:
