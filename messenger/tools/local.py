@@ -49,7 +49,8 @@ class LocalEndpoint:
     a request costs the same whatever a queue's depth), GetResources by ARN is answered in
     one page as AWS does (messenger.tools.moto_tagging), and SQS and SNS publish their
     CloudWatch metrics as on AWS (messenger.tools.moto_metrics); all patch moto in this
-    process."""
+    process. Due one-time EventBridge Scheduler schedules fire through their targets
+    (messenger.tools.scheduler_fire), which moto alone never does."""
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, stock_moto: bool = False) -> None:
         import logging
@@ -71,14 +72,20 @@ class LocalEndpoint:
             cache_module_list()
         self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
         self.url = ""
+        self.firer: Any = None
 
     def start(self) -> LocalEndpoint:
+        from messenger.tools.scheduler_fire import ScheduleFirer, local_clients
+
         self._server.start()
         host, port = self._server.get_host_and_port()
         self.url = f"http://{host}:{port}"
+        self.firer = ScheduleFirer(local_clients(self.url)).start()
         return self
 
     def stop(self) -> None:
+        if self.firer is not None:
+            self.firer.stop()
         self._server.stop()
 
     def env(self) -> dict[str, str]:
@@ -197,7 +204,8 @@ def serve_forever(host: str, port: int, stock_moto: bool = False) -> int:
     sqs = "indexed (messenger.tools.moto_sqs)" if endpoint.sqs_indexed else "stock moto"
     metrics = ("SQS and SNS publish their CloudWatch metrics every minute"
                if endpoint.metrics_published else "no SQS/SNS CloudWatch metrics")
-    print(f"SQS: {sqs}; {metrics}. Ctrl-C stops it.", flush=True)
+    print(f"SQS: {sqs}; {metrics}; due Scheduler schedules fire. Ctrl-C stops it.",
+          flush=True)
     stop.wait()
     endpoint.stop()
     print("stopped.", flush=True)

@@ -1,0 +1,213 @@
+"""Scheduled jobs on the local endpoint: DelaySeconds, one-time schedules fired by the endpoint's
+scheduler (messenger.tools.scheduler_fire), cancellation, retried firings, the schedule DLQ."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from typing import ClassVar
+
+import pytest
+from pydantic import BaseModel
+
+from messenger import Producer
+from messenger.channel import schedule_dlq_name, schedule_group_name
+from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
+from messenger.jobs.schedules import schedule_name
+from messenger.jobs.status import StatusEvent, StatusStore
+from messenger.offload import EXTENDED_SIZE_ATTRIBUTE
+from messenger.schema import SCHEMA_VERSION_ATTRIBUTE
+from messenger.tools.scheduler_fire import ScheduleFirer, invoke_target, local_clients
+from tests.integration.helpers import decode, drain, queue_url
+
+
+class Report(BaseModel):
+    schema_version: ClassVar[str] = "2"
+    report_id: str
+    amount: Decimal
+    notes: str = ""
+
+
+class ReportJobs(Producer):
+    """Typed, prioritized, ordered, tracked; bodies above 100 bytes go to S3."""
+
+    channel = "reports"
+    ordered = True
+    priorities = ("high", "low")
+    model = Report
+    offload_threshold = 100
+    track_status = True
+
+
+class Nightly(Producer):
+    channel = "nightly"
+
+
+class OrderedNightly(Producer):
+    channel = "nightly"
+    ordered = True
+
+
+def _wait_for(sqs, url: str, timeout: float = 20.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = drain(sqs, url)
+        if got:
+            return got
+        time.sleep(0.3)
+    return []
+
+
+def _schedules(clients, settings) -> list[str]:
+    scheduler = clients.client("scheduler")
+    try:
+        pages = scheduler.get_paginator("list_schedules").paginate(
+            GroupName=schedule_group_name(settings.namespace))
+        return [s["Name"] for page in pages for s in page["Schedules"]]
+    except scheduler.exceptions.ResourceNotFoundException:
+        return []
+
+
+def test_a_scheduled_job_fires_once_with_every_attribute_intact(settings, clients):
+    # Given a typed, prioritized, offloaded push on an ordered channel (any `at` is a schedule)
+    producer = ReportJobs(settings=settings, clients=clients)
+    body = {"report_id": "r-1", "amount": "12.50", "notes": "x" * 300}
+    job_id = producer.push(body, routing_key="REPORT.DAILY", priority="high", max_attempts=2,
+                           meta_headers={"locale": "de_DE"}, delay=timedelta(seconds=6))
+    producer.status.close()
+    name = schedule_name("reports", job_id)
+    assert _schedules(clients, settings) == [name]
+    schedule = clients.client("scheduler").get_schedule(
+        Name=name, GroupName=schedule_group_name(settings.namespace))
+    assert schedule["ActionAfterCompletion"] == "DELETE"
+    assert schedule["Target"]["Arn"] == "arn:aws:scheduler:::aws-sdk:sqs:sendMessage"
+    assert schedule["Target"]["DeadLetterConfig"]["Arn"].endswith(
+        schedule_dlq_name(settings.namespace))
+
+    # When the endpoint's scheduler fires it (about a second after it is due)
+    sqs = clients.client("sqs")
+    high = queue_url(sqs, f"{settings.namespace}-reports-high.fifo")
+    received = _wait_for(sqs, high)
+
+    # Then exactly one message arrived, on the level's queue, with every attribute of the push
+    assert len(received) == 1
+    raw = received[0]
+    attributes = raw["MessageAttributes"]
+    assert attributes["message_id"]["StringValue"] == job_id
+    assert attributes[SCHEMA_VERSION_ATTRIBUTE]["StringValue"] == "2"
+    assert EXTENDED_SIZE_ATTRIBUTE in attributes
+    assert attributes["max_attempts"]["StringValue"] == "2"
+    assert attributes["routing_key"]["StringValue"] == "REPORT.DAILY"
+    assert json.loads(attributes["meta_headers"]["StringValue"]) == {"locale": "de_DE"}
+    assert raw["Attributes"]["MessageGroupId"] == "reports"
+    message = decode(raw, clients.client("s3"))
+    assert message.body == {"report_id": "r-1", "amount": "12.50", "notes": "x" * 300}
+    assert message.message_id == job_id
+    # And the schedule deleted itself
+    assert _schedules(clients, settings) == []
+    # And the status timeline starts SCHEDULED, with the due time
+    timeline = StatusStore(clients, settings).timeline(job_id)
+    assert timeline[0].event is StatusEvent.SCHEDULED
+    assert timeline[0].due_at is not None and timeline[0].due_at >= timeline[0].at + 1
+
+
+def test_within_15_minutes_a_standard_channel_uses_delay_seconds(settings, clients):
+    producer = Nightly(settings=settings, clients=clients)
+    job_id = producer.push({"n": 1}, delay=2)
+    sqs = clients.client("sqs")
+    url = queue_url(sqs, f"{settings.namespace}-nightly")
+    # No schedule: SQS hides the message for 2 seconds itself
+    assert _schedules(clients, settings) == []
+    assert drain(sqs, url) == []
+    received = _wait_for(sqs, url, timeout=10)
+    assert [m["MessageAttributes"]["message_id"]["StringValue"] for m in received] == [job_id]
+
+
+def test_beyond_15_minutes_a_standard_channel_schedules_the_job(settings, clients, endpoint):
+    # Given a job due in two hours
+    producer = Nightly(settings=settings, clients=clients)
+    at = datetime.now(timezone.utc) + timedelta(hours=2)
+    job_id = producer.push({"n": 2}, at=at)
+    assert _schedules(clients, settings) == [schedule_name("nightly", job_id)]
+    sqs = clients.client("sqs")
+    url = queue_url(sqs, f"{settings.namespace}-nightly")
+
+    # When a scheduler whose clock says it is due makes a pass (the endpoint's loop, moved on)
+    firer = ScheduleFirer(local_clients(endpoint), clock=lambda: at.timestamp() + 1)
+    assert firer.run_once() == 1
+
+    # Then the job arrives once and its schedule is gone
+    received = drain(sqs, url)
+    assert [m["MessageAttributes"]["message_id"]["StringValue"] for m in received] == [job_id]
+    assert _schedules(clients, settings) == []
+    assert firer.run_once() == 0
+
+
+def test_a_cancelled_job_never_fires(settings, clients):
+    producer = OrderedNightly(settings=settings, clients=clients)
+    job_id = producer.push({"n": 3}, delay=timedelta(seconds=2))
+    store = ScheduleStore(clients, settings)
+    assert [job.job_id for job in store.list("nightly")] == [job_id]
+
+    cancelled = store.cancel(job_id)
+
+    assert cancelled.job_id == job_id
+    time.sleep(3.5)  # past its due time and the endpoint's next passes
+    sqs = clients.client("sqs")
+    assert drain(sqs, queue_url(sqs, f"{settings.namespace}-nightly.fifo")) == []
+    with pytest.raises(ScheduleNotFound, match="unknown, already fired or already cancelled"):
+        store.cancel(job_id)
+
+
+def test_a_firing_retried_twice_is_one_job(settings, clients, endpoint):
+    # Given a job scheduled an hour out on an ordered channel, and one on a standard channel
+    ordered_id = OrderedNightly(settings=settings, clients=clients).push(
+        {"n": 4}, delay=timedelta(hours=1))
+    standard_id = Nightly(settings=settings, clients=clients).push(
+        {"n": 5}, delay=timedelta(hours=1))
+    scheduler = clients.client("scheduler")
+    group = schedule_group_name(settings.namespace)
+    client_for = local_clients(endpoint)
+
+    # When Scheduler's at-least-once delivery invokes each target twice (a retried firing)
+    for channel, job_id in (("nightly", ordered_id), ("nightly", standard_id)):
+        schedule = scheduler.get_schedule(Name=schedule_name(channel, job_id), GroupName=group)
+        due = datetime.now(timezone.utc)
+        for attempt in (1, 2):
+            invoke_target(client_for, schedule["Target"], schedule["Arn"], due, attempt)
+
+    # Then the ordered channel holds one job (SQS drops the repeated deduplication id) and the
+    # standard channel's two deliveries are one job id, which idempotent consumers run once
+    sqs = clients.client("sqs")
+    ordered = drain(sqs, queue_url(sqs, f"{settings.namespace}-nightly.fifo"))
+    assert [m["MessageAttributes"]["message_id"]["StringValue"] for m in ordered] == [ordered_id]
+    standard = drain(sqs, queue_url(sqs, f"{settings.namespace}-nightly"))
+    assert {m["MessageAttributes"]["message_id"]["StringValue"] for m in standard} == {
+        standard_id}
+
+
+def test_a_firing_that_keeps_failing_goes_to_the_schedule_dlq(settings, clients, endpoint):
+    # Given a scheduled job whose queue is deleted before it is due
+    producer = Nightly(settings=settings, clients=clients)
+    at = datetime.now(timezone.utc) + timedelta(hours=1)
+    job_id = producer.push({"n": 6}, at=at)
+    sqs = clients.client("sqs")
+    sqs.delete_queue(QueueUrl=queue_url(sqs, f"{settings.namespace}-nightly"))
+    now = [at.timestamp() + 1]
+    firer = ScheduleFirer(local_clients(endpoint), clock=lambda: now[0])
+
+    # When the scheduler tries past its retry policy (20 retries, backoff capped at a minute)
+    for _ in range(25):
+        firer.run_once()
+        now[0] += 61
+
+    # Then the request is in the schedule DLQ with the error, and the schedule is gone
+    dead = drain(sqs, queue_url(sqs, schedule_dlq_name(settings.namespace)))
+    assert len(dead) == 1
+    assert dead[0]["MessageAttributes"]["ERROR_CODE"]["StringValue"].endswith(
+        "NonExistentQueue")
+    request = json.loads(dead[0]["Body"])
+    assert request["MessageAttributes"]["message_id"]["StringValue"] == job_id
+    assert _schedules(clients, settings) == []
