@@ -175,7 +175,8 @@ EVENT_LOGGER = logging.getLogger("messenger.consumer.events")
 #: Events logged above INFO; every other event is INFO.
 _EVENT_LEVELS = {
     **dict.fromkeys(("failed", "timed_out", "dead_lettered", "hook_failed", "delete_failed",
-                     "heartbeat_failed", "lease_lapsed", "fatal"), logging.ERROR),
+                     "heartbeat_failed", "lease_lapsed", "fatal", "idempotency_record_failed"),
+                    logging.ERROR),
     **dict.fromkeys(("retried", "delayed", "released", "stalled", "shutdown_incomplete"),
                     logging.WARNING),
 }

@@ -174,3 +174,51 @@ def test_a_delivery_whose_key_runs_elsewhere_goes_back_to_the_queue_not_failed(
     assert run.consumer.handled == []
     assert not run.consumer.named("failed") and not run.consumer.named("dead_lettered")
     assert not _queue_empty(run)
+
+
+class QuickOrders(ByOrder):
+    """ByOrder with a 2 s processing timeout: shorter than the 5 s retry budget of the tests'
+    settings, within which the idempotency store's calls retry a throttled answer."""
+
+    channel = "idem_quick"
+    processing_timeout = 2
+
+
+def test_a_throttled_claim_is_retried_later_never_dead_lettered_as_a_timeout(
+        running, settings, clients):  # noqa: F811
+    from tests.faults import Throttle, injected
+
+    # Given an idempotent consumer whose DynamoDB PutItem (the claim) is throttled every time
+    throttle = Throttle(1.0, {"PutItem"})
+    with injected(clients, "before-send.dynamodb.PutItem", throttle):
+        run = running(QuickOrders, retry_delay=30)
+        producer_for(settings, "idem_quick").push({"order": "T-1"})
+        # When its claim spends the whole retry budget (5 s, past the 2 s processing timeout)
+        retried = wait_until(lambda: run.consumer.named("retried"), timeout=30)
+    # Then the message waits for its retry: not dead-lettered, not failed, handler not run
+    assert throttle.injected > 1
+    assert "StoreUnavailable" in retried[0].fields["error"]
+    assert not run.consumer.named("timed_out") and not run.consumer.named("dead_lettered")
+    assert not run.consumer.named("failed") and run.consumer.handled == []
+    assert not _queue_empty(run)
+
+
+def test_a_throttled_completion_record_deletes_the_message_all_the_same(
+        running, settings, clients):  # noqa: F811
+    from tests.faults import Throttle, injected
+
+    # Given an idempotent consumer whose DynamoDB UpdateItem (the COMPLETED record) is throttled
+    throttle = Throttle(1.0, {"UpdateItem"})
+    with injected(clients, "before-send.dynamodb.UpdateItem", throttle):
+        run = running(QuickOrders)
+        producer_for(settings, "idem_quick").push({"order": "T-2"})
+        # When the handler completed and the record cannot be written within the budget
+        completed = wait_until(lambda: run.consumer.named("completed"), timeout=30)
+    # Then it is reported, and the message is deleted as completed: the handler ran once and
+    # no requeue can run it again
+    [failed] = run.consumer.named("idempotency_record_failed")
+    assert failed.fields["completed"] is True and throttle.injected > 1
+    assert completed and not run.consumer.named("timed_out")
+    assert not run.consumer.named("dead_lettered")
+    wait_until(lambda: _queue_empty(run), timeout=15)
+    assert [m.body for m in run.consumer.handled] == [{"order": "T-2"}]
