@@ -30,10 +30,10 @@ from messenger.message import (  # noqa: E402
     DEAD_LETTER_REASON_ATTRIBUTE,
     Message,
 )
+from messenger.operations.deadletters import DeadLetterWorkbench  # noqa: E402
 from messenger.produce.producer import Producer, PushItem  # noqa: E402
 from messenger.provision import Provisioner  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
-from messenger.operations.deadletters import DeadLetterWorkbench  # noqa: E402
 from messenger.tools.local import endpoint_from_env  # noqa: E402
 
 DEPTH = int(os.environ.get("BENCH_DLQ_DEPTH", "10000"))

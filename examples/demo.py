@@ -27,12 +27,12 @@ from examples.wishlist import OrderReceiptsProducer, OrdersProducer, WishlistEve
 from messenger.aws import ClientFactory
 from messenger.channel import ChannelSpec, ChannelTags
 from messenger.message import DEAD_LETTER_FAILURE_ATTRIBUTE
+from messenger.operations.requeue import Requeuer
 from messenger.ops.report import render_text
 from messenger.produce.producer import Producer, PushItem
 from messenger.provision import Provisioner
 from messenger.settings import Settings
 from messenger.tools.local import start_local_process
-from messenger.operations.requeue import Requeuer
 from messenger.tools.webhook_sink import WebhookSink
 
 console = Console()

@@ -17,9 +17,9 @@ from messenger.message import (
     Message,
 )
 from messenger.offload import PayloadStore, pointer_attributes
+from messenger.operations.deadletters import REDRIVE_REASON, DeadLetterWorkbench
 from messenger.provision import Provisioner
 from messenger.tools import cli
-from messenger.operations.deadletters import REDRIVE_REASON, DeadLetterWorkbench
 from tests.integration import test_consumer_runtime
 from tests.integration.helpers import decode, drain
 

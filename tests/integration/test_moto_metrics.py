@@ -107,8 +107,8 @@ def test_other_moto_versions_publish_nothing(monkeypatch, caplog):
 def test_messenger_top_shows_rates_from_the_published_metrics(settings, clients):
     # Given a channel sent 10 messages, 4 of them received, nothing written to CloudWatch
     from messenger import ChannelSpec
-    from messenger.provision import Provisioner
     from messenger.operations.snapshot import snapshot
+    from messenger.provision import Provisioner
 
     channel = Provisioner(clients, settings).ensure_channel(
         ChannelSpec("rates", namespace=settings.namespace))

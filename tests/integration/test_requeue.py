@@ -12,9 +12,9 @@ import pytest
 from messenger import ChannelSpec, MessageFilter, PublishFailed
 from messenger.message import DEAD_LETTER_REASON_ATTRIBUTE, Message
 from messenger.offload import PayloadStore, pointer_attributes
+from messenger.operations.requeue import Requeuer, SubscriberTypes
 from messenger.produce.producer import Producer, PushItem
 from messenger.provision import Provisioner
-from messenger.operations.requeue import Requeuer, SubscriberTypes
 from tests.faults import Throttle
 from tests.integration.helpers import decode, drain, queue_url
 

@@ -9,9 +9,9 @@ import sys
 
 from messenger import ChannelSpec
 from messenger.message import Message
+from messenger.operations.requeue import Requeuer
 from messenger.provision import Provisioner
 from messenger.tools import cli
-from messenger.operations.requeue import Requeuer
 from messenger.tools.top import requeue_channel
 from tests.integration.helpers import decode, drain
 

@@ -73,8 +73,8 @@ def test_status_cli_prints_the_timeline(settings, clients, local_endpoint):
 
 
 def test_requeue_records_requeued_when_tracking_is_on(settings, clients):
-    from messenger.provision import Provisioner
     from messenger.operations.requeue import Requeuer
+    from messenger.provision import Provisioner
     from tests.integration.helpers import drain
 
     resources = Provisioner(clients, settings).ensure_channel(

@@ -10,9 +10,9 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 from messenger import ChannelSpec, ChannelTags, MessageFilter, Producer
+from messenger.operations.snapshot import snapshot
 from messenger.provision import Provisioner
 from messenger.tools import cli
-from messenger.operations.snapshot import snapshot
 from messenger.tools.top import requeue_channel
 
 

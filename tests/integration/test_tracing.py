@@ -19,8 +19,8 @@ from messenger import MultiProducer, Producer, PushItem, ReceivedMessage
 from messenger.channel import SQS_MAX_MESSAGE_ATTRIBUTES
 from messenger.message import META_HEADERS_ATTRIBUTE
 from messenger.offload import OffloadPointer
-from messenger.provision import Provisioner
 from messenger.operations.requeue import Requeuer
+from messenger.provision import Provisioner
 from tests.integration.consumer_apps.apps import CHANNEL
 from tests.integration.helpers import drain
 from tests.integration.test_consumer_process import start  # noqa: F401 - the fixture

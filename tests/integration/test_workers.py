@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from messenger.jobs.workers import WorkerRegistry, ecs_task_arn, list_workers
-from messenger.tools import cli
 from messenger.operations.snapshot import snapshot
+from messenger.tools import cli
 from tests.integration.consumer_apps.apps import CHANNEL
 from tests.integration.test_consumer_process import start  # noqa: F401 - the fixture
 

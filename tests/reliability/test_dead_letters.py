@@ -11,8 +11,8 @@ import pytest
 
 from messenger.channel import physical_name
 from messenger.message import DEAD_LETTER_FAILURE_ATTRIBUTE, DEAD_LETTER_REASON_ATTRIBUTE
-from messenger.provision import Provisioner
 from messenger.operations.requeue import Requeuer
+from messenger.provision import Provisioner
 from tests.reliability.apps import CHANNEL, TimeoutLedgerConsumer
 from tests.reliability.conftest import drain_all, message_id_of
 

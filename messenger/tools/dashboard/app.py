@@ -1,6 +1,7 @@
 """The dashboard's web app, a view over the library's public names: pages read through the
 queue snapshot, the worker registry, the dead-letter workbench and the status store
-(`messenger.operations`, `messenger.jobs`); actions go through the workbench and the Requeuer, so they keep the CLI's never-lose rule (a message leaves a DLQ only after its queue
+(`messenger.operations`, `messenger.jobs`); actions go through the workbench and the
+Requeuer, so they keep the CLI's never-lose rule (a message leaves a DLQ only after its queue
 accepted it).
 
 Safety (docs/dashboard.md): every request's Host header must be `127.0.0.1:<port>` or
@@ -37,9 +38,9 @@ from messenger.aws import ClientFactory
 from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSettings, MessengerError
 from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import list_workers
-from messenger.settings import Settings
 from messenger.operations.deadletters import DeadLetterWorkbench
 from messenger.operations.snapshot import channel_dlq_rows, requeue_rows, snapshot
+from messenger.settings import Settings
 from messenger.tools.format import duration_text
 
 HERE = Path(__file__).parent
