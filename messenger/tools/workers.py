@@ -20,13 +20,7 @@ from typing import Any
 from messenger.aws import ClientFactory
 from messenger.jobs.workers import WorkerEntry, list_workers
 from messenger.settings import Settings
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
+from messenger.tools.format import duration_text
 
 
 def render(entries: list[WorkerEntry], now: float | None = None) -> str:
@@ -41,7 +35,7 @@ def render(entries: list[WorkerEntry], now: float | None = None) -> str:
         state = "LOST" if entry.lost(now) else entry.state
         lines.append(
             f"{entry.channel[:20]:<20} {entry.worker_id[-22:]:<22} {state[:10]:<10} "
-            f"{_duration(max(0.0, now - entry.last_seen)):>5} {entry.in_flight:>4} "
+            f"{duration_text(max(0.0, now - entry.last_seen)):>5} {entry.in_flight:>4} "
             f"{entry.processed:>6} {entry.failed:>6}"
         )
     lost = sum(1 for entry in entries if entry.lost(now))
