@@ -70,3 +70,18 @@ class TimeoutLedgerConsumer(LedgerConsumer):
     """LedgerConsumer with a 1 s processing timeout: {"sleep": 2.5} is dead-lettered."""
 
     processing_timeout = 1
+
+
+class AttemptsConsumer(LedgerConsumer):
+    """Appends each run's start to $RELIABILITY_ATTEMPTS before anything else. Body:
+    {"fail_first": n} fails the first n receives; {"sleep": s} then sleeps s seconds (a run to
+    kill in the middle)."""
+
+    def handler(self, message: ReceivedMessage) -> None:
+        append_line("RELIABILITY_ATTEMPTS", json.dumps(
+            {"message_id": message.message_id, "receive_count": message.receive_count}))
+        body = message.body if isinstance(message.body, dict) else {}
+        if message.receive_count <= int(body.get("fail_first", 0)):
+            raise ValueError("a failing attempt")
+        time.sleep(float(body.get("sleep", 0)))
+        append_line("RELIABILITY_LEDGER", message.message_id)
