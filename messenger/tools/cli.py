@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_adopt(commands)
 
+    from messenger.tools.schedules import add_parser as add_schedules
+
+    add_schedules(commands)
+
     status = commands.add_parser("status", help="print a message's lifecycle timeline")
     status.add_argument("message_id", help="the id push() returned")
     status.set_defaults(run=_status)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import ClassVar
 
@@ -128,7 +128,7 @@ def test_within_15_minutes_a_standard_channel_uses_delay_seconds(settings, clien
 def test_beyond_15_minutes_a_standard_channel_schedules_the_job(settings, clients, endpoint):
     # Given a job due in two hours
     producer = Nightly(settings=settings, clients=clients)
-    at = datetime.now(timezone.utc) + timedelta(hours=2)
+    at = datetime.now(UTC) + timedelta(hours=2)
     job_id = producer.push({"n": 2}, at=at)
     assert _schedules(clients, settings) == [schedule_name("nightly", job_id)]
     sqs = clients.client("sqs")
@@ -174,7 +174,7 @@ def test_a_firing_retried_twice_is_one_job(settings, clients, endpoint):
     # When Scheduler's at-least-once delivery invokes each target twice (a retried firing)
     for channel, job_id in (("nightly", ordered_id), ("nightly", standard_id)):
         schedule = scheduler.get_schedule(Name=schedule_name(channel, job_id), GroupName=group)
-        due = datetime.now(timezone.utc)
+        due = datetime.now(UTC)
         for attempt in (1, 2):
             invoke_target(client_for, schedule["Target"], schedule["Arn"], due, attempt)
 
@@ -191,7 +191,7 @@ def test_a_firing_retried_twice_is_one_job(settings, clients, endpoint):
 def test_a_firing_that_keeps_failing_goes_to_the_schedule_dlq(settings, clients, endpoint):
     # Given a scheduled job whose queue is deleted before it is due
     producer = Nightly(settings=settings, clients=clients)
-    at = datetime.now(timezone.utc) + timedelta(hours=1)
+    at = datetime.now(UTC) + timedelta(hours=1)
     job_id = producer.push({"n": 6}, at=at)
     sqs = clients.client("sqs")
     sqs.delete_queue(QueueUrl=queue_url(sqs, f"{settings.namespace}-nightly"))
@@ -211,3 +211,40 @@ def test_a_firing_that_keeps_failing_goes_to_the_schedule_dlq(settings, clients,
     request = json.loads(dead[0]["Body"])
     assert request["MessageAttributes"]["message_id"]["StringValue"] == job_id
     assert _schedules(clients, settings) == []
+
+
+def _cli(local_endpoint, settings, *args: str):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **local_endpoint.env(), "MESSENGER_NAMESPACE": settings.namespace}
+    return subprocess.run([sys.executable, "-m", "messenger", "schedules", *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_schedules_cli_lists_and_cancels(settings, clients, local_endpoint):
+    # Given two jobs on a channel, due in one and two hours
+    producer = Nightly(settings=settings, clients=clients)
+    later = producer.push({"n": 7}, delay=timedelta(hours=2))
+    sooner = producer.push({"n": 8}, delay=timedelta(hours=1))
+
+    listed = _cli(local_endpoint, settings, "list", "nightly")
+    assert listed.returncode == 0, listed.stderr
+    rows = listed.stdout.splitlines()
+    assert rows[1].startswith(sooner) and rows[2].startswith(later)
+    assert "in 59m" in rows[1] or "in 1h" in rows[1]
+    assert rows[-1] == "2 scheduled job(s) on nightly"
+
+    cancelled = _cli(local_endpoint, settings, "cancel", sooner)
+    assert cancelled.returncode == 0 and f"cancelled scheduled job {sooner}" in cancelled.stdout
+    # Then cancelling again, or an id never scheduled, exits 2 with one clear line
+    again = _cli(local_endpoint, settings, "cancel", sooner)
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines() == [
+        f"messenger: no scheduled job {sooner!r} in schedule group "
+        f"'{settings.namespace}-messenger': unknown, already fired or already cancelled"]
+    unknown = _cli(local_endpoint, settings, "cancel", "nope", "--channel", "nightly")
+    assert unknown.returncode == 2 and "'nope'" in unknown.stderr
+    assert json.loads(_cli(local_endpoint, settings, "list", "nightly", "--json").stdout)[0][
+        "job_id"] == later

@@ -1,9 +1,9 @@
-"""Scheduled jobs without AWS: routing, schedule names, expressions, recurring jobs, offload expiry."""
+"""Scheduled jobs without AWS: routing, names, expressions, recurring jobs, offload expiry."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -27,7 +27,7 @@ from messenger.message import EncodedMessage
 from messenger.produce.scheduled import check_offload_horizon, offload_deadline
 from messenger.tools.scheduler_fire import context_input
 
-NOW = datetime(2026, 11, 24, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 24, 12, 0, 0, tzinfo=UTC)
 
 
 def plan(at=None, delay=None, ordered=False, fanout=False):
@@ -121,11 +121,11 @@ def test_a_recurring_job_id_derives_from_the_scheduled_time():
     assert request["MessageDeduplicationId"] == nightly.job_id
     # Given Scheduler fills the time in, two firings are two jobs and a retry is the same one
     first = context_input(nightly.input("sqs", "q", ordered=False), "arn",
-                          datetime(2026, 11, 25, 2, 0, tzinfo=timezone.utc), 1)
+                          datetime(2026, 11, 25, 2, 0, tzinfo=UTC), 1)
     retry = context_input(nightly.input("sqs", "q", ordered=False), "arn",
-                          datetime(2026, 11, 25, 2, 0, tzinfo=timezone.utc), 2)
+                          datetime(2026, 11, 25, 2, 0, tzinfo=UTC), 2)
     second = context_input(nightly.input("sqs", "q", ordered=False), "arn",
-                           datetime(2026, 11, 26, 2, 0, tzinfo=timezone.utc), 1)
+                           datetime(2026, 11, 26, 2, 0, tzinfo=UTC), 1)
     ids = [json.loads(r)["MessageAttributes"]["message_id"]["StringValue"]
            for r in (first, retry, second)]
     assert ids[0] == ids[1] == "nightly-report@2026-11-25T02:00:00Z" != ids[2]
@@ -133,7 +133,7 @@ def test_a_recurring_job_id_derives_from_the_scheduled_time():
 
 # -- expressions ---------------------------------------------------------------------------------
 def test_at_expressions_round_trip_in_utc():
-    due = datetime(2026, 12, 1, 8, 0, 5, tzinfo=timezone.utc)
+    due = datetime(2026, 12, 1, 8, 0, 5, tzinfo=UTC)
     assert at_expression(due) == "at(2026-12-01T08:00:05)"
     assert parse_at(at_expression(due)) == due
     assert parse_at("at(2026-12-01T09:00:05)", "Europe/Berlin") == due
