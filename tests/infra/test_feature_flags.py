@@ -1,6 +1,6 @@
 """The platform as a team app composes it synthesizes under CDK's default feature flags, not only
-under this repository's `cdk.json`: the same stacks, cdk-nag clean, in both (one in-process
-synth of each per session)."""
+under this repository's `cdk.json`, and under the flags `cdk init` gives a new app: the same
+stacks and resources, cdk-nag clean, in each (one in-process synth of each per session)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 CDK_JSON_FLAGS = {key: value
                   for key, value in json.loads((REPO / "cdk.json").read_text())["context"].items()
                   if not key.startswith("messenger:")}
-VARIANTS = {"no feature flags": {}, "cdk.json's feature flags": CDK_JSON_FLAGS}
+#: What `cdk init` writes into a new app's cdk.json, from the pinned CLI (package.json).
+CDK_INIT_FLAGS = REPO / "node_modules" / "aws-cdk" / "lib" / "init-templates" / \
+    ".recommended-feature-flags.json"
+VARIANTS = ["no feature flags", "cdk.json's feature flags", "cdk init's feature flags"]
 NAMESPACE = "flags"
 
 
@@ -54,10 +57,18 @@ def _synthesize(outdir: Path, context: dict[str, Any]) -> Synthesized:
                        violations)
 
 
+def _contexts() -> dict[str, dict[str, Any]]:
+    if not CDK_INIT_FLAGS.is_file():
+        pytest.fail(f"{CDK_INIT_FLAGS} is missing: run `npm install`, or find where the CLI "
+                    f"keeps the flags `cdk init` writes now")
+    init_flags = json.loads(CDK_INIT_FLAGS.read_text())
+    return dict(zip(VARIANTS, [{}, CDK_JSON_FLAGS, init_flags], strict=True))
+
+
 @pytest.fixture(scope="session")
 def variants(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Synthesized]:
     return {name: _synthesize(tmp_path_factory.mktemp("flags"), context)
-            for name, context in VARIANTS.items()}
+            for name, context in _contexts().items()}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -105,12 +116,28 @@ def test_access_logs_are_delivered_by_bucket_policy_not_acl(
     assert logging_buckets == 2  # the offload bucket and the EMR pipeline's code bucket
 
 
-def test_the_flags_change_no_resource(variants: dict[str, Synthesized]) -> None:
-    # The cdk.json flags only write the same templates differently (partition literals,
-    # minimized policies): the same resources of the same types in every stack
-    resources = [
-        {stack: {k: r["Type"] for k, r in template["Resources"].items()}
-         for stack, template in (synthesized.templates or {}).items()}
-        for synthesized in variants.values()
-    ]
-    assert resources[0] and resources[0] == resources[1]
+#: Resources a variant's flags add to the app without flags: `cdk init`'s
+#: @aws-cdk/aws-ec2:restrictDefaultSecurityGroup strips the VPC's default security group's rules
+#: through a custom resource (its provider function and role).
+ADDED_BY_FLAGS = {
+    "cdk.json's feature flags": [],
+    "cdk init's feature flags": ["AWS::IAM::Role", "AWS::Lambda::Function",
+                                 "Custom::VpcRestrictDefaultSG"],
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS[1:])
+def test_the_flags_change_no_resource_of_ours(
+    variants: dict[str, Synthesized], variant: str
+) -> None:
+    # Every resource synthesized without flags is there with them, of the same type (the flags
+    # only write it differently: partition literals, minimized policies), and the flags add only
+    # what CDK adds for them
+    def resources(synthesized: Synthesized) -> dict[str, str]:
+        return {f"{stack}/{k}": r["Type"]
+                for stack, template in (synthesized.templates or {}).items()
+                for k, r in template["Resources"].items()}
+
+    without, given = resources(variants[VARIANTS[0]]), resources(variants[variant])
+    assert without and {k: given.get(k) for k in without} == without
+    assert sorted(given[k] for k in given.keys() - without.keys()) == ADDED_BY_FLAGS[variant]
