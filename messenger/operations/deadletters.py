@@ -357,13 +357,13 @@ class DeadLetterWorkbench:
         scan = _Scan()
         try:
             self._scan(scan, None, until_seen=wanted)
-            held = [(m, dlq) for dlq, messages in scan.held.items() for m in messages]
-            chosen: dict[str, tuple[dict[str, Any], str]] = {}  # by SQS MessageId
+            candidates = [(m, dlq) for dlq, messages in scan.held.items() for m in messages]
+            picked: dict[str, tuple[dict[str, Any], str]] = {}  # by SQS MessageId
             missing: list[str] = []
             ambiguous: list[str] = []
             for letter_id in sorted(wanted):
-                named = [(m, d) for m, d in held if m["MessageId"] == letter_id] or [
-                    (m, d) for m, d in held if _message_id(m) == letter_id]
+                named = [(m, d) for m, d in candidates if m["MessageId"] == letter_id] or [
+                    (m, d) for m, d in candidates if _message_id(m) == letter_id]
                 if not named:
                     missing.append(letter_id)
                 elif len(named) > 1:
@@ -371,7 +371,7 @@ class DeadLetterWorkbench:
                     ambiguous.append(f"{letter_id!r} names {len(named)} dead letters (SQS "
                                      f"MessageIds {sqs_ids})")
                 else:
-                    chosen[named[0][0]["MessageId"]] = named[0]
+                    picked[named[0][0]["MessageId"]] = named[0]
             if missing:
                 hint = f"; {scan.not_seen} message(s) could not be seen" if scan.not_seen else ""
                 raise DeadLetterNotFound(
@@ -383,7 +383,7 @@ class DeadLetterWorkbench:
                 raise AmbiguousDeadLetter(f"{'; '.join(ambiguous)}: name one by its SQS "
                                           f"MessageId; nothing changed")
             matches: dict[str, Received] = {}
-            for message, dlq in chosen.values():
+            for message, dlq in picked.values():
                 matches.setdefault(dlq, []).append(message)
             if act is not None:
                 for source in self.sources:
