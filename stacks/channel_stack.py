@@ -16,6 +16,7 @@ Channels of one exchange may live in different stacks; they share the exchange's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from stacks.channel import Channel, construct_id
 from stacks.consumer_image import ConsumerImage
 from stacks.consumer_service import ConsumerService
 from stacks.dashboard import ChannelDashboard
+from stacks.http_enqueue import HttpEnqueue
 from stacks.lambda_consumer import LambdaConsumer
 from stacks.platform_stack import PlatformStack
 
@@ -152,6 +154,14 @@ class ChannelStack(Stack):
         )
         self.lambda_consumers[channel.spec.name] = function
         return function
+
+    def add_http_enqueue(self, channels: Sequence[Channel], id: str = "HttpEnqueue",
+                         **options: Any) -> HttpEnqueue:
+        """An HTTP API that puts jobs on `channels` (stacks/http_enqueue.py): a Regional REST
+        API, IAM (SigV4) on every method unless `options` name a Cognito user pool or an
+        unauthenticated route. options: HttpEnqueue's (throttle_rate, usage_plan, ...)."""
+        return HttpEnqueue(self, id, channels=channels, foundation=self.platform.foundation,
+                           namespace=self.namespace, **options)
 
 
 
