@@ -20,10 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Environment, RemovalPolicy, Stack, Tags
+from aws_cdk import Duration, Environment, RemovalPolicy, Stack, Tags
 from constructs import Construct
 
 from messenger.channel import TAG_MANAGED, ChannelSpec
+from messenger.jobs.schedules import RecurringSchedule
 from stacks.channel import Channel, construct_id
 from stacks.consumer_image import ConsumerImage
 from stacks.consumer_service import ConsumerService
@@ -31,6 +32,7 @@ from stacks.dashboard import ChannelDashboard
 from stacks.http_enqueue import HttpEnqueue
 from stacks.lambda_consumer import LambdaConsumer
 from stacks.platform_stack import PlatformStack
+from stacks.schedules import RecurringJob
 
 
 class ChannelStack(Stack):
@@ -64,6 +66,7 @@ class ChannelStack(Stack):
         self.channels: dict[str, Channel] = {}
         self.consumers: dict[str, ConsumerService] = {}
         self.lambda_consumers: dict[str, LambdaConsumer] = {}
+        self.schedules: dict[str, RecurringJob] = {}
         self.dashboard = ChannelDashboard(
             self, "Dashboard", dashboard_name=f"{self.stack_name}-channels"
         )
@@ -162,6 +165,24 @@ class ChannelStack(Stack):
         unauthenticated route. options: HttpEnqueue's (throttle_rate, usage_plan, ...)."""
         return HttpEnqueue(self, id, channels=channels, foundation=self.platform.foundation,
                            namespace=self.namespace, **options)
+
+    def add_schedule(
+        self, channel: Channel, name: str, *, cron: str | None = None,
+        rate: Duration | None = None, timezone: str | None = None, body: Any = None,
+        routing_key: str | None = None,
+    ) -> RecurringJob:
+        """Push `body` to `channel` on a calendar (`cron`: EventBridge's six fields, read in
+        `timezone`, default UTC) or every `rate` (whole minutes); one Scheduler schedule named
+        `name` in the namespace's group. Each firing's job id is '<name>@<scheduled time>'."""
+        job = RecurringSchedule.of(
+            name, cron=cron, rate_seconds=None if rate is None else rate.to_seconds(),
+            timezone=timezone, body=body, routing_key=routing_key)
+        if name in self.schedules:
+            raise ValueError(f"schedule {name!r} is already in stack {self.stack_name}")
+        recurring = RecurringJob(self, f"Schedule{construct_id(name)}",
+                                 channel=channel, job=job, wiring=self.platform.schedules)
+        self.schedules[name] = recurring
+        return recurring
 
 
 

@@ -18,6 +18,7 @@ from messenger.channel import TAG_MANAGED, TAG_NAMESPACE
 from stacks.config import MessengerConfig
 from stacks.foundation import Foundation
 from stacks.ops import OpsFunctions
+from stacks.schedules import ScheduleWiring
 
 
 class PlatformStack(Stack):
@@ -72,6 +73,9 @@ class PlatformStack(Stack):
             critical_mention=config.critical_mention,
             key=self.foundation.key,
         )
+        #: Scheduled jobs: the namespace's schedule group, DLQ and scheduler role.
+        self.schedules = ScheduleWiring(self, "Schedules", namespace=config.namespace,
+                                        key=self.foundation.key)
         CfnOutput(self, "OpsAlarmTopicArn", value=self.ops.alarm_topic.topic_arn)
         CfnOutput(self, "KeyArn", value=self.foundation.key.key_arn)
         CfnOutput(self, "OffloadBucketName", value=self.foundation.offload_bucket.bucket_name)

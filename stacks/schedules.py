@@ -1,0 +1,179 @@
+"""Scheduled jobs in CDK: the namespace's Scheduler wiring, and recurring jobs declared in code.
+
+```python
+stack.add_schedule(reports, "nightly-report", cron="0 3 * * ? *", timezone="Europe/Berlin",
+                   body={"kind": "daily"})
+stack.add_schedule(reports, "hourly-sync", rate=Duration.hours(1), body={"kind": "sync"})
+```
+
+`ScheduleWiring` (in the platform stack): the schedule group `<namespace->messenger`, the
+schedule DLQ `<namespace->messenger-schedules-dlq` and the role `<namespace->messenger-scheduler`
+that Scheduler assumes to send producers' one-time jobs (`push(at=...)`), plus the managed policy
+`producer_policy` that lets a producer create them (`grant_one_time(grantee)`).
+
+`RecurringJob` (in a channel stack): one `AWS::Scheduler::Schedule` per `add_schedule` line, so a
+deploy never doubles a schedule and removing the line removes it. Its universal target sends the
+channel's SendMessage (or Publish) request; each firing's job id is
+'<name>@<aws.scheduler.scheduled-time>' (`messenger.jobs.schedules.RecurringSchedule`), so a
+retried firing is the same job. Its role may send to this channel and the schedule DLQ only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Aws, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from messenger.channel import (
+    SQS_MAX_RETENTION_SECONDS,
+    schedule_dlq_name,
+    schedule_group_name,
+    scheduler_role_name,
+)
+from messenger.jobs.schedules import RecurringSchedule, retry_policy, target_arn
+from stacks.channel import Channel
+from stacks.nag import acknowledge, acknowledge_wildcard_resource
+
+SCHEDULER_PRINCIPAL = "scheduler.amazonaws.com"
+#: What a producer does with its one-time schedules (create; list/get/cancel for the CLI).
+PRODUCER_ACTIONS = ("scheduler:CreateSchedule", "scheduler:GetSchedule",
+                    "scheduler:DeleteSchedule")
+
+
+def _scheduler_role(scope: Construct, id: str, **kwargs: Any) -> iam.Role:
+    """A role only Scheduler of this account may assume (confused-deputy guard)."""
+    return iam.Role(
+        scope, id,
+        assumed_by=iam.ServicePrincipal(SCHEDULER_PRINCIPAL, conditions={
+            "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}),
+        **kwargs,
+    )
+
+
+class ScheduleWiring(Construct):
+    """The schedule group, DLQ and scheduler role of one namespace.
+
+    namespace: physical name prefix. key: the platform CMK (the DLQ's key; the role may use it
+    to send to encrypted queues). removal_policy: of the DLQ (default RETAIN: undelivered jobs
+    survive a stack deletion). Exposes `.group` (CfnScheduleGroup), `.group_name`, `.dlq`,
+    `.role`, `.producer_policy`."""
+
+    def __init__(self, scope: Construct, id: str, *, namespace: str, key: kms.IKey,
+                 removal_policy: RemovalPolicy = RemovalPolicy.RETAIN) -> None:
+        super().__init__(scope, id)
+        self.namespace = namespace
+        self.key = key
+        self.group_name = schedule_group_name(namespace)
+        self.group = scheduler.CfnScheduleGroup(self, "Group", name=self.group_name)
+        self.dlq = sqs.Queue(
+            self, "DeadLetters", queue_name=schedule_dlq_name(namespace),
+            encryption=sqs.QueueEncryption.KMS, encryption_master_key=key,
+            enforce_ssl=True, retention_period=Duration.seconds(SQS_MAX_RETENTION_SECONDS),
+            removal_policy=removal_policy,
+        )
+        acknowledge(self.dlq, "AwsSolutions-SQS3",
+                    "this queue is itself the dead-letter queue of the namespace's schedules "
+                    "(Scheduler's DeadLetterConfig), which cdk-nag cannot see")
+        prefix = f"{namespace}-" if namespace else ""
+        self.queues_arn = f"arn:{Aws.PARTITION}:sqs:{Aws.REGION}:{Aws.ACCOUNT_ID}:{prefix}*"
+        self.topics_arn = f"arn:{Aws.PARTITION}:sns:{Aws.REGION}:{Aws.ACCOUNT_ID}:{prefix}*"
+        self.role = _scheduler_role(self, "Role", role_name=scheduler_role_name(namespace),
+                                    description="EventBridge Scheduler sends the namespace's "
+                                                "one-time jobs")
+        self.role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["sqs:SendMessage"], resources=[self.queues_arn]))
+        self.role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["sns:Publish"], resources=[self.topics_arn]))
+        key.grant(self.role, "kms:GenerateDataKey", "kms:Decrypt")
+        reason = ("a producer schedules a job on any channel of its namespace: the role may "
+                  "send only to the namespace's own queues and topics (name prefix)")
+        acknowledge_wildcard_resource(self.role, self.queues_arn, reason)
+        acknowledge_wildcard_resource(self.role, self.topics_arn, reason)
+        self.schedules_arn = (f"arn:{Aws.PARTITION}:scheduler:{Aws.REGION}:{Aws.ACCOUNT_ID}:"
+                              f"schedule/{self.group_name}/*")
+        self.producer_policy = iam.ManagedPolicy(
+            self, "ProducerPolicy",
+            managed_policy_name=f"{prefix}messenger-schedule-producers",
+            description="create, read and cancel one-time jobs in the namespace's schedule group",
+            statements=[
+                iam.PolicyStatement(actions=list(PRODUCER_ACTIONS),
+                                    resources=[self.schedules_arn]),
+                iam.PolicyStatement(
+                    actions=["scheduler:ListSchedules", "scheduler:GetScheduleGroup"],
+                    resources=["*"]),
+                iam.PolicyStatement(
+                    actions=["iam:PassRole"], resources=[self.role.role_arn],
+                    conditions={"StringEquals": {"iam:PassedToService": SCHEDULER_PRINCIPAL}}),
+            ],
+        )
+        acknowledge_wildcard_resource(
+            self.producer_policy, self.schedules_arn,
+            "one schedule per job, named by its job id at push time, within the namespace's "
+            "own schedule group only")
+        acknowledge_wildcard_resource(
+            self.producer_policy, "*",
+            "ListSchedules and GetScheduleGroup support no resource-level permissions in IAM; "
+            "they only read schedule names")
+
+    def grant_one_time(self, grantee: iam.IGrantable) -> None:
+        """Let `grantee` (a producer's role) create, read and cancel one-time jobs."""
+        if isinstance(grantee, iam.Role):
+            grantee.add_managed_policy(self.producer_policy)
+        else:
+            for statement in self.producer_policy.document.to_json()["Statement"]:
+                grantee.grant_principal.add_to_principal_policy(
+                    iam.PolicyStatement.from_json(statement))
+
+
+class RecurringJob(Construct):
+    """One recurring job on a channel: an `AWS::Scheduler::Schedule` and its own role.
+
+    channel: where each firing's job goes (the default priority level's queue, or the
+    exchange's topic). job: the validated `RecurringSchedule`. wiring: the namespace's
+    `ScheduleWiring` (group and DLQ). Exposes `.schedule` (CfnSchedule) and `.role`."""
+
+    def __init__(self, scope: Construct, id: str, *, channel: Channel, job: RecurringSchedule,
+                 wiring: ScheduleWiring) -> None:
+        super().__init__(scope, id)
+        spec = channel.spec
+        if channel.exchange is not None:
+            kind, destination = "sns", channel.topic_arn_in(self)
+        else:
+            level = next(level for level in channel.levels
+                         if level.spec.priority_level == spec.default_level)
+            kind, destination = "sqs", level.queue.queue_url
+        self.role = _scheduler_role(
+            self, "Role", description=f"EventBridge Scheduler sends {job.name} to {spec.name}")
+        channel.grant_publish(self.role)
+        # Not the queue's grant_send_messages: it adds wildcard KMS actions; grant_publish
+        # gave the key's two actions already.
+        self.role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["sqs:SendMessage"], resources=[wiring.dlq.queue_arn]))
+        group_id = spec.queue if spec.ordered else None
+        self.schedule = scheduler.CfnSchedule(
+            self, "Schedule",
+            name=job.name,
+            group_name=wiring.group_name,
+            description=f"messenger recurring job {job.name} on {spec.name}",
+            schedule_expression=job.expression,
+            schedule_expression_timezone=job.timezone,
+            flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
+            state="ENABLED",
+            target=scheduler.CfnSchedule.TargetProperty(
+                arn=target_arn(kind),
+                role_arn=self.role.role_arn,
+                input=job.input(kind, destination, ordered=spec.ordered, group_id=group_id),
+                dead_letter_config=scheduler.CfnSchedule.DeadLetterConfigProperty(
+                    arn=wiring.dlq.queue_arn),
+                retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
+                    maximum_retry_attempts=retry_policy()["MaximumRetryAttempts"],
+                    maximum_event_age_in_seconds=retry_policy()["MaximumEventAgeInSeconds"]),
+            ),
+        )
+        if Stack.of(wiring) is Stack.of(self):  # else the DLQ's export orders the stacks
+            self.schedule.add_dependency(wiring.group)
