@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_schedules(commands)
 
+    from messenger.tools.cost import add_parser as add_cost
+
+    add_cost(commands)
+
     status = commands.add_parser("status", help="print a message's lifecycle timeline")
     status.add_argument("message_id", help="the id push() returned")
     status.set_defaults(run=_status)
