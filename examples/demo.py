@@ -179,6 +179,33 @@ def step_large_message(ctx: DemoContext) -> str:
             "the orders consumer read it back and processed it")
 
 
+def step_http_enqueue(ctx: DemoContext) -> str:
+    # The job API the CDK app deploys behind API Gateway, served on loopback by the same code
+    # (`messenger api`): a plain HTTP POST puts an order on the channel.
+    import urllib.request
+
+    from messenger.api.app import JobApi
+    from messenger.api.channels import ApiChannel
+    from messenger.api.local import LocalApi
+
+    spec = next(spec for spec in example_channels(NAMESPACE) if spec.name == "orders")
+    channel = ApiChannel(spec.name, ordered=spec.ordered, priorities=spec.priorities,
+                         track_status=spec.track_status)
+    with LocalApi(JobApi({"orders": channel}, ctx.settings, ctx.clients)) as api:
+        request = urllib.request.Request(
+            f"{api.url}/channels/orders/jobs", method="POST",
+            data=json.dumps({"body": {"order": 42, "via": "http"}}).encode(),
+            headers={"Content-Type": "application/json", "Idempotency-Key": "demo-order-42"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, location = response.status, response.headers["Location"]
+            job_id = json.loads(response.read())["job_id"]
+    check(status == 202 and location == f"/jobs/{job_id}", "the POST was accepted (202)")
+    ctx.consumers["orders"].wait_for(lambda c: job_id in c.completed_ids(),
+                                     "processing the order posted over HTTP")
+    return (f"POST /channels/orders/jobs -> {status}, Location {location}; the orders consumer "
+            f"processed it")
+
+
 def step_poison_and_requeue(ctx: DemoContext) -> str:
     orders = ctx.consumers["orders"]
     message_id = OrdersProducer(settings=ctx.settings, clients=ctx.clients).push(
@@ -326,6 +353,7 @@ STEPS: list[tuple[str, Callable[[DemoContext], str]]] = [
     ("Start the consumers as real processes", step_start_consumers),
     ("Routed pushes through the wishlist exchange", step_routed_pushes),
     ("A large message through S3", step_large_message),
+    ("A job posted over HTTP (the job API)", step_http_enqueue),
     ("A poison message: DLQ, fix, requeue", step_poison_and_requeue),
     ("Spark job publishing price drops", step_spark),
     ("Ops Lambdas: queue alarm and resource cleaner", step_lambdas),
