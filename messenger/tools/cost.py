@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import asdict
 from typing import Any
 
@@ -25,9 +26,14 @@ from messenger.settings import Settings
 
 
 def dollars_text(low: float, high: float) -> str:
-    """'$0.0012' or '$0.0012-0.0104' (4 significant digits at most)."""
+    """'$12.34', '$0.0000308' (3 significant digits below a dollar), or a range '$a-b'."""
     def one(value: float) -> str:
-        return f"{value:.4g}" if value < 1 else f"{value:,.2f}"
+        if value >= 1:
+            return f"{value:,.2f}"
+        if value <= 0:
+            return "0"
+        decimals = 2 - math.floor(math.log10(value))
+        return f"{value:.{decimals}f}".rstrip("0").rstrip(".")
 
     return f"${one(low)}" if one(low) == one(high) else f"${one(low)}-{one(high)}"
 
