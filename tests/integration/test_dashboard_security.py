@@ -1,0 +1,33 @@
+"""Security headers on every dashboard response (pages, fragments, static assets, error pages
+and the Host check's refusal): another origin cannot frame a page (clickjacking: two lured clicks
+on a framed letter page would delete it), and nothing is loaded from elsewhere."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from tests.dashboard import served
+
+pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+
+
+def test_every_response_forbids_framing(settings, clients):
+    with served(settings, clients) as dash:
+        responses = [
+            requests.get(dash.url + path, timeout=30)
+            for path in ("/", "/fragment/channels", "/static/dashboard.css", "/nowhere",
+                         "/channels/nope", "/job?id=")
+        ]
+        # The Host check answers before the app: its 403 carries them too
+        responses.append(requests.get(dash.url + "/", timeout=30,
+                                      headers={"Host": f"evil.example:{dash.port}"}))
+        # So does a refused action
+        responses.append(requests.post(dash.url + "/channels/x/delete", data={}, timeout=30))
+    assert [r.status_code for r in responses] == [200, 200, 200, 404, 404, 400, 403, 403]
+    for response in responses:
+        policy = response.headers["Content-Security-Policy"]
+        assert "frame-ancestors 'none'" in policy, response.url
+        assert "default-src 'self'" in policy
+        assert response.headers["X-Frame-Options"] == "DENY"
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
