@@ -87,10 +87,11 @@ def test_every_queue_and_topic_is_encrypted_with_the_platform_key(assembly: Clou
     for resource in [*queues.values(), *topics.values()]:
         key = resource["Properties"]["KmsMasterKeyId"]
         assert "Fn::ImportValue" in key and "FoundationKey" in key["Fn::ImportValue"]
-    # The platform's own queue and topic (ops alarms, schedule dead letters) use it too.
+    # The platform's own queues and topic (ops alarms, the ops schedules' dead letters, the
+    # scheduled jobs' dead letters) use it too.
     own = [*assembly.resources("AWS::SQS::Queue", "platform").values(),
            *assembly.resources("AWS::SNS::Topic", "platform").values()]
-    assert len(own) == 2
+    assert len(own) == 3
     for resource in own:
         key = resource["Properties"]["KmsMasterKeyId"]
         assert "FoundationKey" in key["Fn::GetAtt"][0]
@@ -274,7 +275,8 @@ def test_the_ops_lambdas_are_watched(assembly: CloudAssembly) -> None:
     }
     assert len(functions) == 2
     (topic_id,) = [i for i, r in resources.items() if r["Type"] == "AWS::SNS::Topic"]
-    (dlq_id,) = [i for i, r in resources.items() if r["Type"] == "AWS::SQS::Queue"]
+    (dlq_id,) = [i for i, r in resources.items() if r["Type"] == "AWS::SQS::Queue"
+                 and "/Ops/" in r["Metadata"]["aws:cdk:path"]]
     alarms = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::CloudWatch::Alarm"]
     errors = [a for a in alarms if a["MetricName"] == "Errors"]
     # One error alarm per function: any error in 15 minutes, to the ops topic
