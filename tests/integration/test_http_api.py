@@ -5,6 +5,11 @@ the moto server; a stdlib HTTP client calls it over TCP, as curl or another serv
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -279,3 +284,45 @@ def test_the_local_api_answers_within_api_gateways_timeout(call: Call) -> None:
     started = time.monotonic()
     assert call("POST", "/channels/http_jobs/jobs", {"body": 1}).status == 202
     assert time.monotonic() - started < 29
+
+
+def test_messenger_api_serves_the_readme_calls(settings: Settings, endpoint: str) -> None:
+    # Given `messenger api` started as the README's tour starts it (a free port instead of 8000)
+    env = {**os.environ, "MESSENGER_NAMESPACE": settings.namespace, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "messenger", "api", "--port", "0", "--channel", "greetings",
+         "--status"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        banner = process.stdout.readline()
+        match = re.search(r"(http://127\.0\.0\.1:\d+)", banner)
+        assert match, banner
+        # When the tour's POST and status read are made
+        posted = _call(match.group(1), "POST", "/channels/greetings/jobs",
+                       {"body": {"name": "Grace"}})
+        status = _call(match.group(1), "GET", f"/jobs/{posted.json['job_id']}")
+        # Then the job is accepted and its timeline starts with QUEUED
+        assert posted.status == 202
+        assert status.status == 200 and status.json["events"][0]["event"] == "QUEUED"
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=10)
+
+
+def test_the_lambda_handler_answers_a_proxy_event(settings: Settings, endpoint: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the deployed function's environment (channels as the construct writes them)
+    from lambdas.http_enqueue import handler
+    from messenger.api.local import LocalContext, proxy_event
+
+    monkeypatch.setenv("MESSENGER_API_CHANNELS", json.dumps([{"name": "http_jobs"}]))
+    monkeypatch.setenv("MESSENGER_NAMESPACE", settings.namespace)
+    handler.api.cache_clear()
+    # When API Gateway invokes it with a POST
+    event = proxy_event("POST", "/channels/http_jobs/jobs",
+                        [("Content-Type", "application/json")], b'{"body": {"n": 1}}')
+    response = handler.handler(event, LocalContext())
+    handler.api.cache_clear()
+    # Then the job is accepted
+    assert response["statusCode"] == 202, response
+    assert json.loads(response["body"])["channel"] == "http_jobs"
