@@ -52,6 +52,8 @@ class StatusEvent(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 to
     TIMED_OUT = "TIMED_OUT"
     DEAD_LETTERED = "DEAD_LETTERED"
     REQUEUED = "REQUEUED"
+    #: Deleted from its DLQ by an operator (`actor`): the job will not run.
+    DELETED = "DELETED"
 
     def __str__(self) -> str:
         return str(self.value)
@@ -74,6 +76,8 @@ class StatusRecord:
     traceback: str = ""
     #: SCHEDULED: when the job is due (epoch seconds).
     due_at: float | None = None
+    #: Who did an operator's action (REQUEUED, DELETED from the dashboard or the CLI).
+    actor: str = ""
 
     def item(self, retention_seconds: int) -> dict[str, Any]:
         item: dict[str, Any] = {
@@ -95,6 +99,8 @@ class StatusRecord:
             item["error"] = {"S": self.error[:1000]}
         if self.traceback:
             item["traceback"] = {"S": self.traceback[-MAX_TRACEBACK_CHARS:]}
+        if self.actor:
+            item["actor"] = {"S": self.actor[:256]}
         if self.due_at is not None:
             item["due_at"] = {"N": repr(self.due_at)}
             # A scheduled job's records outlive its wait as well as the retention after it.
@@ -115,6 +121,7 @@ class StatusRecord:
             error=item.get("error", {}).get("S", ""),
             traceback=item.get("traceback", {}).get("S", ""),
             due_at=float(item["due_at"]["N"]) if "due_at" in item else None,
+            actor=item.get("actor", {}).get("S", ""),
         )
 
 
@@ -282,6 +289,8 @@ def render_timeline(message_id: str, records: list[StatusRecord]) -> str:
             extra.append(f"receive={r.receive_count}")
         if r.duration is not None:
             extra.append(f"duration={r.duration:.3f}s")
+        if r.actor:
+            extra.append(f"by={r.actor}")
         if r.due_at is not None:
             extra.append("due=" + time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(r.due_at)))
         if r.error_class:
