@@ -223,7 +223,8 @@ def queue_alarm_messages(report: QueueAlarmReport, mention: str = "") -> list[di
         category = "🔴 Critical" if problem.critical else "🟠 Over threshold"
         if index and problem.critical != problems[index - 1].critical:
             body.append((category, divider(), False))
-        body.append((category, section(_problem_text(problem, report.scope)), problem.critical))
+        text = _problem_text(problem, report.scope, report.namespace)
+        body.append((category, section(text), problem.critical))
     if report.bad_tags:
         body.append(("⚠️ Malformed threshold tags", divider(), False))
         lines = [f"• `{queue}`: {tag}=`{value}` is not a whole number ≥ 0; threshold "
@@ -252,7 +253,7 @@ def queue_alarm_message(report: QueueAlarmReport, mention: str = "") -> dict[str
     return queue_alarm_messages(report, mention)[0]
 
 
-def _problem_text(problem: QueueProblem, scope: str) -> str:
+def _problem_text(problem: QueueProblem, scope: str, namespace: str) -> str:
     mark = "🔴" if problem.critical else "🟠"
     label = " · critical" if problem.critical else ""
     link = console_link(problem.arn)
@@ -266,10 +267,18 @@ def _problem_text(problem: QueueProblem, scope: str) -> str:
         lines.append(who)
     if scope == "dlq":
         ordered = " --ordered" if problem.name.endswith(".fifo") else ""
-        command = f"messenger requeue {problem.name} {problem.channel}{ordered}"
-        lines.append(f"Channel `{problem.channel}` · inspect: "
-                     f"`messenger dlq list {problem.channel}` · requeue all: `{command}`")
+        inspect = cli_command(f"dlq list {problem.channel}", namespace)
+        command = cli_command(f"requeue {problem.name} {problem.channel}{ordered}", namespace)
+        lines.append(f"Channel `{problem.channel}` · inspect: `{inspect}` · "
+                     f"requeue all: `{command}`")
     return "\n".join(lines)
+
+
+def cli_command(arguments: str, namespace: str) -> str:
+    """A `messenger` command line that works as pasted: the report's namespace set the way the
+    command reads it (MESSENGER_NAMESPACE), since a channel's name resolves within one."""
+    prefix = f"MESSENGER_NAMESPACE={namespace} " if namespace else ""
+    return f"{prefix}messenger {arguments}"
 
 
 # -- resource cleaner ------------------------------------------------------------------------

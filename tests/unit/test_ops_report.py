@@ -172,8 +172,9 @@ def test_alarm_variants_differ_and_list_critical_first() -> None:
     assert ("<https://eu-west-1.console.aws.amazon.com/sqs/v3/home?region=eu-west-1#/queues/"
             "https%3A%2F%2Fsqs.eu-west-1.amazonaws.com%2F123456789012%2Fprod-payments|console>"
             ) in _sections(critical)[1]
-    assert "inspect: `messenger dlq list orders`" in _sections(plain)[0]
-    assert "requeue all: `messenger requeue prod-orders-dlq orders`" in _sections(plain)[0]
+    assert "inspect: `MESSENGER_NAMESPACE=prod messenger dlq list orders`" in _sections(plain)[0]
+    assert ("requeue all: `MESSENGER_NAMESPACE=prod messenger requeue prod-orders-dlq orders`"
+            in _sections(plain)[0])
     assert "`prod-emails`: messenger:alarm-threshold=`1e3` is not a whole number" in \
         _sections(critical)[-1]
 
@@ -275,3 +276,31 @@ def test_a_stopped_alarm_names_what_it_found_and_what_it_did_not_read() -> None:
 ])
 def test_durations_read_well(seconds: float | None, text: str) -> None:
     assert duration(seconds) == text
+
+
+@pytest.mark.parametrize("namespace", ["prod", ""])
+def test_dlq_commands_work_as_pasted_in_the_reports_namespace(namespace: str) -> None:
+    """The inspect and requeue commands of a DLQ row, pasted into a shell, run in the report's
+    namespace: `messenger dlq list orders` alone would look in namespace '(none)'."""
+    import re
+    import shlex
+
+    from messenger.settings import Settings
+    from messenger.tools.cli import build_parser
+
+    # Given a DLQ alarm of a namespace (or of none)
+    report = replace(plain_alarm(), namespace=namespace)
+    text = _sections(queue_alarm_message(report))[0]
+    commands = re.findall(r"(?:inspect|requeue all): `([^`]+)`", text)
+    assert len(commands) == 2
+    for command in commands:
+        # When the shell runs the line: NAME=value words set the environment, the rest is argv
+        words = shlex.split(command)
+        environ = dict(w.split("=", 1) for w in words if re.match(r"^[A-Z_]+=", w))
+        argv = [w for w in words if not re.match(r"^[A-Z_]+=", w)]
+        assert argv[0] == "messenger"
+        args = build_parser().parse_args(argv[1:])
+        # Then the command parses, and its settings are the report's namespace
+        assert Settings.from_env(environ).namespace == namespace
+        assert args.command in ("dlq", "requeue")
+
