@@ -278,8 +278,10 @@ def step_spark(ctx: DemoContext) -> str:
 
 
 def step_lambdas(ctx: DemoContext) -> str:
-    # A channel nobody consumes, over its (critical) alarm threshold.
-    backlog = ChannelSpec("reports", namespace=NAMESPACE,
+    # A channel nobody consumes, over its (critical) alarm threshold, and one of its reports that
+    # a crashed reader left to SQS's redrive: the three posts below depend only on this step (a
+    # DLQ emptied earlier in the same minute may add a row: the alarm reads the minute's maximum).
+    backlog = ChannelSpec("reports", namespace=NAMESPACE, max_receives=1,
                           tags=ChannelTags(owner="bi-team", alarm_threshold=5, critical=True))
     Provisioner(ctx.clients, ctx.settings).ensure_channel(backlog)
 
@@ -287,35 +289,74 @@ def step_lambdas(ctx: DemoContext) -> str:
         channel = "reports"
 
     ReportsProducer(settings=ctx.settings, clients=ctx.clients).push_many(
-        [{"report": n} for n in range(12)])
+        [{"report": n} for n in range(12)]).raise_for_failures()
     # No metric is written here: the local endpoint publishes SQS's own (depth, age, sends...)
     sqs = ctx.clients.client("sqs")
     url = sqs.get_queue_url(QueueName=backlog.queue_name)["QueueUrl"]
-    depth = int(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
-        "ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"])
+    dlq_url = sqs.get_queue_url(QueueName=backlog.dlq_name)["QueueUrl"]
+
+    def depth(queue_url: str) -> int:
+        return int(sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=[
+            "ApproximateNumberOfMessages"])["Attributes"]["ApproximateNumberOfMessages"])
+
+    # Received once and never deleted (max_receives=1): SQS moves it to the DLQ on the next
+    # receive, as it does for a reader that crashes on a message.
+    sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=0)
+    for _ in range(20):
+        if depth(dlq_url) >= 1:
+            break
+        sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=0)
+    backlog_depth, dead = depth(url), depth(dlq_url)
+    check(dead == 1 and backlog_depth == 11,
+          f"one report dead-lettered by SQS, 11 waiting: found {dead} in {backlog.dlq_name}, "
+          f"{backlog_depth} in {backlog.queue_name}")
     sink = WebhookSink()
     try:
         ctx.clients.client("secretsmanager").create_secret(
             Name="demo/slack-webhook", SecretString=sink.url)
         env = {**os.environ, **ctx.env, "SLACK_WEBHOOK_SECRET": "demo/slack-webhook",
                "MESSENGER_ALARM_THRESHOLD": "100", "CLEANER_DRY_RUN": "true"}
+        texts: dict[str, str] = {}
         for name, event in (("queue_alarm", {"scope": "source"}), ("queue_alarm", {"scope": "dlq"}),
                             ("resource_cleaner", {})):
+            before = len(sink.posts)
             done = subprocess.run(
                 [sys.executable, "-m", "examples.invoke_lambda", name, json.dumps(event)],
                 env=env, capture_output=True, text=True, timeout=120)
-            check(done.returncode == 0, f"{name} ran: {done.stderr[-500:]}")
-        check(len(sink.posts) == 2, "the source-queue alarm and the cleaner posted; "
-              "the DLQ alarm had nothing to report")
-        alarm, cleaner = (render_text(post) for post in sink.posts)
+            check(done.returncode == 0, f"{name} ran: exit {done.returncode}: "
+                  f"{done.stderr[-500:]}")
+            posted = [render_text(post) for post in sink.posts[before:]]
+            label = event.get("scope", name)
+            check(len(posted) == 1, f"{name} ({label}) posted once to Slack: it posted "
+                  f"{len(posted)} time(s): " + " | ".join(p.splitlines()[0] for p in posted))
+            texts[label] = posted[0]
+        alarm, dlq_alarm, cleaner = texts["source"], texts["dlq"], texts["resource_cleaner"]
         check("critical" in alarm and backlog.queue_name in alarm,
-              "the alarm flags the critical backlog queue")
-        check("dry run" in cleaner, "the cleaner reported without deleting")
+              f"the alarm flags the critical backlog {backlog.queue_name}: it posted\n{alarm}")
+        dlq_rows = sorted(line.split("*")[1] for line in dlq_alarm.splitlines()
+                          if line.startswith(("🟠 *", "🔴 *")))
+        orders_dlq = next(s for s in example_channels(NAMESPACE) if s.name == "orders").dlq_name
+        check(backlog.dlq_name in dlq_rows and set(dlq_rows) <= {backlog.dlq_name, orders_dlq},
+              f"the DLQ alarm flags {backlog.dlq_name} (and at most {orders_dlq}, emptied this "
+              f"minute): it flagged {dlq_rows}")
+        check("dry run" in cleaner, f"the cleaner reported without deleting: it posted\n{cleaner}")
         for post in sink.posts:
             console.print(Panel(render_text(post), title="Slack (local webhook sink)",
                                 expand=False))
+        # The alarm's inspect command, run as pasted (it names the namespace).
+        inspect = next(line.split("inspect: `")[1].split("`")[0]
+                       for line in dlq_alarm.splitlines()
+                       if f"Channel `{backlog.name}`" in line)
+        listed = subprocess.run(
+            inspect, shell=True, capture_output=True, text=True, timeout=120,
+            env={**env, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                                 os.environ.get("PATH", "")])})
+        check(listed.returncode == 0 and "1 dead letter" in listed.stdout,
+              f"the DLQ alarm's `{inspect}` works as pasted: exit {listed.returncode}: "
+              f"{(listed.stdout + listed.stderr)[-600:]}")
         return (f"{len(sink.posts)} Slack posts over HTTP to the local sink: the critical "
-                f"backlog of {backlog.queue_name} ({depth} > 5), the cleaner's dry-run report")
+                f"backlog of {backlog.queue_name} ({backlog_depth} > 5), its dead letter in "
+                f"{backlog.dlq_name}, the cleaner's dry-run report; `{inspect}` as pasted lists it")
     finally:
         sink.close()
 
