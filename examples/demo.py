@@ -127,8 +127,8 @@ def step_provision(ctx: DemoContext) -> str:
     names = [spec.queue_name for spec in example_channels(NAMESPACE)]
     sqs = ctx.clients.client("sqs")
     urls = sqs.list_queues(QueueNamePrefix=f"{NAMESPACE}-").get("QueueUrls", [])
-    check(all(any(url.endswith("/" + name) for url in urls) for name in names),
-          "every example queue exists")
+    missing = [name for name in names if not any(url.endswith("/" + name) for url in urls)]
+    check(not missing, f"every example queue exists: missing {missing}")
     return f"{len(names)} channels from examples/channels.py (as the CDK app deploys them): " + (
         ", ".join(names))
 
@@ -152,7 +152,7 @@ def step_routed_pushes(ctx: DemoContext) -> str:
     producer = WishlistEventProducer(settings=ctx.settings, clients=ctx.clients)
     result = producer.push_many(
         PushItem({"n": n, "sku": f"SKU-{n}"}, key) for n, key in enumerate(keys))
-    check(not result.failures, "every push accepted")
+    check(not result.failures, f"every push accepted: failed {result.failures}")
     ids = result.message_ids
     lines = []
     for spec in wishlist_channels(NAMESPACE):
@@ -162,7 +162,8 @@ def step_routed_pushes(ctx: DemoContext) -> str:
         consumer.wait_for(lambda c, e=expected: set(e) <= set(c.completed_ids()),
                           f"processing {len(expected)} routed events")
         got = [i for i in consumer.completed_ids() if i in ids]
-        check(got == expected, f"{spec.queue} processed exactly its events, in order")
+        check(got == expected, f"{spec.queue} processed exactly its events, in order: "
+              f"expected {expected}, processed {got}")
         lines.append(f"{spec.queue} {len(got)}")
     return f"{len(keys)} events via {WISHLIST_EXCHANGE} ({', '.join(keys)}); processed: " + (
         ", ".join(lines))
@@ -173,7 +174,7 @@ def step_large_message(ctx: DemoContext) -> str:
     message_id = producer.push({"order": 1, "attachment": "x" * 600 * 1024})
     bucket = ctx.settings.bucket_name(Provisioner(ctx.clients, ctx.settings).account_id)
     objects = ctx.clients.client("s3").list_objects_v2(Bucket=bucket)["KeyCount"]
-    check(objects >= 1, "the body was offloaded to S3")
+    check(objects >= 1, f"the body was offloaded to S3: {objects} objects in {bucket}")
     ctx.consumers["orders"].wait_for(lambda c: message_id in c.completed_ids(),
                                      "processing the 600 KiB order")
     return (f"600 KiB order sent as an S3 pointer (AWS extended-client format) to s3://{bucket}; "
@@ -187,10 +188,12 @@ def step_scheduled_job(ctx: DemoContext) -> str:
     # which the local endpoint fires when due (docs/scheduled-jobs.md).
     message_id = producer.push({"sku": "SKU-LATER"}, "MOBILE.APPLE", delay=timedelta(seconds=3))
     consumer = ctx.consumers["apple_events"]
-    check(message_id not in consumer.completed_ids(), "the scheduled job waits")
+    check(message_id not in consumer.completed_ids(),
+          f"the scheduled job waits: it ran {time.monotonic() - pushed:.1f} s after the push")
     consumer.wait_for(lambda c: message_id in c.completed_ids(), "the scheduled job")
     took = time.monotonic() - pushed
-    check(took >= 3, "the scheduled job ran no earlier than due")
+    check(took >= 3, f"the scheduled job ran no earlier than due: it ran {took:.1f} s after "
+          "the push")
     return (f"job {message_id[:8]}... scheduled 3 s out on {WISHLIST_EXCHANGE} (a one-time "
             f"Scheduler schedule); apple_events ran it {took:.1f} s after the push")
 
@@ -215,7 +218,8 @@ def step_http_enqueue(ctx: DemoContext) -> str:
         with urllib.request.urlopen(request, timeout=30) as response:
             status, location = response.status, response.headers["Location"]
             job_id = json.loads(response.read())["job_id"]
-    check(status == 202 and location == f"/jobs/{job_id}", "the POST was accepted (202)")
+    check(status == 202 and location == f"/jobs/{job_id}",
+          f"the POST was accepted (202): {status}, Location {location}, job_id {job_id}")
     ctx.consumers["orders"].wait_for(lambda c: job_id in c.completed_ids(),
                                      "processing the order posted over HTTP")
     return (f"POST /channels/orders/jobs -> {status}, Location {location}; the orders consumer "
@@ -241,15 +245,17 @@ def step_poison_and_requeue(ctx: DemoContext) -> str:
     deadline = time.monotonic() + 30
     while in_dlq() < 1 and time.monotonic() < deadline:
         time.sleep(0.5)
-    check(in_dlq() == 1, "after 3 failed attempts the consumer moved the poison order to the DLQ")
+    dead = in_dlq()
+    check(dead == 1, "after 3 failed attempts the consumer moved the poison order to the DLQ: "
+          f"{dead} in {spec.dlq_name}")
     [dead] = sqs.receive_message(QueueUrl=dlq_url, MessageAttributeNames=["All"],
                                  VisibilityTimeout=0)["Messages"]
     failure = json.loads(dead["MessageAttributes"][DEAD_LETTER_FAILURE_ATTRIBUTE]["StringValue"])
     check(failure.get("error_type") == "ValueError" and "Traceback" in failure["traceback"],
-          "its dead letter names the error and carries the traceback")
+          f"its dead letter names the error and carries the traceback: {failure}")
     (ctx.workdir / "fix-deployed").touch()  # the fix is deployed
     report = Requeuer(spec.dlq_name, "orders", settings=ctx.settings, clients=ctx.clients).start()
-    check(report.moved == 1, "the requeuer moved it back")
+    check(report.moved == 1, f"the requeuer moved it back: {report.summary()}")
     orders.wait_for(lambda c: message_id in c.completed_ids(), "processing the requeued order")
     return (f"order 7 failed {spec.max_receives}x ({failure['error_type']}: "
             f"{failure['error_message']}) -> {spec.dlq_name}; fix deployed; "
@@ -269,7 +275,8 @@ def step_spark(ctx: DemoContext) -> str:
     check(done.returncode == 0, f"the Spark job succeeded: {done.stderr[-800:]}")
     report = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
     published = int(report["published"])
-    check(published > 0 and report["failed"] == 0, "price drops were published, none failed")
+    check(published > 0 and report["failed"] == 0,
+          f"price drops were published, none failed: {report}")
     all_events.wait_for(lambda c: len(c.completed_ids()) >= before + published,
                         f"processing the {published} price-drop events", timeout=120)
     return (f"Spark (local mode) found {published} price drops in 400 wishlist rows and published "
@@ -372,9 +379,10 @@ def step_lambda_consumer(ctx: DemoContext) -> str:
         env={**os.environ, **ctx.env}, capture_output=True, text=True, timeout=120)
     check(done.returncode == 0, f"the consumer function ran: {done.stderr[-500:]}")
     result = json.loads(done.stdout)
-    check(result["received"] == 3, "the event source handed over the 3 receipts")
+    check(result["received"] == 3,
+          f"the event source handed over the 3 receipts: {result['received']}")
     check(result["response"] == {"batchItemFailures": []},
-          "the partial batch response lists no failure: Lambda deletes all 3")
+          f"the partial batch response lists no failure: {result['response']}")
     return (f"3 receipts through the consumer Lambda ({target.split(':')[-1]}, the class "
             f"unchanged): partial batch response {json.dumps(result['response'])}")
 
@@ -389,7 +397,7 @@ def step_cdk_synth(ctx: DemoContext) -> str:
                           capture_output=True, text=True, timeout=240)
     check(done.returncode == 0, f"cdk synth passed with cdk-nag: {done.stderr[-800:]}")
     templates = sorted(p.name for p in out.glob("*.template.json"))
-    check(bool(templates), "templates were written")
+    check(bool(templates), f"templates were written: none in {out}")
     return (f"cdk synth: {len(templates)} stacks ({', '.join(templates)}), cdk-nag AwsSolutions: "
             "0 unacknowledged findings")
 
