@@ -44,10 +44,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def served(settings: Settings, clients: ClientFactory, refresh: float = 5.0) -> Iterator[Served]:
+def served(settings: Settings, clients: ClientFactory, refresh: float = 5.0,
+           identity: Any = None) -> Iterator[Served]:
+    """identity: an `AlbIdentity` for the deployed mode (every request needs a signed header)."""
     from messenger.tools.dashboard.app import Dashboard, running
 
-    dashboard = Dashboard(settings, clients, free_port(), refresh)
+    dashboard = Dashboard(settings, clients, free_port(), refresh, identity=identity)
     with running(dashboard) as url:
         yield Served(url, dashboard.port, dashboard.token, dashboard)
 
@@ -85,3 +87,82 @@ def start_chromium() -> Any:
 
     driver.quit = quit_and_clean
     return driver
+
+
+# -- the load balancer's signed identity header, made here ---------------------------------------
+ALB_ARN = ("arn:aws:elasticloadbalancing:eu-west-1:123456789012:loadbalancer/app/"
+           "dashboard/50dc6c495c0c9188")
+CLIENT_ID = "dashboard-client"
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    # The load balancer's tokens keep base64's '=' padding (AWS's docs warn about it).
+    return base64.urlsafe_b64encode(data).decode()
+
+
+@dataclass
+class AlbSigner:
+    """Signs identity tokens as an ALB does (ES256, padded base64url, kid/signer/client in the
+    header) and serves its public keys as a region's key endpoint does (`key_url`)."""
+
+    kid: str
+    private_key: Any
+    key_url: str
+
+    def token(self, claims: dict[str, Any], *, signer: str = ALB_ARN, client: str = CLIENT_ID,
+              kid: str | None = None, key: Any = None, alg: str = "ES256",
+              expires_in: float = 120.0) -> str:
+        import json
+        import time
+
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+        header = {"typ": "JWT", "alg": alg, "kid": kid or self.kid, "signer": signer,
+                  "iss": "https://idp.example", "client": client,
+                  "exp": int(time.time() + expires_in)}
+        body = {"exp": int(time.time() + expires_in), "iss": "https://idp.example", **claims}
+        signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(body).encode())}"
+        der = (key or self.private_key).sign(signing_input.encode(), ec.ECDSA(hashes.SHA256()))
+        r, s = decode_dss_signature(der)
+        return f"{signing_input}.{_b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+
+
+@contextmanager
+def alb_key_server() -> Iterator[AlbSigner]:
+    """A local key endpoint serving one P-256 public key (PEM) at /<kid>, as
+    public-keys.auth.elb.<region>.amazonaws.com does; counts its requests (`served_keys`)."""
+    import threading
+    import uuid
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    kid = str(uuid.uuid4())
+    pem = private.public_key().public_bytes(serialization.Encoding.PEM,
+                                            serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    class Keys(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            found = self.path == f"/{kid}"
+            self.send_response(200 if found else 404)
+            self.end_headers()
+            if found:
+                self.wfile.write(pem)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Keys)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield AlbSigner(kid, private, f"http://127.0.0.1:{server.server_port}/{{kid}}")
+    finally:
+        server.shutdown()
+        server.server_close()

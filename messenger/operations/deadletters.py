@@ -46,7 +46,7 @@ from messenger.errors import (
     MessageDecodeError,
     MessengerError,
 )
-from messenger.jobs.status import StatusRecord, StatusStore
+from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.message import (
     DEAD_LETTER_FAILURE_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
@@ -235,7 +235,8 @@ class DeadLetterWorkbench:
     channel: 'queue', 'exchange.queue', a prioritized channel's name, or a DLQ's own name.
     visibility_timeout: seconds a scanned message stays hidden if the scan dies (1-43200,
     default 60, plus 0.01 s per message in the DLQ; a scan releases what it holds as soon as
-    it ends).
+    it ends). actor: who acts (an operator's name), recorded on the REQUEUED and DELETED status
+    records of the letters acted on (when the namespace tracks status).
     """
 
     def __init__(
@@ -244,6 +245,7 @@ class DeadLetterWorkbench:
         settings: Settings | None = None,
         clients: ClientFactory | None = None,
         visibility_timeout: int = MOVE_VISIBILITY_TIMEOUT,
+        actor: str = "",
     ) -> None:
         if not 1 <= visibility_timeout <= 43_200:
             raise InvalidSettings(
@@ -253,6 +255,7 @@ class DeadLetterWorkbench:
         self.settings = settings or Settings.from_env()
         self.clients = clients or ClientFactory(self.settings.region)
         self.visibility_timeout = visibility_timeout
+        self.actor = actor
         self.sqs = self.clients.client("sqs")
         self.provisioner = Provisioner(self.clients, self.settings)
         try:
@@ -318,7 +321,7 @@ class DeadLetterWorkbench:
         def move(source: _Source, messages: Received) -> None:
             requeuer = Requeuer(source.dlq.name, source.destination, ordered=source.ordered,
                                 settings=self.settings, clients=self.clients,
-                                visibility_timeout=self.visibility_timeout)
+                                visibility_timeout=self.visibility_timeout, actor=self.actor)
             reports.append(requeuer.move(messages))
 
         self._find(list(letter_ids), act=move)
@@ -338,10 +341,23 @@ class DeadLetterWorkbench:
                     "delete_message_batch", source.dlq,
                     [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
                      for i, m in enumerate(chunk)], "deleting from")
-                deleted += len(response.get("Successful", []))
+                done = {int(entry["Id"]) for entry in response.get("Successful", [])}
+                deleted += len(done)
+                self._record_deleted([chunk[i] for i in sorted(done)], source)
 
         self._find(list(letter_ids), act=remove)
         return deleted
+
+    def _record_deleted(self, messages: Received, source: _Source) -> None:
+        """DELETED (with who did it) on each deleted letter's timeline, when status is kept."""
+        store = self._store() if messages else None
+        if store is None:
+            return
+        for message in messages:
+            store.record(StatusRecord(_message_id(message) or str(message["MessageId"]),
+                                      StatusEvent.DELETED, source.destination,
+                                      actor=self.actor))
+        store.flush()
 
     # -- scanning ---------------------------------------------------------------------------
     def _find(

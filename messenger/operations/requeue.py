@@ -110,6 +110,7 @@ class Requeuer:
     wait_seconds: wait up to this long for messages in flight in the source to come back, and
     move them too (0: report them and stop). visibility_timeout: seconds a message being moved
     stays hidden in the source (60); what a killed run hides comes back after it.
+    actor: who asked (an operator's name), recorded on each REQUEUED status record.
     """
 
     def __init__(
@@ -126,6 +127,7 @@ class Requeuer:
         track_status: bool | None = None,
         wait_seconds: float = 0.0,
         visibility_timeout: int = MOVE_VISIBILITY_TIMEOUT,
+        actor: str = "",
     ) -> None:
         if not isinstance(destination_type, SubscriberTypes):
             raise InvalidSettings(
@@ -153,6 +155,7 @@ class Requeuer:
         self.max_messages = max_messages
         self.dry_run = dry_run
         self.progress = progress
+        self.actor = actor
         # None: record REQUEUED when the namespace has a status table.
         self.status: StatusStore | None = None
         store = StatusStore(self.clients, self.settings)
@@ -367,7 +370,7 @@ class Requeuer:
             message_id = attributes.get(MESSAGE_ID_ATTRIBUTE, {}).get("StringValue")
             self.status.record(
                 StatusRecord(message_id or message["MessageId"], StatusEvent.REQUEUED,
-                             self.destination_channel, at=sent_at)
+                             self.destination_channel, at=sent_at, actor=self.actor)
             )
 
     def _delete(self, messages: list[dict[str, Any]]) -> None:

@@ -144,9 +144,10 @@ def channel_dlq_rows(clients: ClientFactory, settings: Settings, channel: str) -
 
 
 def requeue_rows(clients: ClientFactory, settings: Settings,
-                 rows: list[ChannelRow]) -> list[RequeueReport]:
+                 rows: list[ChannelRow], actor: str = "") -> list[RequeueReport]:
     """Move each row's DLQ back to its own queue (delete only after the queue accepted a
-    message); one report per DLQ, as it really happened."""
+    message); one report per DLQ, as it really happened. actor: who asked (recorded on each
+    REQUEUED status record)."""
     reports = []
     for row in rows:
         assert row.dlq is not None
@@ -157,5 +158,6 @@ def requeue_rows(clients: ClientFactory, settings: Settings,
             ordered=row.queue.endswith(FIFO_SUFFIX),
             settings=settings,
             clients=clients,
+            actor=actor,
         ).start())
     return reports

@@ -18,7 +18,7 @@ from typing import Any
 from messenger.errors import InvalidSettings
 
 #: What `pip install 'messenger[dashboard]'` brings (import names).
-EXTRA_MODULES = ("starlette", "uvicorn", "jinja2", "python_multipart")
+EXTRA_MODULES = ("starlette", "uvicorn", "jinja2", "python_multipart", "jwt", "cryptography")
 DEFAULT_PORT = 8080
 
 

@@ -41,6 +41,12 @@ from messenger.jobs.workers import list_workers
 from messenger.operations.deadletters import DeadLetterWorkbench
 from messenger.operations.snapshot import channel_dlq_rows, requeue_rows, snapshot
 from messenger.settings import Settings
+from messenger.tools.dashboard.auth import (
+    LOCAL_OPERATOR,
+    AlbIdentity,
+    Identity,
+    Unauthenticated,
+)
 from messenger.tools.format import duration_text
 
 HERE = Path(__file__).parent
@@ -52,9 +58,18 @@ MAX_IDS = 100
 MAX_ID_LENGTH = 200
 
 
+#: The deployed dashboard's action token (double-submit: a cookie only this site can set and
+#: read, echoed by its forms), since the app's instances share no process token.
+CSRF_COOKIE = "__Host-messenger-csrf"
+
+
 @dataclass
 class Dashboard:
-    """What the pages share: settings, clients, this process's action token, allowed hosts."""
+    """What the pages share: settings, clients, this process's action token, allowed hosts.
+
+    identity: None locally (loopback; the user is the local operator); deployed, the verifier of
+    the load balancer's signed identity header (every request without a valid one gets 401).
+    """
 
     settings: Settings
     clients: ClientFactory
@@ -62,13 +77,67 @@ class Dashboard:
     refresh_seconds: float = 5.0
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     extra_hosts: tuple[str, ...] = ()
+    identity: AlbIdentity | None = None
+
+    @property
+    def deployed(self) -> bool:
+        return self.identity is not None
 
     @property
     def allowed_hosts(self) -> set[str]:
         return {f"{host}:{self.port}" for host in ("127.0.0.1", "localhost", *self.extra_hosts)}
 
-    def workbench(self, channel: str) -> DeadLetterWorkbench:
-        return DeadLetterWorkbench(channel, self.settings, self.clients)
+    def workbench(self, channel: str, actor: str = "") -> DeadLetterWorkbench:
+        return DeadLetterWorkbench(channel, self.settings, self.clients, actor=actor)
+
+
+class Authenticate:
+    """Puts the request's identity and action token in `request.state` (`identity`, `csrf`).
+
+    Locally: the local operator and this process's token. Deployed: the identity the load
+    balancer's signed header names (else 401, nothing served) and the token of the request's
+    CSRF cookie (set on the response when the browser has none yet)."""
+
+    def __init__(self, app: ASGIApp, dashboard: Dashboard) -> None:
+        self.app = app
+        self.dashboard = dashboard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        verifier = self.dashboard.identity
+        if verifier is None:
+            state.update(identity=LOCAL_OPERATOR, csrf=self.dashboard.token)
+            await self.app(scope, receive, send)
+            return
+        headers = [(k.decode("latin-1").lower(), v.decode("latin-1"))
+                   for k, v in scope.get("headers") or []]
+        try:
+            from starlette.concurrency import run_in_threadpool
+
+            identity = await run_in_threadpool(verifier.identify, headers)
+        except Unauthenticated as error:
+            response = HTMLResponse(_page_text("Sign-in required", f"{error}. Nothing was "
+                                               f"served."), 401)
+            await response(scope, receive, send)
+            return
+        from starlette.requests import cookie_parser
+
+        cookie = cookie_parser(dict(headers).get("cookie", "")).get(CSRF_COOKIE, "")
+        fresh = len(cookie) < 32
+        state.update(identity=identity, csrf=secrets.token_urlsafe(32) if fresh else cookie)
+
+        async def with_cookie(message: Message) -> None:
+            if fresh and message["type"] == "http.response.start":
+                value = (f"{CSRF_COOKIE}={state['csrf']}; Path=/; Secure; HttpOnly; "
+                         f"SameSite=Strict")
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"set-cookie", value.encode())]}
+            await send(message)
+
+        await self.app(scope, receive, with_cookie)
 
 
 class HostCheck:
@@ -148,7 +217,8 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
 
     def render(request: Request, name: str, status: int = 200, **context: Any) -> Response:
         context.update(namespace=dashboard.settings.namespace or "(no namespace)",
-                       token=dashboard.token, refresh=dashboard.refresh_seconds)
+                       token=request.state.csrf, refresh=dashboard.refresh_seconds,
+                       user=request.state.identity, deployed=dashboard.deployed)
         return templates.TemplateResponse(request, name, context, status_code=status)
 
     def problem(request: Request, status: int, title: str, text: str) -> Response:
@@ -206,6 +276,10 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
 
     # -- actions ----------------------------------------------------------------------------
     async def action(request: Request) -> Response:
+        user: Identity = request.state.identity
+        if not user.operator:
+            return problem(request, 403, "Forbidden", f"{user.name} is a {user.role}: only "
+                           f"operators may act; nothing changed")
         form = await request.form()
         check = _check_action(request, form, dashboard)
         if check:
@@ -215,16 +289,17 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         confirmed = form.get("confirmed") == "yes"
         from starlette.concurrency import run_in_threadpool
 
-        return await run_in_threadpool(_act, request, name, kind, ids, confirmed)
+        return await run_in_threadpool(_act, request, name, kind, ids, confirmed, user.name)
 
-    def _act(request: Request, name: str, kind: str, ids: list[str], confirmed: bool) -> Response:
+    def _act(request: Request, name: str, kind: str, ids: list[str], confirmed: bool,
+             actor: str) -> Response:
         if kind in ("requeue", "delete"):
             if not ids:
                 raise InvalidSettings("select at least one dead letter")
             if len(ids) > MAX_IDS:
                 raise InvalidSettings(f"at most {MAX_IDS} dead letters per action, got {len(ids)}")
             ids = [_id(i) for i in ids]
-            bench = dashboard.workbench(name)
+            bench = dashboard.workbench(name, actor)
             if not confirmed:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=ids,
                               dlqs=bench.dlqs)
@@ -239,7 +314,8 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=[],
                               rows=rows)
             return render(request, "result.html", channel=name, kind=kind,
-                          reports=requeue_rows(dashboard.clients, dashboard.settings, rows))
+                          reports=requeue_rows(dashboard.clients, dashboard.settings, rows,
+                                               actor=actor))
         return problem(request, 404, "Not found", f"no action {kind!r} (requeue, requeue-all, "
                                                   f"delete); nothing changed")
 
@@ -274,17 +350,27 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             404: http_error, 405: http_error,
         },
     )
-    return SecurityHeaders(HostCheck(app, dashboard.allowed_hosts))
+    authenticated = Authenticate(app, dashboard)
+    if dashboard.deployed:
+        # Behind the load balancer: the Host is the dashboard's domain; the signed header, not
+        # the address, decides who may read.
+        return SecurityHeaders(authenticated)
+    return SecurityHeaders(HostCheck(authenticated, dashboard.allowed_hosts))
 
 
 def _check_action(request: Request, form: FormData, dashboard: Dashboard) -> str:
     """Why this POST may not act ('' when it may): the token, and the Origin when sent."""
     token = form.get("token")
-    if not isinstance(token, str) or not hmac.compare_digest(token.encode(),
-                                                             dashboard.token.encode()):
+    expected: str = request.state.csrf
+    if not isinstance(token, str) or not hmac.compare_digest(token.encode(), expected.encode()):
         return "missing or wrong action token (reload the page: the dashboard was restarted?)"
     origin = request.headers.get("origin")
-    if origin is not None and origin.removeprefix("http://") not in dashboard.allowed_hosts:
+    if origin is None:
+        return ""
+    if dashboard.deployed:
+        if origin != f"https://{request.headers.get('host', '')}":
+            return f"request from another site ({origin!r})"
+    elif origin.removeprefix("http://") not in dashboard.allowed_hosts:
         return f"request from another site ({origin!r})"
     return ""
 
