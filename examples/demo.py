@@ -285,22 +285,31 @@ def step_spark(ctx: DemoContext) -> str:
 
 
 def step_lambdas(ctx: DemoContext) -> str:
-    # A channel nobody consumes, over its (critical) alarm threshold, and one of its reports that
-    # a crashed reader left to SQS's redrive: the three posts below depend only on this step (a
-    # DLQ emptied earlier in the same minute may add a row: the alarm reads the minute's maximum).
-    backlog = ChannelSpec("reports", namespace=NAMESPACE, max_receives=1,
+    # This step sets up what its three posts report, whatever earlier steps did: a channel nobody
+    # consumes over its (critical) alarm threshold (the cleaner: sends, no receives), and an
+    # invoice a crashed reader left to SQS's redrive in its DLQ. (A DLQ emptied earlier in the
+    # same minute may add a row: the alarm reads the minute's maximum, as on AWS.)
+    backlog = ChannelSpec("reports", namespace=NAMESPACE,
                           tags=ChannelTags(owner="bi-team", alarm_threshold=5, critical=True))
-    Provisioner(ctx.clients, ctx.settings).ensure_channel(backlog)
+    crashed = ChannelSpec("invoices", namespace=NAMESPACE, max_receives=1,
+                          tags=ChannelTags(owner="billing"))
+    for spec in (backlog, crashed):
+        Provisioner(ctx.clients, ctx.settings).ensure_channel(spec)
 
     class ReportsProducer(Producer):
         channel = "reports"
 
+    class InvoicesProducer(Producer):
+        channel = "invoices"
+
     ReportsProducer(settings=ctx.settings, clients=ctx.clients).push_many(
         [{"report": n} for n in range(12)]).raise_for_failures()
+    InvoicesProducer(settings=ctx.settings, clients=ctx.clients).push({"invoice": 1})
     # No metric is written here: the local endpoint publishes SQS's own (depth, age, sends...)
     sqs = ctx.clients.client("sqs")
     url = sqs.get_queue_url(QueueName=backlog.queue_name)["QueueUrl"]
-    dlq_url = sqs.get_queue_url(QueueName=backlog.dlq_name)["QueueUrl"]
+    invoices_url = sqs.get_queue_url(QueueName=crashed.queue_name)["QueueUrl"]
+    dlq_url = sqs.get_queue_url(QueueName=crashed.dlq_name)["QueueUrl"]
 
     def depth(queue_url: str) -> int:
         return int(sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=[
@@ -308,15 +317,15 @@ def step_lambdas(ctx: DemoContext) -> str:
 
     # Received once and never deleted (max_receives=1): SQS moves it to the DLQ on the next
     # receive, as it does for a reader that crashes on a message.
-    sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=0)
     for _ in range(20):
+        sqs.receive_message(QueueUrl=invoices_url, MaxNumberOfMessages=1, VisibilityTimeout=0,
+                            WaitTimeSeconds=0)
         if depth(dlq_url) >= 1:
             break
-        sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=0)
     backlog_depth, dead = depth(url), depth(dlq_url)
-    check(dead == 1 and backlog_depth == 11,
-          f"one report dead-lettered by SQS, 11 waiting: found {dead} in {backlog.dlq_name}, "
-          f"{backlog_depth} in {backlog.queue_name}")
+    check(dead == 1 and backlog_depth == 12,
+          f"one invoice dead-lettered by SQS, 12 reports waiting: found {dead} in "
+          f"{crashed.dlq_name}, {backlog_depth} in {backlog.queue_name}")
     sink = WebhookSink()
     try:
         ctx.clients.client("secretsmanager").create_secret(
@@ -343,17 +352,18 @@ def step_lambdas(ctx: DemoContext) -> str:
         dlq_rows = sorted(line.split("*")[1] for line in dlq_alarm.splitlines()
                           if line.startswith(("🟠 *", "🔴 *")))
         orders_dlq = next(s for s in example_channels(NAMESPACE) if s.name == "orders").dlq_name
-        check(backlog.dlq_name in dlq_rows and set(dlq_rows) <= {backlog.dlq_name, orders_dlq},
-              f"the DLQ alarm flags {backlog.dlq_name} (and at most {orders_dlq}, emptied this "
+        check(crashed.dlq_name in dlq_rows and set(dlq_rows) <= {crashed.dlq_name, orders_dlq},
+              f"the DLQ alarm flags {crashed.dlq_name} (and at most {orders_dlq}, emptied this "
               f"minute): it flagged {dlq_rows}")
-        check("dry run" in cleaner, f"the cleaner reported without deleting: it posted\n{cleaner}")
+        check("dry run" in cleaner and backlog.queue_name in cleaner,
+              f"the cleaner reported {backlog.queue_name} without deleting: it posted\n{cleaner}")
         for post in sink.posts:
             console.print(Panel(render_text(post), title="Slack (local webhook sink)",
                                 expand=False))
         # The alarm's inspect command, run as pasted (it names the namespace).
         inspect = next(line.split("inspect: `")[1].split("`")[0]
                        for line in dlq_alarm.splitlines()
-                       if f"Channel `{backlog.name}`" in line)
+                       if f"Channel `{crashed.name}`" in line)
         listed = subprocess.run(
             inspect, shell=True, capture_output=True, text=True, timeout=120,
             env={**env, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
@@ -362,8 +372,9 @@ def step_lambdas(ctx: DemoContext) -> str:
               f"the DLQ alarm's `{inspect}` works as pasted: exit {listed.returncode}: "
               f"{(listed.stdout + listed.stderr)[-600:]}")
         return (f"{len(sink.posts)} Slack posts over HTTP to the local sink: the critical "
-                f"backlog of {backlog.queue_name} ({backlog_depth} > 5), its dead letter in "
-                f"{backlog.dlq_name}, the cleaner's dry-run report; `{inspect}` as pasted lists it")
+                f"backlog of {backlog.queue_name} ({backlog_depth} > 5), the dead letter in "
+                f"{crashed.dlq_name}, the cleaner's dry-run report; `{inspect}` as pasted lists "
+                "it")
     finally:
         sink.close()
 
