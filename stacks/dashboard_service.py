@@ -1,0 +1,335 @@
+"""`DashboardService`: the team dashboard on AWS, behind a login (issue 43).
+
+```python
+platform.add_dashboard(certificate=cert, domain_name="messenger.example.com",
+                       login=CognitoLogin(domain_prefix="shop-messenger"))
+```
+
+An internet-facing Application Load Balancer whose HTTPS listener has one action chain and no
+rules: authenticate (`authenticate-cognito` with a user pool the construct creates or one given,
+or `authenticate-oidc` with a team's own provider), then forward to a Lambda function running
+the same Starlette app as `messenger dashboard` (mangum). Port 80 only redirects to HTTPS. There
+is no path around the login: the function has no URL and only this load balancer's target group
+may invoke it, and the app itself refuses (401) any request without the load balancer's signed
+identity header (`messenger.tools.dashboard.auth`).
+
+The function's role reads the namespace's queues, metrics, status and worker tables; the
+operators' actions are the only writes: receive/delete on the namespace's DLQs (requeue and
+delete), send to its queues (requeue), the status records naming who did it.
+
+Roles: a user in one of `operator_groups` (the claim `groups_claim` of the signed header) is an
+operator, everyone else signed in is a viewer. A Cognito pool this construct creates keeps a
+user's groups in the custom attribute `custom:groups` (the header's claims are the provider's
+userinfo, which carries user attributes, not `cognito:groups`); only an administrator can write
+it (the app client may read, not write, it).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aws_cdk import Aws, CfnOutput, Duration, RemovalPolicy, SecretValue, Stack
+from aws_cdk import aws_certificatemanager as acm
+from aws_cdk import aws_cognito as cognito
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_elasticloadbalancingv2 as elbv2
+from aws_cdk import aws_elasticloadbalancingv2_actions as elbv2_actions
+from aws_cdk import aws_elasticloadbalancingv2_targets as elbv2_targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from messenger.channel import DLQ_SUFFIX, status_table_name, workers_table_name
+from stacks.bundle import IGNORE_CODE, REPO_ROOT, staging_root
+from stacks.foundation import Foundation
+from stacks.nag import acknowledge
+
+#: What the image's Dockerfile needs from the repository (its build context, staged at synth).
+IMAGE_FILES = ("messenger", "lambdas/dashboard", "pyproject.toml", "requirements.txt",
+               "README.md")
+#: The load balancer gives a Lambda target at most this long; the app answers sooner.
+FUNCTION_TIMEOUT = Duration.seconds(30)
+#: The claim a pool created here keeps a user's groups in.
+COGNITO_GROUPS_CLAIM = "custom:groups"
+
+
+@dataclass(frozen=True)
+class CognitoLogin:
+    """Sign in with a Cognito user pool (`authenticate-cognito`).
+
+    domain_prefix: the hosted UI's domain prefix (`<prefix>.auth.<region>.amazoncognito.com`),
+        for a pool created here. user_pool / user_pool_client / user_pool_domain: a pool of the
+        team's own (all three; the client must have a secret, the code grant and the callback
+        `https://<domain_name>/oauth2/idpresponse`); None: a pool is created (no self sign-up,
+        MFA required, administrators add users and their groups).
+    groups_claim: where the signed header carries a user's groups (default `custom:groups`).
+    """
+
+    domain_prefix: str = ""
+    user_pool: cognito.IUserPool | None = None
+    user_pool_client: cognito.IUserPoolClient | None = None
+    user_pool_domain: cognito.IUserPoolDomain | None = None
+    groups_claim: str = COGNITO_GROUPS_CLAIM
+
+
+@dataclass(frozen=True)
+class OidcLogin:
+    """Sign in with the team's own OpenID Connect provider (`authenticate-oidc`).
+
+    issuer, authorization_endpoint, token_endpoint, user_info_endpoint: the provider's.
+    client_id / client_secret: the app client registered there (callback
+    `https://<domain_name>/oauth2/idpresponse`); keep the secret in Secrets Manager
+    (`SecretValue.secrets_manager(...)`). groups_claim: the userinfo claim with the groups.
+    """
+
+    issuer: str
+    authorization_endpoint: str
+    token_endpoint: str
+    user_info_endpoint: str
+    client_id: str
+    client_secret: SecretValue
+    groups_claim: str = "groups"
+    scope: str = "openid email profile"
+
+
+class DashboardService(Construct):
+    """The dashboard of `namespace` behind an authenticating load balancer.
+
+    foundation: the platform key, tables and offload bucket (grants). vpc: where the load
+    balancer lives (public subnets). certificate / domain_name: the HTTPS certificate and the
+    name users open (point it at `.load_balancer`). login: `CognitoLogin` or `OidcLogin`.
+    operator_groups: groups whose members may requeue and delete (default ("operators",)).
+    allowed_cidrs: who may reach the load balancer (default everyone: the login guards it).
+    refresh_seconds: live updates' interval (default 5). memory_mib: default 1024.
+    Outputs: `load_balancer`, `function`, `role`, `user_pool` (None for OIDC or a given pool),
+    `https_listener`, `url`.
+    """
+
+    def __init__(
+        self, scope: Construct, id: str, *, foundation: Foundation, vpc: ec2.IVpc,
+        namespace: str, certificate: acm.ICertificate, domain_name: str,
+        login: CognitoLogin | OidcLogin, operator_groups: Sequence[str] = ("operators",),
+        allowed_cidrs: Sequence[str] = ("0.0.0.0/0",), refresh_seconds: int = 5,
+        memory_mib: int = 1024, log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+    ) -> None:
+        super().__init__(scope, id)
+        if not domain_name or "/" in domain_name:
+            raise ValueError(f"DashboardService {id!r}: domain_name is a host name, got "
+                             f"{domain_name!r}")
+        if isinstance(login, CognitoLogin) and login.user_pool is None \
+                and not login.domain_prefix:
+            raise ValueError(f"DashboardService {id!r}: CognitoLogin needs domain_prefix (or a "
+                             f"user pool, client and domain of your own)")
+        if not allowed_cidrs:
+            raise ValueError(f"DashboardService {id!r}: allowed_cidrs is empty: nobody could "
+                             f"reach it")
+        self.namespace = namespace
+        self.user_pool: cognito.UserPool | None = None
+        security_group = ec2.SecurityGroup(
+            self, "LoadBalancerSecurityGroup", vpc=vpc, allow_all_outbound=False,
+            description="messenger dashboard load balancer: HTTPS (and HTTP to redirect) in")
+        for cidr in allowed_cidrs:
+            for port in (443, 80):
+                security_group.add_ingress_rule(ec2.Peer.ipv4(cidr), ec2.Port.tcp(port),
+                                                f"dashboard users ({port})")
+        # Authenticating needs the IdP's token and userinfo endpoints over HTTPS.
+        security_group.add_egress_rule(ec2.Peer.any_ipv4(), ec2.Port.tcp(443),
+                                       "the identity provider's endpoints")
+        self.load_balancer = elbv2.ApplicationLoadBalancer(
+            self, "LoadBalancer", vpc=vpc, internet_facing=True, security_group=security_group,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+            drop_invalid_header_fields=True, http2_enabled=True,
+        )
+        self.load_balancer.log_access_logs(foundation.access_logs, prefix="dashboard-alb")
+        cognito_parts = None
+        if isinstance(login, OidcLogin):
+            self.client_id = login.client_id
+        else:
+            cognito_parts = (login.user_pool, login.user_pool_client, login.user_pool_domain)
+            if None in cognito_parts:
+                cognito_parts = self._user_pool(login, domain_name)
+            self.client_id = cognito_parts[1].user_pool_client_id  # type: ignore[union-attr]
+        self.function, self.role = self._function(foundation, login, operator_groups,
+                                                  refresh_seconds, memory_mib, log_retention)
+        target_group = elbv2.ApplicationTargetGroup(
+            self, "Target", targets=[elbv2_targets.LambdaTarget(self.function)])
+        # LambdaTarget lets elasticloadbalancing.amazonaws.com invoke the function with no
+        # condition; limit it to this account's load balancers (a target group's ARN cannot be
+        # the condition: the group registers the function only once the permission exists).
+        for child in self.function.node.find_all():
+            if isinstance(child, lambda_.CfnPermission) \
+                    and child.principal == "elasticloadbalancing.amazonaws.com":
+                child.add_property_override("SourceAccount", Stack.of(self).account)
+        forward = elbv2.ListenerAction.forward([target_group])
+        self.https_listener = self.load_balancer.add_listener(
+            "Https", port=443, protocol=elbv2.ApplicationProtocol.HTTPS,
+            certificates=[elbv2.ListenerCertificate.from_certificate_manager(certificate)],
+            ssl_policy=elbv2.SslPolicy.RECOMMENDED_TLS, open=False,
+            default_action=self._authenticate(login, cognito_parts, forward),
+        )
+        self.load_balancer.add_redirect(source_port=80, target_port=443)
+        acknowledge(security_group, "AwsSolutions-EC23",
+                    "The dashboard is for people signing in from anywhere (allowed_cidrs "
+                    "narrows it); every request is authenticated by the listener and verified "
+                    "again by the app, and port 80 only redirects to HTTPS.")
+        self.url = f"https://{domain_name}/"
+        CfnOutput(self, "Url", value=self.url)
+        CfnOutput(self, "LoadBalancerDnsName", value=self.load_balancer.load_balancer_dns_name)
+
+    # -- login ----------------------------------------------------------------------------
+    def _authenticate(self, login: CognitoLogin | OidcLogin, cognito_parts: tuple | None,
+                      forward: elbv2.ListenerAction) -> elbv2.ListenerAction:
+        if isinstance(login, OidcLogin):
+            return elbv2.ListenerAction.authenticate_oidc(
+                issuer=login.issuer, authorization_endpoint=login.authorization_endpoint,
+                token_endpoint=login.token_endpoint, user_info_endpoint=login.user_info_endpoint,
+                client_id=login.client_id, client_secret=login.client_secret, scope=login.scope,
+                on_unauthenticated_request=elbv2.UnauthenticatedAction.AUTHENTICATE,
+                session_timeout=Duration.hours(8), next=forward)
+        assert cognito_parts is not None
+        pool, client, domain = cognito_parts
+        return elbv2_actions.AuthenticateCognitoAction(
+            user_pool=pool, user_pool_client=client, user_pool_domain=domain,
+            scope="openid email profile", session_timeout=Duration.hours(8),
+            on_unauthenticated_request=elbv2.UnauthenticatedAction.AUTHENTICATE, next=forward)
+
+    def _user_pool(self, login: CognitoLogin, domain_name: str
+                   ) -> tuple[cognito.UserPool, cognito.UserPoolClient, cognito.UserPoolDomain]:
+        pool = cognito.UserPool(
+            self, "UserPool",
+            user_pool_name=f"{self.namespace + '-' if self.namespace else ''}messenger-dashboard",
+            self_sign_up_enabled=False,
+            sign_in_aliases=cognito.SignInAliases(email=True),
+            mfa=cognito.Mfa.REQUIRED,
+            mfa_second_factor=cognito.MfaSecondFactor(sms=False, otp=True),
+            password_policy=cognito.PasswordPolicy(
+                min_length=14, require_digits=True, require_lowercase=True,
+                require_uppercase=True, require_symbols=True,
+                temp_password_validity=Duration.days(3)),
+            account_recovery=cognito.AccountRecovery.EMAIL_ONLY,
+            custom_attributes={"groups": cognito.StringAttribute(min_len=0, max_len=2048,
+                                                                  mutable=True)},
+            feature_plan=cognito.FeaturePlan.PLUS,
+            standard_threat_protection_mode=cognito.StandardThreatProtectionMode.FULL_FUNCTION,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        client = pool.add_client(
+            "Client", generate_secret=True,
+            o_auth=cognito.OAuthSettings(
+                flows=cognito.OAuthFlows(authorization_code_grant=True),
+                scopes=[cognito.OAuthScope.OPENID, cognito.OAuthScope.EMAIL,
+                        cognito.OAuthScope.PROFILE],
+                callback_urls=[f"https://{domain_name}/oauth2/idpresponse"]),
+            # Users read their groups; only administrators (AdminUpdateUserAttributes) set them.
+            read_attributes=cognito.ClientAttributes().with_standard_attributes(
+                email=True, email_verified=True).with_custom_attributes("groups"),
+            write_attributes=cognito.ClientAttributes().with_standard_attributes(email=True),
+            prevent_user_existence_errors=True,
+        )
+        domain = pool.add_domain("Domain", cognito_domain=cognito.CognitoDomainOptions(
+            domain_prefix=login.domain_prefix))
+        self.user_pool = pool
+        return pool, client, domain
+
+    # -- the function ---------------------------------------------------------------------
+    def _function(self, foundation: Foundation, login: CognitoLogin | OidcLogin,
+                  operator_groups: Sequence[str], refresh_seconds: int, memory_mib: int,
+                  retention: logs.RetentionDays) -> tuple[lambda_.Function, iam.Role]:
+        log_group = logs.LogGroup(self, "Logs", retention=retention,
+                                  removal_policy=RemovalPolicy.DESTROY)
+        # An explicit role: the default one carries the AWS-managed basic execution policy,
+        # which may write to every log group of the account.
+        role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+                        description="messenger dashboard (read the namespace; operators' "
+                                    "requeue and delete)")
+        log_group.grant_write(role)
+        function = lambda_.DockerImageFunction(
+            self, "Function",
+            code=lambda_.DockerImageCode.from_image_asset(str(_image_context())),
+            architecture=lambda_.Architecture.X86_64,
+            role=role, log_group=log_group, memory_size=memory_mib, timeout=FUNCTION_TIMEOUT,
+            tracing=lambda_.Tracing.ACTIVE,
+            environment={
+                "MESSENGER_NAMESPACE": self.namespace,
+                "MESSENGER_PROVISIONING": "verify",
+                "MESSENGER_DASHBOARD_ALB_ARN": self.load_balancer.load_balancer_arn,
+                "MESSENGER_DASHBOARD_CLIENT_ID": self.client_id,
+                "MESSENGER_DASHBOARD_OPERATOR_GROUPS": ",".join(operator_groups),
+                "MESSENGER_DASHBOARD_GROUPS_CLAIM": login.groups_claim,
+                "MESSENGER_DASHBOARD_REFRESH": str(refresh_seconds),
+                "POWERTOOLS_SERVICE_NAME": "messenger-dashboard",
+            },
+            description=f"messenger dashboard of namespace {self.namespace or '(none)'}",
+        )
+        self._grant(role, foundation)
+        return function, role
+
+    def _grant(self, role: iam.Role, foundation: Foundation) -> None:
+        stack = Stack.of(self)
+        prefix = f"{self.namespace}-" if self.namespace else ""
+        queues = f"arn:{Aws.PARTITION}:sqs:{stack.region}:{stack.account}:{prefix}*"
+        dlqs = [f"{queues}{DLQ_SUFFIX}", f"{queues}{DLQ_SUFFIX}.fifo"]
+        table = f"arn:{Aws.PARTITION}:dynamodb:{stack.region}:{stack.account}:table/"
+        statements = [
+            # Reading: which queues are the namespace's (tags), their depths, their metrics.
+            iam.PolicyStatement(sid="FindQueuesByTag", actions=["tag:GetResources"],
+                                resources=["*"]),
+            iam.PolicyStatement(sid="ReadMetrics", actions=["cloudwatch:GetMetricData"],
+                                resources=["*"]),
+            iam.PolicyStatement(sid="ReadQueues",
+                                actions=["sqs:GetQueueUrl", "sqs:GetQueueAttributes",
+                                         "sqs:ListQueueTags"], resources=[queues]),
+            # A DLQ page holds its letters while it reads them; requeue and delete take them.
+            iam.PolicyStatement(sid="OperateDeadLetters",
+                                actions=["sqs:ReceiveMessage", "sqs:ChangeMessageVisibility",
+                                         "sqs:DeleteMessage"], resources=dlqs),
+            # Requeue: a letter goes back to its own queue of the namespace.
+            iam.PolicyStatement(sid="RequeueToQueues", actions=["sqs:SendMessage"],
+                                resources=[queues]),
+            iam.PolicyStatement(sid="ReadStatusAndWorkers",
+                                actions=["dynamodb:DescribeTable", "dynamodb:Query",
+                                         "dynamodb:Scan"],
+                                resources=[table + status_table_name(self.namespace),
+                                           table + workers_table_name(self.namespace)]),
+            # Who requeued or deleted a job, on its timeline.
+            iam.PolicyStatement(sid="RecordOperatorActions",
+                                actions=["dynamodb:BatchWriteItem", "dynamodb:PutItem"],
+                                resources=[table + status_table_name(self.namespace)]),
+        ]
+        for statement in statements:
+            role.add_to_policy(statement)
+        foundation.key.grant(role, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
+        foundation.grant_offload_read(role)  # a letter's offloaded body
+        policy = role.node.try_find_child("DefaultPolicy")
+        assert policy is not None
+        acknowledge(policy, "AwsSolutions-IAM5[Resource::*]",
+                    "tag:GetResources, cloudwatch:GetMetricData and X-Ray's trace writes have "
+                    "no resource types, so IAM grants them on * only; they read, never change.")
+        acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:"
+                            f"{stack.region}:{stack.account}:{prefix}*]",
+                    "The namespace's queues are made by channel stacks and at run time; the "
+                    "prefix is the namespace, and the only write is SendMessage (requeue).")
+        for dlq in dlqs:
+            acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:"
+                                f"{stack.region}:{stack.account}:{dlq.rsplit(':', 1)[1]}]",
+                        "Receive and delete are limited to the namespace's dead-letter queues "
+                        "(names ending -dlq): the operators' requeue and delete.")
+
+
+def _image_context() -> str:
+    """The function image's build context: only IMAGE_FILES (so nothing else changes its hash),
+    staged once per process."""
+    target = staging_root() / "dashboard-image"
+    if not target.exists():
+        for name in IMAGE_FILES:
+            source = REPO_ROOT / name
+            if source.is_dir():
+                shutil.copytree(source, target / name, ignore=IGNORE_CODE)
+            else:
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target / name)
+        shutil.copy2(REPO_ROOT / "lambdas" / "dashboard" / "Dockerfile", target / "Dockerfile")
+    return str(target)
