@@ -16,6 +16,7 @@ from constructs import Construct
 
 from messenger.channel import TAG_MANAGED, TAG_NAMESPACE
 from stacks.config import MessengerConfig
+from stacks.dashboard_service import DashboardService
 from stacks.foundation import Foundation
 from stacks.ops import OpsFunctions
 from stacks.schedules import ScheduleWiring
@@ -82,6 +83,12 @@ class PlatformStack(Stack):
         Tags.of(self).add(TAG_MANAGED, "true")
         if config.namespace:
             Tags.of(self).add(TAG_NAMESPACE, config.namespace)
+
+    def add_dashboard(self, id: str = "Dashboard", **options: Any) -> DashboardService:
+        """The team dashboard of this namespace behind a login (`DashboardService`: certificate=,
+        domain_name=, login=CognitoLogin(...) or OidcLogin(...), operator_groups=, ...)."""
+        return DashboardService(self, id, foundation=self.foundation, vpc=self.vpc,
+                                namespace=self.namespace, **options)
 
     @property
     def availability_zones(self) -> list[str]:
