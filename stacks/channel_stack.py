@@ -163,6 +163,7 @@ class ChannelStack(Stack):
         """An HTTP API that puts jobs on `channels` (stacks/http_enqueue.py): a Regional REST
         API, IAM (SigV4) on every method unless `options` name a Cognito user pool or an
         unauthenticated route. options: HttpEnqueue's (throttle_rate, usage_plan, ...)."""
+        options.setdefault("schedules", self.platform.schedules)  # jobs with at/delay_seconds
         return HttpEnqueue(self, id, channels=channels, foundation=self.platform.foundation,
                            namespace=self.namespace, **options)
 

@@ -12,7 +12,8 @@ api = stack.add_http_enqueue([orders], cognito_user_pools=[pool])  # a Cognito a
 The methods run one Lambda function, `lambdas/http_enqueue` (`messenger.api.app.JobApi`: the
 channels' own `Producer`s), which may send to the API's channels and nothing else: their queues
 or topics and the platform key, the offload bucket's payloads, the dedup, idempotency and (for
-channels that track status) status tables. The channels reach the function as
+channels that track status) status tables, and (given the namespace's `ScheduleWiring`) create
+one-time schedules for jobs due later (`at`, `delay_seconds`). The channels reach the function as
 `MESSENGER_API_CHANNELS` (`messenger.api.channels`' form, written here from each `ChannelSpec`).
 """
 
@@ -35,6 +36,7 @@ from stacks.bundle import LAMBDA_PACKAGES, lambda_bundle
 from stacks.channel import Channel
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge
+from stacks.schedules import ScheduleWiring
 
 RUNTIME = lambda_.Runtime.PYTHON_3_11
 #: What the API's function imports besides Powertools: pydantic validates the requests.
@@ -62,7 +64,9 @@ JOB_SCHEMA: dict[str, Any] = {
         "routing_key": {"type": "string", "minLength": 1, "maxLength": 256},
         "group_id": {"type": "string", "minLength": 1, "maxLength": 128},
         "max_attempts": {"type": "integer", "minimum": 1, "maximum": 1000},
-        "delay_seconds": {"type": "integer", "minimum": 0, "maximum": 900},
+        # MAX_DELAY_SECONDS (a year): beyond 900 s, or on an ordered channel, a schedule
+        "delay_seconds": {"type": "integer", "minimum": 0, "maximum": 366 * 86_400},
+        "at": {"type": "string", "minLength": 20, "maxLength": 35},  # RFC 3339, its zone
     },
 }
 BATCH_SCHEMA: dict[str, Any] = {
@@ -93,6 +97,12 @@ class HttpEnqueue(Construct):
 
     channels: the channels it enqueues to (at least one; exchanges by their topic).
     foundation: the platform key, offload bucket and job tables (grants).
+    schedules: the namespace's `ScheduleWiring`: the function's role gets its producers' policy
+        (CreateSchedule in the group, PassRole of the scheduler role to Scheduler only), so a
+        job with `at` or a `delay_seconds` beyond SQS's 15 minutes (any, on an ordered channel
+        or an exchange) becomes a one-time schedule (default None: the function may not
+        create schedules, and such a job is not accepted). `add_http_enqueue` passes the
+        platform's.
     namespace: MESSENGER_NAMESPACE of the function.
     cognito_user_pools: authorize with these Cognito user pools (ID or access tokens) instead
         of IAM (default: none, IAM/SigV4 on every method).
@@ -114,7 +124,8 @@ class HttpEnqueue(Construct):
 
     def __init__(
         self, scope: Construct, id: str, *, channels: Sequence[Channel], foundation: Foundation,
-        namespace: str, cognito_user_pools: Sequence[cognito.IUserPool] = (),
+        namespace: str, schedules: ScheduleWiring | None = None,
+        cognito_user_pools: Sequence[cognito.IUserPool] = (),
         authorization_scopes: Sequence[str] = (), unauthenticated: Sequence[str] = (),
         throttle_rate: float = 50, throttle_burst: int = 100,
         usage_plan: apigw.ThrottleSettings | None = None,
@@ -138,6 +149,8 @@ class HttpEnqueue(Construct):
         served = api_channels(self.channels)
         self.function, self.role = self._function(
             foundation, namespace, served, memory_mib, idempotency_window, log_retention)
+        if schedules is not None:
+            schedules.grant_one_time(self.role)  # jobs due later: one-time schedules
         self.access_logs = logs.LogGroup(self, "AccessLogs", retention=log_retention,
                                           removal_policy=RemovalPolicy.DESTROY)
         self.api = apigw.RestApi(

@@ -106,6 +106,9 @@ class ScheduleWiring(Construct):
                 iam.PolicyStatement(
                     actions=["scheduler:ListSchedules", "scheduler:GetScheduleGroup"],
                     resources=["*"]),
+                # A producer (provisioning=verify) finds the schedule DLQ's ARN by its URL.
+                iam.PolicyStatement(actions=["sqs:GetQueueUrl"],
+                                    resources=[self.dlq.queue_arn]),
                 iam.PolicyStatement(
                     actions=["iam:PassRole"], resources=[self.role.role_arn],
                     conditions={"StringEquals": {"iam:PassedToService": SCHEDULER_PRINCIPAL}}),

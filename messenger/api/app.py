@@ -26,6 +26,7 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import timezone
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
@@ -174,13 +175,13 @@ class JobApi:
             served = self._channel(channel)
             context = app.lambda_context
             if idempotency_key is None:
-                job_id, replayed = self._push(served, job, None), False
+                accepted, replayed = self._push(served, job, None), False
             else:
-                job_id, replayed = self._push_once(served, job, idempotency_key, context)
-            headers = {"Location": self._location(app, job_id)}
+                accepted, replayed = self._push_once(served, job, idempotency_key, context)
+            headers = {"Location": self._location(app, accepted["job_id"])}
             if replayed:
                 headers["Idempotent-Replayed"] = "true"
-            body = {"job_id": job_id, "channel": served.name, "status": "accepted"}
+            body = {"job_id": accepted["job_id"], "channel": served.name, **accepted}
             return Response(202, JSON, json.dumps(body), headers=headers)
 
         @app.post("/channels/<channel>/jobs/batch")
@@ -206,19 +207,22 @@ class JobApi:
                                 f"{', '.join(sorted(self.channels))}")
         return served
 
-    def _push(self, channel: ApiChannel, job: JobRequest, message_id: str | None) -> str:
-        """Push one job; its message id. ApiError for what was not accepted."""
+    def _push(self, channel: ApiChannel, job: JobRequest, message_id: str | None
+              ) -> dict[str, str]:
+        """Push one job; what its answer says of it (`_accepted`). ApiError for what was not
+        accepted."""
         item = _item(job, message_id)
         producer = self._producer(channel)
         pushed = _refusing(lambda: producer.push(
             item.body, item.routing_key, group_id=item.group_id, priority=item.priority,
-            message_id=item.message_id, max_attempts=item.max_attempts, dedup=item.dedup))
+            message_id=item.message_id, max_attempts=item.max_attempts, dedup=item.dedup,
+            **_timing(job)))
         self._flush_status(producer)
-        return str(pushed)
+        return _accepted(pushed)
 
     def _push_once(self, channel: ApiChannel, job: JobRequest, key: str, context: Any
-                   ) -> tuple[str, bool]:
-        """Push under an Idempotency-Key; (job id, whether the answer is a replay)."""
+                   ) -> tuple[dict[str, str], bool]:
+        """Push under an Idempotency-Key; (the answer's job fields, whether it is a replay)."""
         from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
         from aws_lambda_powertools.utilities.idempotency.base import IdempotencyHandler
         from aws_lambda_powertools.utilities.idempotency.exceptions import (
@@ -230,11 +234,11 @@ class JobApi:
         if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or not key.isprintable():
             raise ApiError(400, f"Idempotency-Key: 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable "
                                 f"characters")
-        pushed: list[str] = []
+        pushed: list[dict[str, str]] = []
 
         def push() -> dict[str, str]:
             pushed.append(self._push(channel, job, job_id_for_key(channel.name, key)))
-            return {"job_id": pushed[0]}
+            return pushed[0]
 
         remaining = _remaining_millis(context)
         config = IdempotencyConfig(
@@ -262,9 +266,10 @@ class JobApi:
                                     f"{error}", {"Retry-After": str(RETRY_AFTER_THROTTLED)}
                                ) from None
             # Accepted: only its record failed. A retry finds the dedup claim (same job id).
-            logger.warning("job %s accepted; its idempotency record failed: %s", pushed[0], error)
+            logger.warning("job %s accepted; its idempotency record failed: %s",
+                           pushed[0]["job_id"], error)
             return pushed[0], False
-        return str(answer["job_id"]), not pushed
+        return {name: str(value) for name, value in answer.items()}, not pushed
 
     # -- batches ------------------------------------------------------------------------------
     def _push_batch(self, channel: ApiChannel, batch: BatchRequest
@@ -275,7 +280,15 @@ class JobApi:
         positions: list[int] = []
         for index, raw in enumerate(batch.jobs):
             try:
-                items.append(_item(JobRequest.model_validate(raw), None))
+                job = JobRequest.model_validate(raw)
+                if _timing(job):  # its own due time: a push of its own (push_many's is per call)
+                    accepted = self._push(channel, job, None)
+                    results[index].update(
+                        status=202, job_id=accepted["job_id"],
+                        scheduled=accepted["status"] == "scheduled",
+                        **{k: v for k, v in accepted.items() if k == "due_at"})
+                    continue
+                items.append(_item(job, None))
                 positions.append(index)
             except ValidationError as error:
                 results[index].update(status=400, error=describe_errors(error.errors()))
@@ -363,12 +376,30 @@ class JobApi:
 
 
 def _item(job: JobRequest, message_id: str | None) -> PushItem:
-    if job.delay_seconds:
-        raise ApiError(400, "delay_seconds: per-job delays are not available yet (only 0); the "
-                            "channel's own delay applies")
     return PushItem(job.body, job.routing_key, group_id=job.group_id, priority=job.priority,
                     message_id=message_id, max_attempts=job.max_attempts,
                     dedup=True if message_id is not None else None)
+
+
+def _timing(job: JobRequest) -> dict[str, Any]:
+    """push's `at=` / `delay=` of a job ({} when it runs now); ApiError when it gives both."""
+    if job.at is not None and job.delay_seconds:
+        raise ApiError(400, "at, delay_seconds: give one of them, not both (at: an RFC 3339 "
+                            "time with its zone; delay_seconds: seconds from now)")
+    if job.at is not None:
+        return {"at": job.at}
+    if job.delay_seconds:
+        return {"delay": job.delay_seconds}
+    return {}
+
+
+def _accepted(pushed: Any) -> dict[str, str]:
+    """What a 202 says of a pushed job: its id, 'scheduled' (a one-time schedule holds it until
+    `due_at`) or 'accepted' (in its queue; `due_at` when SQS's DelaySeconds hides it till then)."""
+    answer = {"job_id": str(pushed), "status": "scheduled" if pushed.scheduled else "accepted"}
+    if pushed.due is not None:
+        answer["due_at"] = pushed.due.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return answer
 
 
 def _refusing(call: Callable[[], Any]) -> Any:

@@ -6,11 +6,13 @@ turns its errors into one line per field ('max_attempts: Input should be a valid
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from messenger.channel import MAX_BATCH_ENTRIES, SQS_MAX_DELAY_SECONDS, SQS_MAX_RECEIVE_COUNT
+from messenger.channel import MAX_BATCH_ENTRIES, SQS_MAX_RECEIVE_COUNT
 
 #: Jobs in one batch request (SQS's batch size: one SendMessageBatch per level).
 MAX_BATCH_JOBS = MAX_BATCH_ENTRIES
@@ -20,6 +22,13 @@ MAX_BATCH_JOBS = MAX_BATCH_ENTRIES
 MAX_REQUEST_BYTES = 5 * 1024 * 1024 + 512 * 1024
 #: Longest Idempotency-Key (the IETF draft sets none; DynamoDB keys are hashed anyway).
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+#: Longest `delay_seconds` of a job (a year): up to 900 SQS's DelaySeconds on a standard queue,
+#: beyond (or on an ordered channel or an exchange) a one-time EventBridge Scheduler schedule.
+MAX_DELAY_SECONDS = 366 * 86_400
+#: RFC 3339 date-time with its zone ('Z' or an offset), as `at` takes it.
+_RFC3339 = re.compile(
+    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+AT_FORM = "an RFC 3339 time with its zone, e.g. 2026-12-01T09:00:00Z or 2026-12-01T10:00:00+01:00"
 
 
 class JobRequest(BaseModel):
@@ -27,7 +36,9 @@ class JobRequest(BaseModel):
     routing_key: an exchange's routing key (its subscriptions filter on it). group_id: ordered
     channel: the FIFO group; standard channel: the fair-queue tenant key. max_attempts: runs
     before the consumer dead-letters the job (1 to the channel's max_receives). delay_seconds:
-    not available yet (only 0): a per-job delay needs the producer's support (issue 41)."""
+    run the job this many seconds from now (0 to `MAX_DELAY_SECONDS`; default 0). at: run it at
+    this RFC 3339 time with its zone (not with delay_seconds). Both are `push(delay=/at=)`'s:
+    SQS's DelaySeconds within 15 minutes on a standard queue, else a one-time schedule."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -36,7 +47,23 @@ class JobRequest(BaseModel):
     routing_key: str | None = Field(default=None, min_length=1, max_length=256)
     group_id: str | None = Field(default=None, min_length=1, max_length=128)
     max_attempts: int | None = Field(default=None, ge=1, le=SQS_MAX_RECEIVE_COUNT, strict=True)
-    delay_seconds: int = Field(default=0, ge=0, le=SQS_MAX_DELAY_SECONDS, strict=True)
+    delay_seconds: int = Field(default=0, ge=0, le=MAX_DELAY_SECONDS, strict=True)
+    at: datetime | None = None
+
+    @field_validator("at", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: Any) -> datetime | None:
+        """Only an RFC 3339 string with a zone (pydantic alone would take epoch numbers and
+        zone-less times)."""
+        if value is None:
+            return None
+        if not isinstance(value, str) or not _RFC3339.match(value):
+            raise ValueError(f"{AT_FORM}; got {value!r:.80}")
+        text = value[:-1] + "+00:00" if value[-1] in "Zz" else value
+        try:
+            return datetime.fromisoformat(text.replace("t", "T"))
+        except ValueError:
+            raise ValueError(f"{AT_FORM}; got {value!r:.80} (no such date or time)") from None
 
 
 class BatchRequest(BaseModel):
@@ -56,7 +83,7 @@ def describe_errors(errors: Any) -> str:
         if location[:1] == ["body"]:  # Powertools prefixes the request body
             location = location[1:]
         field = ".".join(location) or "request body"
-        message = str(error.get("msg", "invalid"))
+        message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
         if error.get("type") == "json_invalid":
             field, message = "request body", "not valid JSON"
         elif error.get("type") == "extra_forbidden":

@@ -280,7 +280,9 @@ class _BaseProducer:
             self._record_queued([prepared.message_id], sent_at)
         if trace is not None:
             trace.sent(sent_id)
-        return PushedId(prepared.message_id)
+        if when is None:
+            return PushedId(prepared.message_id)
+        return PushedId(prepared.message_id, due=when.due, scheduled=when.scheduled)
 
     def push_many(self, items: Iterable[PushItem | Any]) -> PushManyResult:
         """Send many messages in batches of up to 10; items are PushItems or bare bodies.

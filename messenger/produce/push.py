@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from messenger.errors import PublishFailed
@@ -34,13 +35,20 @@ class PushItem:
 
 class PushedId(str):
     """What `push` returns: the message id (a str), and whether the push was a duplicate that
-    was not sent (`duplicate`: the id was pushed within the dedup window already)."""
+    was not sent (`duplicate`: the id was pushed within the dedup window already). A push with
+    `at=`/`delay=` also says when the job is due (`due`, UTC; None: now) and whether it waits
+    as a one-time schedule (`scheduled`; False: SQS's DelaySeconds, or sent now)."""
 
     duplicate: bool
+    due: datetime | None
+    scheduled: bool
 
-    def __new__(cls, message_id: str, duplicate: bool = False) -> PushedId:
+    def __new__(cls, message_id: str, duplicate: bool = False, due: datetime | None = None,
+                scheduled: bool = False) -> PushedId:
         made = super().__new__(cls, message_id)
         made.duplicate = duplicate
+        made.due = due
+        made.scheduled = scheduled
         return made
 
 

@@ -16,10 +16,12 @@ from aws_cdk.assertions import Match, Template
 from cdk_nag import AwsSolutionsChecks
 
 from messenger.api.channels import ApiChannel, parse_channels
+from messenger.api.requests import MAX_DELAY_SECONDS
 from messenger.channel import ChannelSpec
 from stacks.channel import Channel
 from stacks.foundation import Foundation
 from stacks.http_enqueue import ROUTES, HttpEnqueue
+from stacks.schedules import ScheduleWiring
 from tests.infra.conftest import ACCOUNT, REGION, as_list
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,7 +65,9 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     app = cdk.App(outdir=str(outdir), context=CONTEXT, builtin_cloud_formation_validation=False)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     stack, foundation, channels = _stack(app, "Default")
-    HttpEnqueue(stack, "Jobs", channels=channels, foundation=foundation, namespace=NAMESPACE)
+    schedules = ScheduleWiring(stack, "Schedules", namespace=NAMESPACE, key=foundation.key)
+    HttpEnqueue(stack, "Jobs", channels=channels, foundation=foundation, namespace=NAMESPACE,
+                schedules=schedules)
     stack, foundation, channels = _stack(app, "Options", exchange=False)
     pool = cognito.UserPool.from_user_pool_arn(  # the team's own pool, deployed elsewhere
         stack, "Pool", f"arn:aws:cognito-idp:{REGION}:{ACCOUNT}:userpool/{REGION}_Example")
@@ -214,6 +218,40 @@ def test_the_function_may_send_to_its_channels_and_nothing_else(
     assert "dynamodb:Scan" not in by_action
     wildcard = {a for a, refs in by_action.items() if '"*"' in refs}
     assert wildcard == {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+
+
+def test_the_function_may_schedule_jobs_in_its_namespace_group_only(
+        synthesized: Synthesized) -> None:
+    # Given the API built with the namespace's schedule wiring (jobs with at / delay_seconds)
+    _, function = _function(synthesized, "Default")
+    role = synthesized.templates["Default"]["Resources"][
+        function["Properties"]["Role"]["Fn::GetAtt"][0]]
+    # Then its role carries the producers' managed policy, and only that one
+    (attached,) = role["Properties"]["ManagedPolicyArns"]
+    policies = synthesized.of_type("Default", "AWS::IAM::ManagedPolicy")
+    assert set(policies) == {attached["Ref"]}
+    statements = policies[attached["Ref"]]["Properties"]["PolicyDocument"]["Statement"]
+    # CreateSchedule on the namespace's group only
+    (create,) = [s for s in statements if "scheduler:CreateSchedule" in as_list(s["Action"])]
+    assert f":schedule/{NAMESPACE}-messenger/*" in json.dumps(create["Resource"])
+    # PassRole of the scheduler role only, and only to Scheduler
+    (passing,) = [s for s in statements if s["Action"] == "iam:PassRole"]
+    assert passing["Condition"] == {
+        "StringEquals": {"iam:PassedToService": "scheduler.amazonaws.com"}}
+    scheduler_role = passing["Resource"]["Fn::GetAtt"][0]
+    assert synthesized.templates["Default"]["Resources"][scheduler_role]["Properties"][
+        "RoleName"] == f"{NAMESPACE}-messenger-scheduler"
+    # And the Options API, built without schedules, may not create any
+    options = synthesized.of_type("Options", "AWS::IAM::Role")
+    assert not any("ManagedPolicyArns" in r["Properties"] for r in options.values())
+    assert "scheduler:" not in json.dumps(synthesized.templates["Options"])
+
+
+def test_the_request_model_takes_at_and_long_delays(synthesized: Synthesized) -> None:
+    job = next(r["Properties"]["Schema"] for r in synthesized.of_type(
+        "Default", "AWS::ApiGateway::Model").values() if r["Properties"]["Name"] == "MessengerJob")
+    assert job["properties"]["at"]["type"] == "string"
+    assert job["properties"]["delay_seconds"]["maximum"] == MAX_DELAY_SECONDS
 
 
 def test_cognito_and_named_open_routes_and_a_usage_plan_when_asked(

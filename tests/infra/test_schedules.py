@@ -25,6 +25,7 @@ def _channels(stack: ChannelStack, namespace: str) -> None:
                        body={"kind": "daily"})
     jobs = stack.add_channel(ChannelSpec("sync_jobs", priorities=("high", "low")))
     stack.add_schedule(jobs, "hourly-sync", rate=Duration.hours(1), body={"kind": "sync"})
+    stack.add_http_enqueue([jobs])  # its jobs' at / delay_seconds: one-time schedules
 
 
 @pytest.fixture(scope="session")
@@ -137,6 +138,19 @@ def test_producers_may_create_schedules_in_the_group_and_pass_only_the_scheduler
     role = passing["Resource"]["Fn::GetAtt"][0]
     assert platform.find_resources("AWS::IAM::Role")[role]["Properties"]["RoleName"] == \
         f"{NAMESPACE}-messenger-scheduler"
+
+
+def test_the_http_apis_function_gets_the_producers_schedule_policy(scheduled_app):
+    # Given a channel stack's add_http_enqueue line
+    channels = scheduled_app["channels"]
+    (function,) = [r for r in channels.find_resources("AWS::Lambda::Function").values()
+                   if r["Properties"].get("Handler") == "lambdas.http_enqueue.handler.handler"]
+    role = channels.find_resources("AWS::IAM::Role")[
+        function["Properties"]["Role"]["Fn::GetAtt"][0]]
+    # Then its role carries the platform's producers' managed policy (imported from it)
+    (attached,) = role["Properties"]["ManagedPolicyArns"]
+    assert "ImportValue" in json.dumps(attached)
+    assert "SchedulesProducerPolicy" in json.dumps(attached)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

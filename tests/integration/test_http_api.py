@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -22,9 +23,10 @@ import pytest
 from messenger.api.app import JobApi, job_id_for_key
 from messenger.api.channels import ApiChannel
 from messenger.api.local import LocalApi
-from messenger.api.requests import MAX_BATCH_JOBS, MAX_REQUEST_BYTES
+from messenger.api.requests import MAX_BATCH_JOBS, MAX_DELAY_SECONDS, MAX_REQUEST_BYTES
 from messenger.aws import ClientFactory
 from messenger.channel import queue_name_for
+from messenger.jobs.schedule_store import ScheduleStore
 from messenger.settings import Settings
 from tests.faults import Throttle, injected
 from tests.integration.helpers import decode, drain
@@ -112,6 +114,55 @@ def test_a_job_posted_over_http_is_consumed(call: Call, running: Any) -> None:  
                           and "COMPLETED" in [e["event"] for e in r.json["events"]] and r)
     assert timeline.json["job_id"] == job_id and timeline.json["channel"] == "http_jobs"
     assert timeline.json["events"][0]["event"] == "QUEUED"
+
+
+def test_a_job_due_later_is_scheduled_and_its_status_says_when(
+        call: Call, clients: ClientFactory, settings: Settings) -> None:
+    # When a client posts a job due in two hours (a zone offset, not only Z)
+    due = (datetime.now(UTC) + timedelta(hours=2)).replace(microsecond=0)
+    at = due.astimezone(timezone(timedelta(hours=2))).isoformat()
+    reply = call("POST", "/channels/http_jobs/jobs", {"body": {"n": 1}, "at": at})
+    # Then it is accepted as scheduled, with its due time in UTC
+    assert reply.status == 202, reply.raw
+    assert reply.json["status"] == "scheduled"
+    assert reply.json["due_at"] == due.strftime("%Y-%m-%dT%H:%M:%SZ")
+    job_id = reply.json["job_id"]
+    # And it waits as a one-time schedule, not in the queue
+    assert [job.job_id for job in ScheduleStore(clients, settings).list("http_jobs")] == [job_id]
+    assert drain(clients.client("sqs"), _queue(clients, settings, "http_jobs")) == []
+    # And its status timeline starts SCHEDULED
+    timeline = call("GET", f"/jobs/{job_id}")
+    assert timeline.status == 200 and timeline.json["status"] == "SCHEDULED"
+
+
+def test_a_short_delay_is_sqs_delay_seconds(call: Call, running: Any) -> None:  # noqa: F811
+    # When a job is posted with a delay SQS can hold (standard queue, up to 900 s)
+    posted_at = time.time()
+    reply = call("POST", "/channels/http_jobs/jobs", {"body": {"n": 2}, "delay_seconds": 2})
+    # Then it is accepted (in its queue, hidden until due), with its due time
+    assert reply.status == 202, reply.raw
+    assert reply.json["status"] == "accepted" and reply.json["due_at"].endswith("Z")
+    # And a consumer runs it no earlier than due
+    run = running(HttpJobsConsumer)
+    (message,) = wait_until(lambda: run.consumer.handled, timeout=30)
+    assert message.message_id == reply.json["job_id"]
+    assert time.time() - posted_at >= 2
+
+
+def test_a_batch_job_with_its_own_time_is_scheduled_beside_the_others(
+        call: Call, clients: ClientFactory, settings: Settings) -> None:
+    at = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    reply = call("POST", "/channels/http_jobs/jobs/batch",
+                 {"jobs": [{"body": 1}, {"body": 2, "at": at}, {"body": 3, "at": "soon"}]})
+    assert reply.status == 207, reply.raw
+    now, later, bad = reply.json["jobs"]
+    assert (now["status"], later["status"], bad["status"]) == (202, 202, 400)
+    assert later["scheduled"] is True and later["due_at"] == at
+    assert "at" in bad["error"] and "RFC 3339" in bad["error"]
+    held = drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))
+    assert [decode(m).message_id for m in held] == [now["job_id"]]
+    assert [job.job_id for job in ScheduleStore(clients, settings).list("http_jobs")] == [
+        later["job_id"]]
 
 
 def test_the_status_of_an_unknown_job_is_404(call: Call) -> None:
@@ -247,8 +298,22 @@ BAD_INPUTS = [
      400, ["priority", "top", "high, default, low"]),
     ("a priority on a channel without levels", "/channels/http_jobs/jobs",
      {"body": {"body": 1, "priority": "high"}}, 400, ["priority", "declares no priorities"]),
-    ("a per-job delay", "/channels/http_jobs/jobs", {"body": {"body": 1, "delay_seconds": 5}},
-     400, ["delay_seconds"]),
+    ("at without a zone", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "at": "2030-01-01T09:00:00"}}, 400, ["at", "RFC 3339", "zone", "Z"]),
+    ("at as a number", "/channels/http_jobs/jobs", {"body": {"body": 1, "at": 1893488400}}, 400,
+     ["at", "RFC 3339", "1893488400"]),
+    ("at on no such day", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "at": "2030-02-30T09:00:00Z"}}, 400, ["at", "no such date"]),
+    ("at in the past", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "at": "2020-01-01T09:00:00Z"}}, 400, ["at=", "in the past"]),
+    ("at and delay_seconds together", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "at": "2030-01-01T09:00:00Z", "delay_seconds": 5}}, 400,
+     ["at, delay_seconds", "not both"]),
+    ("a negative delay", "/channels/http_jobs/jobs", {"body": {"body": 1, "delay_seconds": -1}},
+     400, ["delay_seconds", "greater than or equal to 0"]),
+    ("a delay beyond a year", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "delay_seconds": MAX_DELAY_SECONDS + 1}}, 400,
+     ["delay_seconds", f"less than or equal to {MAX_DELAY_SECONDS}"]),
     ("oversized", "/channels/http_jobs/jobs",
      {"raw": b'{"body": "' + b"x" * MAX_REQUEST_BYTES + b'"}'}, 413, [str(MAX_REQUEST_BYTES)]),
     ("wrong content type", "/channels/http_jobs/jobs",
