@@ -125,14 +125,17 @@ class WireMeter:
     def after_call(self, http_response: Any = None, model: Any = None,
                    params: Any = None, event_name: str = "", **_: Any) -> None:
         service, operation = event_name.split(".")[1:3]
+        if not ((service == "sqs" and operation == "ReceiveMessage")
+                or (service == "dynamodb" and operation in _DYNAMODB_READS)):
+            return  # never touch another response's body: S3's is a stream its caller reads
         size = len(getattr(http_response, "content", b"") or b"")
         with self._lock:
-            if service == "sqs" and operation == "ReceiveMessage" and size:
+            if service == "sqs" and size:
                 fifo = FIFO_SUFFIX in str((params or {}).get("QueueUrl", ""))
                 extra = chunks(size) - 1
                 if extra:
                     self.usage.add("sqs.fifo_request" if fifo else "sqs.request", extra)
-            elif service == "dynamodb" and operation in _DYNAMODB_READS:
+            elif service == "dynamodb":
                 consistent = bool((params or {}).get("ConsistentRead"))
                 units = _units(size, READ_UNIT_BYTES)
                 self.usage.add("dynamodb.read_unit",
