@@ -146,6 +146,22 @@ BENCHES = (
         Figure("throughput ratio on/off", ("throughput_ratio",)),
         Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
     )),
+    Bench("dollars.py", "Dollars per million jobs, all-in (wire-metered x list prices)", (
+        Figure("plain channel $/M", ("plain", "dollars_per_million", "total")),
+        Figure("job channel (status, dedup, idempotency) $/M",
+               ("job", "dollars_per_million", "total")),
+        Figure("job / plain", ("job_over_plain",), 1.5),
+        Figure("exchange, 3 filtered queues $/M", ("exchange", "dollars_per_million", "total")),
+        Figure("600 KiB offloaded $/M", ("offload_600k", "dollars_per_million", "total")),
+        Figure("peer boto3 loop $/M", ("peers", "boto3_loop", "dollars_per_million", "total")),
+        Figure("peer aws-sqs-consumer $/M",
+               ("peers", "aws_sqs_consumer", "dollars_per_million", "total")),
+        *(Figure(f"{who} at {rate}/s $/M", ("fleet", f"{who}.{rate}_per_s",
+                                            "dollars_per_million", "total"))
+          for rate in (10, 1000)
+          for who in ("messenger.fargate", "boto3_loop.fargate", "aws_sqs_consumer.fargate",
+                      "messenger.lambda", "powertools.lambda")),
+    )),
     Bench("job_ops.py", "Dead-letter workbench on a 10,000-letter DLQ; dedup on enqueue", (
         Figure("dlq list: requests per dead letter", ("dlq", "requests_per_dead_letter"), 0.25),
         Figure("dlq list: seconds for 10,000", ("dlq", "list_seconds")),
