@@ -39,6 +39,15 @@ from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSetting
 from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import list_workers
 from messenger.operations.deadletters import DeadLetterWorkbench
+from messenger.operations.selection import (
+    DEFAULT_PER_CHANNEL,
+    DEFAULT_SCAN,
+    MAX_SCAN,
+    LetterFilter,
+    SearchQuery,
+    search,
+    select,
+)
 from messenger.operations.snapshot import channel_dlq_rows, requeue_rows, snapshot
 from messenger.settings import Settings
 from messenger.tools.dashboard.auth import (
@@ -53,8 +62,9 @@ HERE = Path(__file__).parent
 #: Dead letters a channel page lists at first, and at most (one scan holds them all briefly).
 PAGE_SIZE = 50
 MAX_LETTERS = 1000
-#: Ids one action may name, and the longest id accepted (SQS ids are 36, messenger's <= 128).
-MAX_IDS = 100
+#: Ids one action may name (a filter's preview may choose a page's worth), and the longest id
+#: accepted (SQS ids are 36, messenger's <= 128).
+MAX_IDS = MAX_LETTERS
 MAX_ID_LENGTH = 200
 
 
@@ -274,6 +284,30 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         return render(request, "lookup.html", letter_id=letter_id, timeline=timeline,
                       searched=searched)
 
+    def selection(request: Request) -> Response:
+        """A filter's preview: exactly the letters (by SQS MessageId) an action would name."""
+        name = request.path_params["channel"]
+        params = request.query_params
+        limit = _int_param(params.get("limit"), "limit", DEFAULT_SCAN, MAX_SCAN)
+        chosen = LetterFilter.from_form(params)
+        picked = select(dashboard.workbench(name), chosen, limit)
+        return render(request, "select.html", channel=name, selection=picked, form=params,
+                      limit=limit, now=time.time())
+
+    def finder(request: Request) -> Response:
+        params = request.query_params
+        if not any(params.get(k) for k in ("job_id", "error_type", "text")):
+            return render(request, "search.html", result=None, form=params,
+                          per_channel=DEFAULT_PER_CHANNEL)
+        per_channel = _int_param(params.get("per_channel"), "per_channel",
+                                 DEFAULT_PER_CHANNEL, MAX_SCAN)
+        query = SearchQuery.from_form(params)
+        # A factory of its own: the requests it counts are this search's only.
+        own = ClientFactory(dashboard.clients.region, dashboard.clients.endpoint_url)
+        result = search(own, dashboard.settings, query, per_channel)
+        return render(request, "search.html", result=result, form=params,
+                      per_channel=per_channel, now=time.time())
+
     # -- actions ----------------------------------------------------------------------------
     async def action(request: Request) -> Response:
         user: Identity = request.state.identity
@@ -339,8 +373,10 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             Route("/", overview),
             Route("/fragment/channels", channel_rows),
             Route("/job", lookup),
+            Route("/search", finder),
+            Route("/channels/{channel}/select", selection),
             Route("/channels/{channel}", channel),
-            Route("/channels/{channel}/letters/{letter_id}", letter),
+            Route("/channels/{channel}/letters/{letter_id:path}", letter),
             Route("/channels/{channel}/{action}", action, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(HERE / "static")), name="static"),
         ],
