@@ -39,6 +39,7 @@ from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSetting
 from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import list_workers
 from messenger.operations.deadletters import DeadLetterWorkbench
+from messenger.operations.history import WINDOWS, channel_history
 from messenger.operations.selection import (
     DEFAULT_PER_CHANNEL,
     DEFAULT_SCAN,
@@ -56,6 +57,7 @@ from messenger.tools.dashboard.auth import (
     Identity,
     Unauthenticated,
 )
+from messenger.tools.dashboard.charts import chart
 from messenger.tools.format import duration_text
 
 HERE = Path(__file__).parent
@@ -294,6 +296,14 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         return render(request, "select.html", channel=name, selection=picked, form=params,
                       limit=limit, now=time.time())
 
+    def history(request: Request) -> Response:
+        name = request.path_params["channel"]
+        window = request.query_params.get("window", "hour")
+        found = channel_history(dashboard.clients, dashboard.settings, name, window)
+        return render(request, "history.html", channel=name, history=found,
+                      charts=[chart(found, s) for s in found.series.values()],
+                      windows=list(WINDOWS))
+
     def finder(request: Request) -> Response:
         params = request.query_params
         if not any(params.get(k) for k in ("job_id", "error_type", "text")):
@@ -375,6 +385,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             Route("/job", lookup),
             Route("/search", finder),
             Route("/channels/{channel}/select", selection),
+            Route("/channels/{channel}/history", history),
             Route("/channels/{channel}", channel),
             Route("/channels/{channel}/letters/{letter_id:path}", letter),
             Route("/channels/{channel}/{action}", action, methods=["POST"]),
