@@ -10,7 +10,7 @@ startup) are left out: they do not grow with the jobs.
 Measured on the local endpoint, each with a handler that does nothing (the platform's own cost):
 - plain: `push_many`, one `Consumer` (concurrency 10) draining the backlog.
 - job: the same with every job feature on: status tracking (producer and consumer), dedup on
-  enqueue (caller ids) and idempotent handlers.
+  enqueue (caller ids) and idempotent handlers; `job_features`: each of them alone.
 - exchange: `MultiProducer.push_many` to an exchange with 3 filtered queues (a third of the jobs
   to each), one consumer per queue. SNS delivers each job to one queue: deliveries are free on
   SNS's side; each is billed as one SQS request on the queue's (modeled: it is not on the wire).
@@ -203,18 +203,26 @@ def plain(settings: Settings) -> tuple[dict[str, Any], dict[str, Any]]:
     return scenario(MESSAGES, produced, [drained]), {"produced": produced, "drained": drained}
 
 
-def job(settings: Settings) -> dict[str, Any]:
-    features = {"channel": "d_job", "track_status": True}
-    producer = make_producer(type("P", (Producer,), {**features, "dedup": True}), settings,
+#: The job features, each as the producer's and the consumer's class attributes.
+JOB_FEATURES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "status": ({"track_status": True}, {"track_status": True}),
+    "dedup": ({"dedup": True}, {}),
+    "idempotent": ({}, {"idempotent": True}),
+}
+
+
+def job(settings: Settings, features: tuple[str, ...] = tuple(JOB_FEATURES)) -> dict[str, Any]:
+    """A job channel with `features` on (default: every one), callers' ids on every job."""
+    channel = f"d_job_{'_'.join(features)}"
+    producing = {k: v for f in features for k, v in JOB_FEATURES[f][0].items()}
+    consuming = {k: v for f in features for k, v in JOB_FEATURES[f][1].items()}
+    producer = make_producer(type("P", (Producer,), {"channel": channel, **producing}), settings,
                              PushItem(body(-1), message_id=f"warm-{uuid.uuid4().hex}"))
     tag = uuid.uuid4().hex[:8]
     produced = produce(producer, [PushItem(body(n), message_id=f"{tag}-{n}")
                                   for n in range(MESSAGES)])
-    drained = drain(consumer_class("d_job", track_status=True, idempotent=True), settings,
-                    MESSAGES + 1)
-    return scenario(MESSAGES, produced, [drained],
-                    note="status tracking (producer and consumer), dedup on enqueue, "
-                         "idempotent handler")
+    drained = drain(consumer_class(channel, **consuming), settings, MESSAGES + 1)
+    return scenario(MESSAGES, produced, [drained], note=", ".join(features) + " on")
 
 
 def exchange(settings: Settings) -> dict[str, Any]:
@@ -514,6 +522,7 @@ def main() -> dict[str, Any]:
         plain_figures, plain_run = plain(settings)
         results["plain"] = plain_figures
         results["job"] = job(settings)
+        results["job_features"] = {name: job(settings, (name,)) for name in JOB_FEATURES}
         results["exchange"] = exchange(settings)
         results["offload_600k"] = offload(settings)
         peers = {}
