@@ -119,3 +119,19 @@ def test_a_channels_estimate_from_its_metrics_is_a_range() -> None:
     assert (found.requests_low, found.requests_high) == (110, 740)
     assert found.dollars_low == pytest.approx(100 * 0.40e-6 + 10 * 0.50e-6)
     assert found.dollars_high == pytest.approx(640 * 0.40e-6 + 100 * 0.50e-6)
+
+
+def test_the_fleet_model_of_bench_dollars() -> None:
+    from bench.dollars import fargate, lambda_consumer
+
+    # 1,000 jobs/s at 237 µs each: 0.237 vCPU, 2 tasks of 0.25 vCPU at 70%; a million jobs
+    # take 1,000 s: 2 x 0.25 vCPU x 1,000/3,600 h and 2 x 0.5 GB likewise
+    usage = fargate(237e-6, 1000)
+    assert usage == pytest.approx({"fargate.vcpu_hour": 0.5 * 1000 / 3600,
+                                   "fargate.gb_hour": 1.0 * 1000 / 3600})
+    # at 10 jobs/s one task, whatever its load: 100,000 s for a million jobs
+    assert fargate(1e-6, 10)["fargate.vcpu_hour"] == pytest.approx(0.25 * 100_000 / 3600)
+    # Lambda, batches of 10 taking 0.6 ms (billed 1 ms) at 256 MB: 100,000 invocations,
+    # 100 s x 0.25 GB, a receive and a delete batch per invocation
+    assert lambda_consumer(0.0006, 10) == pytest.approx(
+        {"lambda.request": 100_000, "lambda.gb_second": 25.0, "sqs.request": 200_000})
