@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -183,7 +184,8 @@ SECURITY_HEADERS = {
         "frame-ancestors 'none'"),
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    # (not no-referrer: with it, browsers send "Origin: null" on the forms' own POSTs)
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 
@@ -224,6 +226,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
     templates.env.filters["age"] = duration_text
     templates.env.filters["clock"] = lambda at: time.strftime("%Y-%m-%d %H:%M:%S",
                                                               time.gmtime(at))
+    templates.env.filters["utc"] = _utc
     templates.env.filters["pretty"] = lambda body: (
         body if isinstance(body, str) else json.dumps(body, indent=2, ensure_ascii=False))
 
@@ -252,9 +255,26 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         listing = bench.list(limit=limit)
         # A prioritized channel's workers register under its name and serve every level's queue.
         workers = list_workers(dashboard.clients, dashboard.settings, name)
+        rows = snapshot(dashboard.clients, dashboard.settings, name)
         return render(request, "channel.html", channel=name, listing=listing, workers=workers,
-                      limit=limit, next_limit=min(MAX_LETTERS, limit + PAGE_SIZE),
+                      rows=rows, limit=limit, next_limit=min(MAX_LETTERS, limit + PAGE_SIZE),
                       max_letters=MAX_LETTERS, now=time.time())
+
+    # Live parts of the channel and job pages (dashboard.js replaces them every --refresh s).
+    def channel_counts(request: Request) -> Response:
+        return render(request, "channel_rows.html", rows=snapshot(
+            dashboard.clients, dashboard.settings, request.path_params["channel"]))
+
+    def channel_workers(request: Request) -> Response:
+        name = request.path_params["channel"]
+        return render(request, "channel_workers.html", now=time.time(),
+                      workers=list_workers(dashboard.clients, dashboard.settings, name))
+
+    def job_timeline(request: Request) -> Response:
+        store = StatusStore(dashboard.clients, dashboard.settings)
+        job = _id(request.query_params.get("id", ""))
+        return render(request, "timeline.html",
+                      timeline=store.timeline(job) if store.exists() else [])
 
     def letter(request: Request) -> Response:
         name, letter_id = request.path_params["channel"], request.path_params["letter_id"]
@@ -382,6 +402,9 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         routes=[
             Route("/", overview),
             Route("/fragment/channels", channel_rows),
+            Route("/fragment/channels/{channel}/counts", channel_counts),
+            Route("/fragment/channels/{channel}/workers", channel_workers),
+            Route("/fragment/job", job_timeline),
             Route("/job", lookup),
             Route("/search", finder),
             Route("/channels/{channel}/select", selection),
@@ -420,6 +443,13 @@ def _check_action(request: Request, form: FormData, dashboard: Dashboard) -> str
     elif origin.removeprefix("http://") not in dashboard.allowed_hosts:
         return f"request from another site ({origin!r})"
     return ""
+
+
+def _utc(at: float) -> Markup:
+    """A time in UTC, marked up so the page's script can show the local time on hover."""
+    moment = time.gmtime(at)
+    return Markup(f'<time datetime="{time.strftime("%Y-%m-%dT%H:%M:%SZ", moment)}">'
+                  f'{time.strftime("%Y-%m-%d %H:%M:%S", moment)}</time>')
 
 
 def _id(value: str) -> str:

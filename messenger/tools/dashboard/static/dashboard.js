@@ -1,32 +1,53 @@
-// The overview updates its rows from /fragment/channels every few seconds (no full reload);
-// the channel page's "select all" box. Actions need no script: each is a form and a
+// Live updates: every element with data-live="<fragment URL>" (the overview's rows, a channel's
+// queue counts and workers, a job's status timeline) is replaced from its URL every
+// data-refresh seconds, without reloading the page; the nearest ".live-stamp" (or #updated) says
+// when, or that an update failed. Times are shown in UTC; hovering one shows the local time.
+// The "select all" box ticks every letter's box. Actions need no script: each is a form and a
 // confirmation page rendered by the server.
 (function () {
   "use strict";
+
+  function localTimes(root) {
+    root.querySelectorAll("time[datetime]").forEach(function (node) {
+      var when = new Date(node.getAttribute("datetime"));
+      if (!isNaN(when.getTime())) { node.title = "local time: " + when.toLocaleString(); }
+    });
+  }
+
+  function live(element) {
+    var url = element.dataset.live;
+    var every = Math.max(1, Number(element.dataset.refresh) || 5) * 1000;
+    var stamp = document.getElementById("updated") || document.querySelector(".live-stamp");
+    var tick = function () {
+      fetch(url, { credentials: "same-origin" })
+        .then(function (response) {
+          if (!response.ok) { throw new Error("HTTP " + response.status); }
+          return response.text();
+        })
+        .then(function (html) {
+          element.innerHTML = html;
+          localTimes(element);
+          if (stamp) {
+            stamp.textContent = "updated " + new Date().toLocaleTimeString();
+            stamp.className = stamp.className.replace(" stale", "");
+          }
+        })
+        .catch(function (error) {
+          if (stamp) {
+            stamp.textContent = "update failed (" + error.message + "), retrying";
+            if (stamp.className.indexOf("stale") < 0) { stamp.className += " stale"; }
+          }
+        })
+        .finally(function () { setTimeout(tick, every); });
+    };
+    setTimeout(tick, every);
+  }
+
   function start() {
     var rows = document.getElementById("channel-rows");
-    var stamp = document.getElementById("updated");
-    if (rows) {
-      var every = Math.max(1, Number(rows.dataset.refresh) || 5) * 1000;
-      var tick = function () {
-        fetch("/fragment/channels", { credentials: "same-origin" })
-          .then(function (response) {
-            if (!response.ok) { throw new Error("HTTP " + response.status); }
-            return response.text();
-          })
-          .then(function (html) {
-            rows.innerHTML = html;
-            stamp.textContent = "updated " + new Date().toLocaleTimeString();
-            stamp.className = "";
-          })
-          .catch(function (error) {
-            stamp.textContent = "update failed (" + error.message + "), retrying";
-            stamp.className = "stale";
-          })
-          .finally(function () { setTimeout(tick, every); });
-      };
-      setTimeout(tick, every);
-    }
+    if (rows && !rows.dataset.live) { rows.dataset.live = "/fragment/channels"; }
+    document.querySelectorAll("[data-live]").forEach(live);
+    localTimes(document);
     var all = document.getElementById("select-all");
     if (all) {
       all.addEventListener("change", function () {
