@@ -147,6 +147,12 @@ def dedup_table_name(namespace: str = "") -> str:
     return f"{namespace}-messenger-dedup" if namespace else "messenger-dedup"
 
 
+#: Key prefix of consumers' claims of jobs fired by the scheduler in the dedup table
+#: (`messenger.jobs.fired`); producers' claims are '<channel>#<message id>', and no channel
+#: name holds an '@'. The CDK grants consumers this prefix only.
+FIRED_CLAIM_PREFIX = "fired@"
+
+
 def idempotency_table_name(namespace: str = "") -> str:
     """The idempotent handlers' records: '<namespace->messenger-idempotency'."""
     return f"{namespace}-messenger-idempotency" if namespace else "messenger-idempotency"

@@ -234,6 +234,7 @@ class ConsumerService(ConsumerClassFacts):
         self._grant_task_protection(cluster)
         foundation.grant_offload_read(self.task_definition.task_role)
         foundation.grant_workers_write(self.task_definition.task_role)  # `messenger workers`
+        foundation.grant_fired_claims(self.task_definition.task_role)  # a retried firing: once
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.task_definition.task_role)
         self.grant_from_class(foundation, self.task_definition.task_role)

@@ -15,6 +15,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from messenger.channel import (
+    FIRED_CLAIM_PREFIX,
     SQS_MAX_RETENTION_SECONDS,
     TAG_MANAGED,
     TAG_NAMESPACE,
@@ -171,6 +172,19 @@ class Foundation(Construct):
         when a send fails, marked sent after it (one PutItem, or BatchWriteItem in push_many)."""
         self._grant_table(grantee, self.dedup_table, "dynamodb:PutItem", "dynamodb:DeleteItem",
                           "dynamodb:BatchWriteItem")
+
+    def grant_fired_claims(self, grantee: iam.IGrantable) -> None:
+        """Run each job the scheduler fired once (`jobs.fired.FiringClaims`, every consumer: any
+        channel may get scheduled jobs): put and delete only the dedup table's items whose key
+        starts with FIRED_CLAIM_PREFIX (never a producer's dedup claim), and check the table."""
+        iam.Grant.add_to_principal(grantee=grantee, actions=["dynamodb:DescribeTable"],
+                                   resource_arns=[self.dedup_table.table_arn])
+        grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(
+            actions=["dynamodb:PutItem", "dynamodb:DeleteItem"],
+            resources=[self.dedup_table.table_arn],
+            conditions={"ForAllValues:StringLike": {
+                "dynamodb:LeadingKeys": [f"{FIRED_CLAIM_PREFIX}*"]}}))
+        self.key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
 
     def grant_workers_write(self, grantee: iam.IGrantable) -> None:
         """Register a consumer process (`jobs.workers.WorkerRegistry`): write its entry,

@@ -196,6 +196,7 @@ class LambdaConsumer(ConsumerClassFacts):
         # The same grants as a ConsumerService's task role (ECS task protection aside).
         channel.grant_consume(self.role)
         foundation.grant_offload_read(self.role)
+        foundation.grant_fired_claims(self.role)  # a retried firing runs once
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.role)
         self.grant_from_class(foundation, self.role)

@@ -62,6 +62,7 @@ from messenger.consume.runtime import ProcessingTimeout, Runtime
 from messenger.consume.settings import RETRY_DELAY_SECONDS, ConsumerSettings
 from messenger.consume.tracking import StatusTracker
 from messenger.errors import InvalidChannelSpec, InvalidSettings
+from messenger.jobs.fired import FiringClaims
 from messenger.jobs.priority import PriorityPolicy
 from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import WorkerRegistry
@@ -202,6 +203,9 @@ class Consumer:
                                       f"{type(self).__module__}.{type(self).__qualname__}")
         self.hooks = collect_hooks(type(self))
         self.idempotency = self._idempotency_guard()
+        #: A job fired by the scheduler runs once per firing, retried or not (jobs.fired).
+        self.firings: FiringClaims | None = FiringClaims(self.clients, self.settings,
+                                                         self.spec.name)
         self.health = HealthFile(self.runtime.health_file or default_health_file(
             f"{type(self).__module__}.{type(self).__qualname__}"))
         try:

@@ -14,6 +14,7 @@ from messenger.consume.idempotency import IdempotencyGuard
 from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
 from messenger.consume.mailbox import ReceivedMessage
 from messenger.consume.settings import ConsumerSettings
+from messenger.jobs.fired import FiringClaims
 from messenger.schema import BodySchema
 from messenger.settings import Settings
 
@@ -27,6 +28,8 @@ class RuntimeHost(Protocol):
     body_schema: BodySchema | None
     #: Runs the handler at most once per key (None: the consumer is not idempotent).
     idempotency: IdempotencyGuard | None
+    #: Claims of jobs fired by the scheduler: a retried firing is one job (None: none made).
+    firings: FiringClaims | None
 
     # The consumer class's attributes (class variables): read-only here.
     @property

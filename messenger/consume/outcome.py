@@ -10,19 +10,24 @@ every broker). In order:
    'attempts_exhausted: ...', without running the handler again.
 2. Decode (an offloaded body is read from S3 within the retry budget): an unreadable or invalid
    body, or a payload gone, is dead-lettered at once with its reason; S3 unreachable is a retry.
-3. An idempotent consumer's key is claimed (`IdempotencyGuard.begin`) outside the handler's
+3. A job the scheduler fired (marked with `SCHEDULED_HEADER`) is claimed once per job
+   (`messenger.jobs.fired`), outside the processing timeout: claimed by another copy of it (a
+   retried firing) → deleted unrun, DUPLICATE ('duplicate_firing'); the table unavailable past
+   the retry budget → retried after the backoff delay. A claimed copy that is dead-lettered
+   gives its claim back, so a requeue of it runs.
+4. An idempotent consumer's key is claimed (`IdempotencyGuard.begin`) outside the handler's
    processing timeout: done already → DUPLICATE; running elsewhere → visible again when that
    run's claim expires; the table unavailable past the retry budget → retried after the backoff
    delay (not the handler's failure, never a dead letter).
-4. START hooks, the handler under its processing timeout (anything it raises is its failure,
+5. START hooks, the handler under its processing timeout (anything it raises is its failure,
    `SystemExit` and `KeyboardInterrupt` included), END hooks. A handler returning past its
    deadline timed out (TIMED_OUT: the runtime reports and forwards it, `report_timeout`,
    `forward_timed_out`, its reason `processing_timeout: exceeded N s`).
-5. The claim is settled, outside the timeout too: COMPLETED after a handler that returned (a
+6. The claim is settled, outside the timeout too: COMPLETED after a handler that returned (a
    store that still fails then is logged, `idempotency_record_failed`, and the message is
    deleted all the same: it was processed, a requeue would run it twice), deleted after one
    that failed.
-6. The verdict: COMPLETED; or the failure reported ('failed', ON_ERROR hooks) and, on its last
+7. The verdict: COMPLETED; or the failure reported ('failed', ON_ERROR hooks) and, on its last
    attempt, dead-lettered with its cause (`failed: attempts used up (n of m)` and the failure
    note), else made visible again after its backoff delay, capped so that it stays within SQS's
    12 hours in flight.
@@ -48,6 +53,8 @@ from messenger.consume.mailbox import Delivery, Mailbox, ReceivedMessage, Stage,
 from messenger.consume.tracking import consumer_id
 from messenger.consume.watchdog import ProcessingTimeout, run_interruptibly
 from messenger.errors import MessageDecodeError, PayloadMissing
+from messenger.jobs.fired import fired_job_id
+from messenger.jobs.schedules import SCHEDULED_HEADER
 from messenger.offload import PayloadStore
 from messenger.tracing import ProcessTrace
 
@@ -127,6 +134,9 @@ class OutcomePolicy:
             return self._failed(delivery, None, unreadable)
         delivery.message = message
         consumer.check_delay(message)
+        repeat = self._claim_firing(delivery, message, limit)
+        if repeat is not None:
+            return repeat
         guard = consumer.idempotency
         key: str | None = None
         if guard is not None:
@@ -203,6 +213,35 @@ class OutcomePolicy:
                 return Verdict.TIMED_OUT
             delivery.deadline = then
             return None
+
+    def _claim_firing(self, delivery: Delivery, message: ReceivedMessage, limit: float | None
+                      ) -> Verdict | None:
+        """Claim a job fired by the scheduler for this copy (`messenger.jobs.fired`): None to run
+        it (not fired, or ours), else the verdict of a repeat (DUPLICATE), of a table that
+        failed (RETRY) or TAKEN (timed out meanwhile). The claim's calls do not count against
+        the processing timeout (as the idempotency store's do not)."""
+        claims = self.consumer.firings
+        if claims is None or SCHEDULED_HEADER not in message.meta_headers:
+            return None
+        self._set_deadline(delivery, limit)
+        try:
+            other = claims.claim(message.message_id, delivery.sqs_message_id)
+        except Exception as error:  # neither run unclaimed nor dropped: tried again later
+            return self._retry(delivery, error=error)
+        if other is not None:
+            if not delivery.claim(Stage.RUNNING, self.done_stage):
+                return Verdict.TAKEN
+            self.consumer.emit("duplicate_firing", delivery.log_id,
+                               duration=delivery.running_for(), fields={
+                                   "receive_count": delivery.receive_count,
+                                   "claimed_by": other.sqs_message_id,
+                                   "claimed_at": other.claimed_at})
+            return Verdict.DUPLICATE
+        timeout_at = time.monotonic() + self.consumer.processing_timeout
+        if not self._set_deadline(delivery, timeout_at if limit is None
+                                  else min(timeout_at, limit)):
+            return Verdict.TAKEN
+        return None
 
     def _settle(self, key: str, delivery: Delivery, error: BaseException | None) -> None:
         """Record the idempotent handler's end: COMPLETED, or its claim deleted (`error`)."""
@@ -297,7 +336,16 @@ class OutcomePolicy:
             return Verdict.KEPT
         self.consumer.emit("dead_lettered", delivery.log_id, duration=delivery.running_for(),
                            fields={"reason": reason, "receive_count": delivery.receive_count})
+        self._release_firing(delivery)
         return Verdict.DEAD_LETTERED
+
+    def _release_firing(self, delivery: Delivery) -> None:
+        """A dead-lettered copy of a fired job gives its claim back (only its own): a requeue
+        of the job is then a run of its own, not a repeat."""
+        claims = self.consumer.firings
+        job_id = fired_job_id(delivery.raw) if claims is not None else None
+        if claims is not None and job_id is not None:
+            claims.release(job_id, delivery.sqs_message_id)
 
     @staticmethod
     def _mailbox(delivery: Delivery) -> Mailbox:

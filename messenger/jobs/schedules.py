@@ -33,13 +33,17 @@ from typing import Any
 
 from messenger.channel import ROUTING_KEY_ATTRIBUTE, SQS_MAX_DELAY_SECONDS
 from messenger.errors import InvalidMessage, InvalidSettings
-from messenger.message import MESSAGE_ID_ATTRIBUTE
+from messenger.message import MESSAGE_ID_ATTRIBUTE, META_HEADERS_ATTRIBUTE
 
 #: Scheduler's universal targets: the input is the API request (any of its parameters).
 SEND_MESSAGE_TARGET = "arn:aws:scheduler:::aws-sdk:sqs:sendMessage"
 PUBLISH_TARGET = "arn:aws:scheduler:::aws-sdk:sns:publish"
 #: Scheduler replaces this in a target's input with the firing's scheduled time (ISO 8601, UTC).
 SCHEDULED_TIME = "<aws.scheduler.scheduled-time>"
+#: The meta header a schedule's message carries (its due or scheduled time, ISO 8601 UTC): the
+#: consumer claims such a job once, so a retried firing is one job (`messenger.jobs.fired`).
+#: A header, not an attribute: every one of SQS's 10 attribute slots may be taken.
+SCHEDULED_HEADER = "messenger-scheduled"
 #: A schedule name: 1-64 letters, digits, '-', '_' and '.'.
 MAX_SCHEDULE_NAME = 64
 _SCHEDULE_NAME = re.compile(r"^[0-9A-Za-z_.-]{1,64}$")
@@ -362,8 +366,11 @@ class RecurringSchedule:
     def input(self, kind: str, destination: str, *, ordered: bool,
               group_id: str | None = None) -> str:
         """The universal target's input for the channel's queue (or topic): the body, the job
-        id in `message_id` and, ordered, the group and the job id as deduplication id."""
-        attributes = {MESSAGE_ID_ATTRIBUTE: {"DataType": "String", "StringValue": self.job_id}}
+        id in `message_id`, the scheduled time in the `SCHEDULED_HEADER` meta header and,
+        ordered, the group and the job id as deduplication id."""
+        attributes = {MESSAGE_ID_ATTRIBUTE: {"DataType": "String", "StringValue": self.job_id},
+                      META_HEADERS_ATTRIBUTE: {"DataType": "String", "StringValue": json.dumps(
+                          {SCHEDULED_HEADER: SCHEDULED_TIME})}}
         if self.routing_key is not None:
             attributes[ROUTING_KEY_ATTRIBUTE] = {"DataType": "String",
                                                  "StringValue": self.routing_key}

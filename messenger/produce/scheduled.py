@@ -2,8 +2,9 @@
 
 `messenger.jobs.schedules.plan_delivery` decides which; this module sends the prepared message
 accordingly. A schedule's target input is the message's own SendMessage (Publish) request, so
-what fires is byte for byte what the push would have sent: body or offload pointer, every
-attribute, the FIFO group and deduplication id, the priority level's queue.
+what fires is what the push would have sent: body or offload pointer, every attribute, the FIFO
+group and deduplication id, the priority level's queue; its meta headers gain one,
+`SCHEDULED_HEADER` (the due time), by which the consumer knows a firing (`messenger.jobs.fired`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from messenger.aws import ClientFactory
 from messenger.channel import SQS_MAX_RETENTION_SECONDS
 from messenger.errors import InvalidMessage, PayloadTooLarge
 from messenger.jobs.schedule_store import ScheduleStore
-from messenger.jobs.schedules import Delivery, target_input
+from messenger.jobs.schedules import SCHEDULED_HEADER, Delivery, target_input
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.message import EncodedMessage
 from messenger.offload import (
@@ -27,6 +28,7 @@ from messenger.produce.push import PreparedItem
 from messenger.produce.transport import QueueTarget, TopicTarget
 from messenger.provision import Provisioner
 from messenger.settings import Settings
+from messenger.tracing import with_headers
 
 #: The largest input Scheduler takes for a target (its quota: 256 KB); a larger message must
 #: be offloaded (a lower `offload_threshold`).
@@ -94,8 +96,12 @@ class ScheduledSends:
             kind, destination = "sqs", target.url
         else:
             kind, destination = "sns", target.arn
-        request = target_input(kind, destination, outgoing.encoded.body,
-                               outgoing.encoded.attributes, outgoing.group_id, outgoing.dedup_id)
+        # Marked as fired by the scheduler: its consumer claims the job once (a retried firing
+        # is one job, `messenger.jobs.fired`).
+        encoded = with_headers(outgoing.encoded, {
+            SCHEDULED_HEADER: when.due.strftime("%Y-%m-%dT%H:%M:%SZ")})
+        request = target_input(kind, destination, encoded.body, encoded.attributes,
+                               outgoing.group_id, outgoing.dedup_id)
         size = len(request.encode("utf-8"))
         if size > SCHEDULER_MAX_INPUT_BYTES:
             raise PayloadTooLarge(

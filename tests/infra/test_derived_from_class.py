@@ -3,6 +3,7 @@ table grant, on Fargate and Lambda alike (one in-process synth per session)."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,13 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk.assertions import Annotations, Match, Template
 
-from messenger.channel import ChannelSpec, idempotency_table_name
+from messenger.channel import (
+    FIRED_CLAIM_PREFIX,
+    ChannelSpec,
+    dedup_table_name,
+    idempotency_table_name,
+)
+from messenger.jobs.fired import KEY_PREFIX
 from stacks.channel import Channel
 from stacks.consumer_image import ConsumerImage
 from stacks.consumer_service import ConsumerService
@@ -153,6 +160,29 @@ def test_an_idempotent_class_gets_powertools_calls_on_the_table(
             "Resource": {"Fn::GetAtt": [derived.table, "Arn"]},
         }])},
     })
+
+
+@pytest.mark.parametrize("consumer", sorted({*FARGATE, *LAMBDA}))
+def test_every_consumer_may_claim_fired_jobs_in_the_dedup_table_only_under_its_prefix(
+    derived: DerivedGrants, consumer: str,
+) -> None:
+    # Given any consumer (any channel may get jobs fired by the scheduler)
+    tables = derived.template.find_resources("AWS::DynamoDB::Table", {"Properties": {
+        "TableName": dedup_table_name(NAMESPACE)}})
+    (dedup,) = tables
+    # Then its role may put and delete items of the dedup table whose key starts with the
+    # consumers' prefix, and nothing else there (never a producer's claim)
+    (policy,) = [p for p in derived.template.find_resources("AWS::IAM::Policy").values()
+                 if {"Ref": derived.roles[consumer]} in p["Properties"]["Roles"]]
+    on_dedup = [s for s in policy["Properties"]["PolicyDocument"]["Statement"]
+                if dedup in json.dumps(s["Resource"])]
+    writes = [s for s in on_dedup if s["Action"] != "dynamodb:DescribeTable"]
+    assert writes == [{
+        "Action": ["dynamodb:DeleteItem", "dynamodb:PutItem"], "Effect": "Allow",
+        "Resource": {"Fn::GetAtt": [dedup, "Arn"]},
+        "Condition": {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [
+            f"{FIRED_CLAIM_PREFIX}*"]}}}]
+    assert FIRED_CLAIM_PREFIX == KEY_PREFIX  # what messenger.jobs.fired writes
 
 
 @pytest.mark.parametrize(("kind", "consumer", "given"), [

@@ -73,7 +73,10 @@ def test_a_cron_schedule_per_entry_with_its_timezone_target_and_dlq(scheduled_ap
     job_id = "nightly-report@<aws.scheduler.scheduled-time>"
     assert request == {
         "QueueUrl": request["QueueUrl"], "MessageBody": '{"kind":"daily"}',
-        "MessageAttributes": {"message_id": {"DataType": "String", "StringValue": job_id}},
+        "MessageAttributes": {
+            "message_id": {"DataType": "String", "StringValue": job_id},
+            "meta_headers": {"DataType": "String", "StringValue": json.dumps(
+                {"messenger-scheduled": "<aws.scheduler.scheduled-time>"})}},
         "MessageGroupId": "reports", "MessageDeduplicationId": job_id}
     assert request["QueueUrl"].startswith("<Ref:{'Ref': 'ChannelReportsFifoQueue")
 

@@ -14,13 +14,21 @@ from pydantic import BaseModel
 
 from messenger import Producer
 from messenger.channel import schedule_dlq_name, schedule_group_name
+from messenger.consume.lambda_runtime import LambdaConsumerRuntime, LocalEventSource
 from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
 from messenger.jobs.schedules import schedule_name
 from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.offload import EXTENDED_SIZE_ATTRIBUTE
 from messenger.schema import SCHEMA_VERSION_ATTRIBUTE
 from messenger.tools.scheduler_fire import ScheduleFirer, invoke_target, local_clients
+from tests.faults import Throttle, injected
 from tests.integration.helpers import decode, drain, queue_url
+from tests.integration.test_consumer_runtime import (  # noqa: F401 - fixtures
+    Recording,
+    Running,
+    runtime,
+    wait_until,
+)
 
 
 class Report(BaseModel):
@@ -100,7 +108,10 @@ def test_a_scheduled_job_fires_once_with_every_attribute_intact(settings, client
     assert EXTENDED_SIZE_ATTRIBUTE in attributes
     assert attributes["max_attempts"]["StringValue"] == "2"
     assert attributes["routing_key"]["StringValue"] == "REPORT.DAILY"
-    assert json.loads(attributes["meta_headers"]["StringValue"]) == {"locale": "de_DE"}
+    # (its meta headers gain the scheduler's mark: the due time, by which its consumer claims it)
+    headers = json.loads(attributes["meta_headers"]["StringValue"])
+    assert headers.pop("messenger-scheduled").endswith("Z")
+    assert headers == {"locale": "de_DE"}
     assert raw["Attributes"]["MessageGroupId"] == "reports"
     message = decode(raw, clients.client("s3"))
     assert message.body == {"report_id": "r-1", "amount": "12.50", "notes": "x" * 300}
@@ -179,13 +190,98 @@ def test_a_firing_retried_twice_is_one_job(settings, clients, endpoint):
             invoke_target(client_for, schedule["Target"], schedule["Arn"], due, attempt)
 
     # Then the ordered channel holds one job (SQS drops the repeated deduplication id) and the
-    # standard channel's two deliveries are one job id, which idempotent consumers run once
+    # standard channel's two deliveries are one job id (which its consumer runs once: below)
     sqs = clients.client("sqs")
     ordered = drain(sqs, queue_url(sqs, f"{settings.namespace}-nightly.fifo"))
     assert [m["MessageAttributes"]["message_id"]["StringValue"] for m in ordered] == [ordered_id]
     standard = drain(sqs, queue_url(sqs, f"{settings.namespace}-nightly"))
     assert {m["MessageAttributes"]["message_id"]["StringValue"] for m in standard} == {
         standard_id}
+
+
+class FiredJobs(Recording):
+    """A plain consumer: not idempotent."""
+
+    channel = "fired_jobs"
+
+
+class FiredJobsProducer(Producer):
+    channel = "fired_jobs"
+
+
+@pytest.mark.parametrize("runtime_kind", ["fargate", "lambda"])
+def test_a_firing_retried_twice_runs_its_job_once_on_a_plain_consumer(
+        settings, clients, endpoint, runtime, runtime_kind):  # noqa: F811
+    # Given a job scheduled an hour out on a standard channel
+    job_id = FiredJobsProducer(settings=settings, clients=clients).push(
+        {"n": 9}, delay=timedelta(hours=1))
+    schedule = clients.client("scheduler").get_schedule(
+        Name=schedule_name("fired_jobs", job_id), GroupName=schedule_group_name(
+            settings.namespace))
+    # When Scheduler's at-least-once delivery invokes its target twice (a retried firing)
+    client_for = local_clients(endpoint)
+    for attempt in (1, 2):
+        invoke_target(client_for, schedule["Target"], schedule["Arn"], datetime.now(UTC),
+                      attempt)
+    sqs = clients.client("sqs")
+    url = queue_url(sqs, f"{settings.namespace}-fired_jobs")
+    consumer = FiredJobs(settings=settings, clients=clients, runtime=runtime)
+    if runtime_kind == "fargate":
+        run = Running(consumer)
+        wait_until(lambda: consumer.named("completed") and consumer.named("duplicate_firing"),
+                   20)
+        run.stop()
+    else:
+        lambda_runtime = LambdaConsumerRuntime(consumer)
+        source = LocalEventSource(sqs, url, "us-east-1")
+        messages = wait_until(lambda: source.receive(10, wait_seconds=1), 10)
+        if len(messages) < 2:
+            messages += wait_until(lambda: source.receive(10, wait_seconds=1), 10)
+
+        class Context:
+            def get_remaining_time_in_millis(self) -> int:
+                return 30_000
+
+        source.invoke(lambda_runtime.handle, messages, Context())
+    # Then the plain (not idempotent) consumer ran the job once, and deleted the repeat unrun
+    assert [m.message_id for m in consumer.handled] == [job_id]
+    (repeat,) = consumer.named("duplicate_firing")
+    assert repeat.message_id == job_id and repeat.fields["claimed_by"]
+    assert len(consumer.named("completed")) == 1
+    assert drain(sqs, url) == []
+
+
+def test_a_fired_job_whose_claim_cannot_be_written_is_retried_not_run_nor_lost(
+        settings, clients, endpoint, runtime):  # noqa: F811
+    # Given a fired job in the queue, and a dedup table that throttles every write
+    job_id = FiredJobsProducer(settings=settings, clients=clients).push(
+        {"n": 10}, delay=timedelta(hours=1))
+    schedule = clients.client("scheduler").get_schedule(
+        Name=schedule_name("fired_jobs", job_id), GroupName=schedule_group_name(
+            settings.namespace))
+    invoke_target(local_clients(endpoint), schedule["Target"], schedule["Arn"],
+                  datetime.now(UTC))
+    sqs = clients.client("sqs")
+    url = queue_url(sqs, f"{settings.namespace}-fired_jobs")
+    consumer = FiredJobs(settings=settings.with_changes(retry_budget_seconds=1.0),
+                         clients=clients, runtime=runtime)
+    source = LocalEventSource(sqs, url, "us-east-1")
+    messages = wait_until(lambda: source.receive(10, wait_seconds=1), 10)
+
+    class Context:
+        def get_remaining_time_in_millis(self) -> int:
+            return 30_000
+
+    # When the consumer gets it while the claim cannot be written
+    with injected(clients, "before-send.dynamodb.PutItem", Throttle(1.0, {"PutItem"})):
+        source.invoke(LambdaConsumerRuntime(consumer).handle, messages, Context())
+    # Then the handler did not run, and the job is back in its queue for a later attempt
+    assert consumer.handled == []
+    (retried,) = consumer.named("retried")
+    assert "Throttl" in retried.fields["error"] or "budget" in retried.fields["error"]
+    hidden = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+    assert hidden["ApproximateNumberOfMessagesNotVisible"] == "1"
 
 
 def test_a_firing_that_keeps_failing_goes_to_the_schedule_dlq(settings, clients, endpoint):

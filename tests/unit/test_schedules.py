@@ -10,6 +10,7 @@ import pytest
 
 from messenger.errors import InvalidMessage, InvalidSettings
 from messenger.jobs.schedules import (
+    SCHEDULED_HEADER,
     SCHEDULED_TIME,
     RecurringSchedule,
     at_expression,
@@ -129,6 +130,10 @@ def test_a_recurring_job_id_derives_from_the_scheduled_time():
     ids = [json.loads(r)["MessageAttributes"]["message_id"]["StringValue"]
            for r in (first, retry, second)]
     assert ids[0] == ids[1] == "nightly-report@2026-11-25T02:00:00Z" != ids[2]
+    # And each firing is marked as the scheduler's, with its scheduled time (the consumer
+    # claims such a job once: jobs.fired)
+    headers = json.loads(json.loads(first)["MessageAttributes"]["meta_headers"]["StringValue"])
+    assert headers == {SCHEDULED_HEADER: "2026-11-25T02:00:00Z"}
 
 
 # -- expressions ---------------------------------------------------------------------------------
