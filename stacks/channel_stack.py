@@ -24,7 +24,7 @@ from aws_cdk import Duration, Environment, RemovalPolicy, Stack, Tags
 from constructs import Construct
 
 from messenger.channel import TAG_MANAGED, ChannelSpec
-from messenger.jobs.schedules import RecurringSchedule
+from messenger.schedule_spec import RecurringSchedule
 from stacks.channel import Channel, construct_id
 from stacks.consumer_image import ConsumerImage
 from stacks.consumer_service import ConsumerService

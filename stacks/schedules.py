@@ -14,7 +14,7 @@ that Scheduler assumes to send producers' one-time jobs (`push(at=...)`), plus t
 `RecurringJob` (in a channel stack): one `AWS::Scheduler::Schedule` per `add_schedule` line, so a
 deploy never doubles a schedule and removing the line removes it. Its universal target sends the
 channel's SendMessage (or Publish) request; each firing's job id is
-'<name>@<aws.scheduler.scheduled-time>' (`messenger.jobs.schedules.RecurringSchedule`), so a
+'<name>@<aws.scheduler.scheduled-time>' (`messenger.schedule_spec.RecurringSchedule`), so a
 retried firing is the same job. Its role may send to this channel and the schedule DLQ only.
 """
 
@@ -35,7 +35,7 @@ from messenger.channel import (
     schedule_group_name,
     scheduler_role_name,
 )
-from messenger.jobs.schedules import RecurringSchedule, retry_policy, target_arn
+from messenger.schedule_spec import RecurringSchedule, retry_policy, target_arn
 from stacks.channel import Channel
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 

@@ -118,6 +118,17 @@ def test_the_library_imports_no_deployment_code():
     assert not wrong, wrong
 
 
+def test_stacks_take_the_schedule_model_from_the_core():
+    # The CDK app validates and builds recurring schedules with `messenger.schedule_spec`, a
+    # core module beside `messenger.channel`: never with the job-queue runtime (messenger.jobs),
+    # the producers or the consumers.
+    wrong = []
+    for path in (ROOT / "stacks").rglob("*.py"):
+        wrong += [f"{path.relative_to(ROOT)}: {name}" for name in imports_of(path)
+                  if name.split(".")[:2] in (["messenger", "jobs"], ["messenger", "produce"])]
+    assert not wrong, wrong
+
+
 def test_stacks_never_import_the_examples():
     wrong = []
     for path in (ROOT / "stacks").rglob("*.py"):
