@@ -284,14 +284,23 @@ class _BaseProducer:
             return PushedId(prepared.message_id)
         return PushedId(prepared.message_id, due=when.due, scheduled=when.scheduled)
 
-    def push_many(self, items: Iterable[PushItem | Any]) -> PushManyResult:
+    def push_many(self, items: Iterable[PushItem | Any], *, at: datetime | None = None,
+                  delay: timedelta | float | None = None) -> PushManyResult:
         """Send many messages in batches of up to 10; items are PushItems or bare bodies.
 
         Entries that fail transiently are retried within the budget; what still fails (or was
         invalid) is reported in `failures`, never dropped silently: call `raise_for_failures()`
         to turn them into an exception.
+        at / delay: every item of the call runs at this time, or after this delay (as `push`'s,
+        due at one moment for all). Such items are sent one by one, each as `push` sends it
+        (DelaySeconds or a one-time schedule: a schedule holds one job), with per-item failures
+        as here. InvalidMessage for a wrong `at`/`delay`, before anything is sent.
         """
         items = [item if isinstance(item, PushItem) else PushItem(item) for item in items]
+        when = plan_delivery(at, delay, ordered=self.ordered,
+                             fanout=self.messaging_system == SNS_SYSTEM)
+        if when is not None:
+            return self._push_each(items, when)
         result = PushManyResult(message_ids=[None] * len(items))
         deadline = time.monotonic() + self.settings.retry_budget_seconds
         by_level: dict[str | None, list[PreparedItem]] = {}
@@ -474,6 +483,20 @@ class _BaseProducer:
         if not dedup or key is None:
             return None
         return key
+
+    def _push_each(self, items: list[PushItem], when: Delivery) -> PushManyResult:
+        """push_many's items due later: each pushed as `push` does (`_push`), failures per item."""
+        result = PushManyResult(message_ids=[None] * len(items))
+        for index, item in enumerate(items):
+            try:
+                pushed = self._push(item, None, when)
+            except Exception as error:  # one bad item never aborts the others
+                result.failures.append(PushFailure(index, _failure_code(error), str(error)))
+                continue
+            result.message_ids[index] = str(pushed)
+            if pushed.duplicate:
+                result.duplicates.append(index)
+        return result
 
     def _claim(self, key: str, wait_until: float | None) -> Claim | Duplicate | Held:
         return self.dedup_store.claim(self.channel, key, self.window, wait_until)

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from messenger import Producer
 from messenger.channel import schedule_dlq_name, schedule_group_name
+from messenger.errors import InvalidMessage
 from messenger.consume.lambda_runtime import LambdaConsumerRuntime, LocalEventSource
 from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
 from messenger.jobs.schedules import schedule_name
@@ -154,6 +155,30 @@ def test_beyond_15_minutes_a_standard_channel_schedules_the_job(settings, client
     assert [m["MessageAttributes"]["message_id"]["StringValue"] for m in received] == [job_id]
     assert _schedules(clients, settings) == []
     assert firer.run_once() == 0
+
+
+def test_push_many_with_a_time_routes_each_item_like_push(settings, clients):
+    from messenger import PushItem
+
+    producer = Nightly(settings=settings, clients=clients)
+    # When a call's items are due in two hours, one of them invalid (dedup_id: ordered only)
+    result = producer.push_many([{"n": 1}, PushItem({"n": 2}, dedup_id="x"), {"n": 3}],
+                                delay=timedelta(hours=2))
+    # Then the good ones are one schedule each, and the bad one is reported, not raised
+    assert [f.index for f in result.failures] == [1] and "dedup_id" in result.failures[0].reason
+    scheduled = {job.job_id for job in ScheduleStore(clients, settings).list("nightly")}
+    assert scheduled == {result.message_ids[0], result.message_ids[2]}
+    # And within SQS's 15 minutes they wait in the queue (DelaySeconds), one message each
+    soon = producer.push_many([{"n": 4}, {"n": 5}], delay=1)
+    sqs = clients.client("sqs")
+    received = _wait_for(sqs, queue_url(sqs, f"{settings.namespace}-nightly"), timeout=10)
+    time.sleep(0.5)
+    received += drain(sqs, queue_url(sqs, f"{settings.namespace}-nightly"))
+    assert sorted(m["MessageAttributes"]["message_id"]["StringValue"] for m in received) == \
+        sorted(soon.message_ids)
+    # And a wrong time refuses the whole call before anything is sent
+    with pytest.raises(InvalidMessage, match="in the past"):
+        producer.push_many([{"n": 6}], at=datetime(2020, 1, 1, tzinfo=UTC))
 
 
 def test_a_cancelled_job_never_fires(settings, clients):
