@@ -14,6 +14,7 @@ from messenger.consume.idempotency import IdempotencyGuard
 from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
 from messenger.consume.mailbox import ReceivedMessage
 from messenger.consume.settings import ConsumerSettings
+from messenger.consume.tracking import StatusTracker
 from messenger.jobs.fired import FiringClaims
 from messenger.schema import BodySchema
 from messenger.settings import Settings
@@ -30,6 +31,8 @@ class RuntimeHost(Protocol):
     idempotency: IdempotencyGuard | None
     #: Claims of jobs fired by the scheduler: a retried firing is one job (None: none made).
     firings: FiringClaims | None
+    #: Status tracking (None: the channel does not track status).
+    status: StatusTracker | None
 
     # The consumer class's attributes (class variables): read-only here.
     @property

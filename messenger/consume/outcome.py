@@ -55,6 +55,7 @@ from messenger.consume.watchdog import ProcessingTimeout, run_interruptibly
 from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.jobs.fired import fired_job_id
 from messenger.jobs.schedules import SCHEDULED_HEADER
+from messenger.jobs.status import StatusEvent, StatusRecord
 from messenger.offload import PayloadStore
 from messenger.tracing import ProcessTrace
 
@@ -231,17 +232,36 @@ class OutcomePolicy:
         if other is not None:
             if not delivery.claim(Stage.RUNNING, self.done_stage):
                 return Verdict.TAKEN
+            self._note_firing(delivery, message, StatusEvent.DUPLICATE, time.time(),
+                              f"a retried firing: SQS message {other.sqs_message_id} runs it")
             self.consumer.emit("duplicate_firing", delivery.log_id,
                                duration=delivery.running_for(), fields={
                                    "receive_count": delivery.receive_count,
                                    "claimed_by": other.sqs_message_id,
                                    "claimed_at": other.claimed_at})
             return Verdict.DUPLICATE
+        if delivery.receive_count == 1:  # Scheduler sent it to SQS: nothing else says QUEUED
+            sent = delivery.raw.get("Attributes", {}).get("SentTimestamp")
+            self._note_firing(delivery, message, StatusEvent.QUEUED,
+                              float(sent) / 1000.0 if sent else time.time())
         timeout_at = time.monotonic() + self.consumer.processing_timeout
         if not self._set_deadline(delivery, timeout_at if limit is None
                                   else min(timeout_at, limit)):
             return Verdict.TAKEN
         return None
+
+    def _note_firing(self, delivery: Delivery, message: ReceivedMessage, event: StatusEvent,
+                     at: float, note: str = "") -> None:
+        """A tracked channel's record of a fired job, by 'scheduler': QUEUED at the time SQS
+        took it from Scheduler (SentTimestamp; it sorts before RECEIVED), or a repeat's
+        DUPLICATE. Written by the status store's writer; a failure there is only logged."""
+        tracker, claims = self.consumer.status, self.consumer.firings
+        if tracker is None or claims is None:
+            return
+        tracker.store.record(StatusRecord(
+            message.message_id, event, claims.channel, at=at,
+            consumer_id=tracker.consumer_id, receive_count=delivery.receive_count,
+            error=note, actor="scheduler"))
 
     def _settle(self, key: str, delivery: Delivery, error: BaseException | None) -> None:
         """Record the idempotent handler's end: COMPLETED, or its claim deleted (`error`)."""

@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 from messenger import Producer
 from messenger.channel import schedule_dlq_name, schedule_group_name
-from messenger.errors import InvalidMessage
 from messenger.consume.lambda_runtime import LambdaConsumerRuntime, LocalEventSource
+from messenger.errors import InvalidMessage
 from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
 from messenger.jobs.schedules import schedule_name
 from messenger.jobs.status import StatusEvent, StatusStore
@@ -274,6 +274,42 @@ def test_a_firing_retried_twice_runs_its_job_once_on_a_plain_consumer(
     assert repeat.message_id == job_id and repeat.fields["claimed_by"]
     assert len(consumer.named("completed")) == 1
     assert drain(sqs, url) == []
+
+
+class TrackedJobs(Recording):
+    channel = "tracked_fired"
+    track_status = True
+
+
+class TrackedJobsProducer(Producer):
+    channel = "tracked_fired"
+    track_status = True
+
+
+def test_a_fired_jobs_status_moves_scheduled_queued_received_completed(
+        settings, clients, endpoint, runtime):  # noqa: F811
+    # Given a tracked job scheduled an hour out
+    producer = TrackedJobsProducer(settings=settings, clients=clients)
+    job_id = producer.push({"n": 11}, delay=timedelta(hours=1))
+    producer.status.close()
+    schedule = clients.client("scheduler").get_schedule(
+        Name=schedule_name("tracked_fired", job_id), GroupName=schedule_group_name(
+            settings.namespace))
+    # When Scheduler fires it (straight into SQS: no producer records QUEUED) and it runs
+    invoke_target(local_clients(endpoint), schedule["Target"], schedule["Arn"],
+                  datetime.now(UTC))
+    consumer = TrackedJobs(settings=settings, clients=clients, runtime=runtime)
+    run = Running(consumer)
+    store = StatusStore(clients, settings)
+    # Then its timeline reads SCHEDULED, QUEUED (by the scheduler), RECEIVED, ..., COMPLETED
+    events = wait_until(lambda: (found := store.timeline(job_id)) and found[-1].event is
+                        StatusEvent.COMPLETED and found, 30)
+    consumer.request_shutdown()
+    run.thread.join(20)
+    names = [r.event for r in events]
+    assert names[:3] == [StatusEvent.SCHEDULED, StatusEvent.QUEUED, StatusEvent.RECEIVED]
+    assert names[-1] is StatusEvent.COMPLETED
+    assert events[1].actor == "scheduler"
 
 
 def test_a_fired_job_whose_claim_cannot_be_written_is_retried_not_run_nor_lost(
