@@ -128,7 +128,7 @@ def test_an_operators_action_is_recorded_with_who_did_it(deployed, signer, setti
     host = deployed.url.removeprefix("http://")
     deleted = session.post(deployed.url + "/channels/orders/delete", timeout=30,
                            data={"ids": job1, "confirmed": "yes", "token": token},
-                           headers={"Origin": f"https://{host}"})
+                           headers={"Origin": f"https://{host}", "X-Forwarded-Proto": "https"})
     assert 'data-deleted="1"' in deleted.text
     moved = session.post(deployed.url + "/channels/orders/requeue", timeout=30,
                          data={"ids": job2, "confirmed": "yes", "token": token})

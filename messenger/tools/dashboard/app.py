@@ -438,7 +438,9 @@ def _check_action(request: Request, form: FormData, dashboard: Dashboard) -> str
     if origin is None:
         return ""
     if dashboard.deployed:
-        if origin != f"https://{request.headers.get('host', '')}":
+        # Behind the load balancer the browser spoke HTTPS (X-Forwarded-Proto says so).
+        scheme = request.headers.get("x-forwarded-proto") or request.url.scheme
+        if origin != f"{scheme}://{request.headers.get('host', '')}":
             return f"request from another site ({origin!r})"
     elif origin.removeprefix("http://") not in dashboard.allowed_hosts:
         return f"request from another site ({origin!r})"
