@@ -42,7 +42,12 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from messenger.channel import DLQ_SUFFIX, status_table_name, workers_table_name
+from messenger.channel import (
+    DLQ_SUFFIX,
+    schedule_group_name,
+    status_table_name,
+    workers_table_name,
+)
 from stacks.bundle import IGNORE_CODE, REPO_ROOT, staging_root
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge
@@ -273,6 +278,8 @@ class DashboardService(Construct):
         queues = f"arn:{Aws.PARTITION}:sqs:{stack.region}:{stack.account}:{prefix}*"
         dlqs = [f"{queues}{DLQ_SUFFIX}", f"{queues}{DLQ_SUFFIX}.fifo"]
         table = f"arn:{Aws.PARTITION}:dynamodb:{stack.region}:{stack.account}:table/"
+        schedules = (f"arn:{Aws.PARTITION}:scheduler:{stack.region}:{stack.account}:schedule/"
+                     f"{schedule_group_name(self.namespace)}/*")
         statements = [
             # Reading: which queues are the namespace's (tags), their depths, their metrics.
             iam.PolicyStatement(sid="FindQueuesByTag", actions=["tag:GetResources"],
@@ -294,6 +301,12 @@ class DashboardService(Construct):
                                          "dynamodb:Scan"],
                                 resources=[table + status_table_name(self.namespace),
                                            table + workers_table_name(self.namespace)]),
+            # Scheduled jobs: list them, and an operator's cancel deletes one's schedule.
+            iam.PolicyStatement(sid="ListScheduledJobs", actions=["scheduler:ListSchedules"],
+                                resources=["*"]),
+            iam.PolicyStatement(sid="CancelScheduledJobs",
+                                actions=["scheduler:GetSchedule", "scheduler:DeleteSchedule"],
+                                resources=[schedules]),
             # Who requeued or deleted a job, on its timeline.
             iam.PolicyStatement(sid="RecordOperatorActions",
                                 actions=["dynamodb:BatchWriteItem", "dynamodb:PutItem"],
@@ -306,8 +319,14 @@ class DashboardService(Construct):
         policy = role.node.try_find_child("DefaultPolicy")
         assert policy is not None
         acknowledge(policy, "AwsSolutions-IAM5[Resource::*]",
-                    "tag:GetResources, cloudwatch:GetMetricData and X-Ray's trace writes have "
-                    "no resource types, so IAM grants them on * only; they read, never change.")
+                    "tag:GetResources, cloudwatch:GetMetricData, scheduler:ListSchedules and "
+                    "X-Ray's trace writes have no resource types, so IAM grants them on * only; "
+                    "they read, never change.")
+        acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:scheduler:"
+                            f"{stack.region}:{stack.account}:schedule/"
+                            f"{schedule_group_name(self.namespace)}/*]",
+                    "Scheduled jobs are schedules created at run time in the namespace's own "
+                    "schedule group; an operator's cancel deletes one of them.")
         acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:"
                             f"{stack.region}:{stack.account}:{prefix}*]",
                     "The namespace's queues are made by channel stacks and at run time; the "

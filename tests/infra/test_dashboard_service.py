@@ -187,6 +187,9 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     assert sorted(_actions(by_sid["RecordOperatorActions"])) == [
         "dynamodb:BatchWriteItem", "dynamodb:PutItem"]
     assert "table/dcog-messenger-status" in json.dumps(by_sid["RecordOperatorActions"])
+    assert sorted(_actions(by_sid["CancelScheduledJobs"])) == [
+        "scheduler:DeleteSchedule", "scheduler:GetSchedule"]
+    assert "schedule/dcog-messenger/*" in json.dumps(by_sid["CancelScheduledJobs"])
     every_action = {a for s in statements for a in _actions(s)}
     assert not any(a.endswith("*") and a != "kms:GenerateDataKey*" for a in every_action), \
         every_action
@@ -196,6 +199,6 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
         assert forbidden not in every_action
     # '*' only for the actions that have no resource types
     starred = {a for s in statements if s["Resource"] == "*" for a in _actions(s)}
-    assert starred <= {"tag:GetResources", "cloudwatch:GetMetricData",
+    assert starred <= {"tag:GetResources", "cloudwatch:GetMetricData", "scheduler:ListSchedules",
                        "xray:PutTraceSegments", "xray:PutTelemetryRecords"}, starred
     assert "arn:aws:sqs:*" not in text

@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from messenger.aws import ClientFactory
 from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSettings, MessengerError
+from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
 from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import list_workers
 from messenger.operations.deadletters import DeadLetterWorkbench
@@ -324,6 +325,12 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
                       charts=[chart(found, s) for s in found.series.values()],
                       windows=list(WINDOWS))
 
+    def scheduled(request: Request) -> Response:
+        """The channel's one-time jobs waiting in EventBridge Scheduler, soonest first."""
+        name = request.path_params["channel"]
+        jobs = ScheduleStore(dashboard.clients, dashboard.settings).list(name)
+        return render(request, "scheduled.html", channel=name, jobs=jobs, now=time.time())
+
     def finder(request: Request) -> Response:
         params = request.query_params
         if not any(params.get(k) for k in ("job_id", "error_type", "text")):
@@ -380,8 +387,23 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             return render(request, "result.html", channel=name, kind=kind,
                           reports=requeue_rows(dashboard.clients, dashboard.settings, rows,
                                                actor=actor))
+        if kind == "cancel-scheduled":
+            if not ids or len(ids) > MAX_IDS:
+                raise InvalidSettings(f"name 1 to {MAX_IDS} scheduled jobs")
+            ids = [_id(i) for i in ids]
+            if not confirmed:
+                return render(request, "confirm.html", channel=name, kind=kind, ids=ids)
+            store = ScheduleStore(dashboard.clients, dashboard.settings)
+            outcomes = []
+            for job_id in ids:
+                try:
+                    store.cancel(job_id, name)
+                    outcomes.append((job_id, True, f"cancelled by {actor}"))
+                except ScheduleNotFound as error:
+                    outcomes.append((job_id, False, str(error)))
+            return render(request, "result.html", channel=name, kind=kind, cancelled=outcomes)
         return problem(request, 404, "Not found", f"no action {kind!r} (requeue, requeue-all, "
-                                                  f"delete); nothing changed")
+                                                  f"delete, cancel-scheduled); nothing changed")
 
     # -- errors -----------------------------------------------------------------------------
     async def not_found(request: Request, error: Exception) -> Response:
@@ -409,6 +431,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             Route("/search", finder),
             Route("/channels/{channel}/select", selection),
             Route("/channels/{channel}/history", history),
+            Route("/channels/{channel}/scheduled", scheduled),
             Route("/channels/{channel}", channel),
             Route("/channels/{channel}/letters/{letter_id:path}", letter),
             Route("/channels/{channel}/{action}", action, methods=["POST"]),
