@@ -31,3 +31,26 @@ def test_every_response_forbids_framing(settings, clients):
         assert "default-src 'self'" in policy
         assert response.headers["X-Frame-Options"] == "DENY"
         assert response.headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_html_in_every_field_is_shown_as_text(settings, clients):
+    from tests.integration.test_dashboard_bulk import letter
+    from tests.integration.test_dlq_workbench import channel
+
+    # Given a letter whose id, reason, error and body carry markup
+    evil = "<img src=x onerror=alert(1)>"
+    resources = channel(settings, clients)
+    letter(clients.client("sqs"), resources.dlq.url, f"id-{evil}", {"note": evil},
+           error_type=f"Err{evil}", reason=f"reason {evil}")
+    with served(settings, clients) as dash:
+        pages = [requests.get(dash.url + path, timeout=30, params=params) for path, params in (
+            ("/channels/orders", {}),
+            ("/channels/orders/select", {"text": "onerror"}),
+            ("/search", {"text": "onerror"}),
+            ("/job", {"id": f"id-{evil}", "channel": "orders"}),
+        )]
+    for page in pages:
+        assert page.status_code == 200, page.url
+        # Then it is text on every page, never markup
+        assert evil not in page.text, page.url
+        assert "&lt;img src=x onerror=alert(1)&gt;" in page.text, page.url
