@@ -78,6 +78,9 @@ RUNNING_STATES = frozenset({ConsumerState.LISTENING, ConsumerState.IDLE, Consume
 HEALTH_LAG_SECONDS = 1.0
 #: How often the main thread looks for a shutdown request while the channel is resolved.
 STARTUP_POLL_SECONDS = 0.05
+#: The final write of status records gets what the shutdown timeout leaves after SIGTERM, and at
+#: least this (a few BatchWriteItem calls: the writer flushes every half second while running).
+FINAL_STATUS_FLUSH_SECONDS = 2.0
 
 _heap_frozen = False
 _heap_lock = threading.Lock()
@@ -226,6 +229,7 @@ class Consumer:
         self.transition_lock = threading.RLock()
         self._runtime: Runtime | None = None
         self._stop_requested = threading.Event()
+        self._stop_requested_at: float | None = None  # time.monotonic() of the first request
         self.resources: ChannelResources | None = None
 
     def _idempotency_guard(self) -> Any:
@@ -476,6 +480,8 @@ class Consumer:
     # -- running --------------------------------------------------------------------------------
     def request_shutdown(self, *_: Any) -> None:
         """Stop receiving now and shut down gracefully (what SIGTERM and SIGINT do)."""
+        if self._stop_requested_at is None:
+            self._stop_requested_at = time.monotonic()
         self._stop_requested.set()
         if self._runtime is not None:
             self._runtime.stop()
@@ -519,13 +525,22 @@ class Consumer:
         finally:
             self.transition(ConsumerState.EXITING)
             if self.status is not None:
-                self.status.close()
+                self.status.close(timeout=self._final_flush_seconds())
             self.workers.stop()
             self.transition(ConsumerState.EXITED)
             self._health_stop.set()  # a process still up later reads as stale: not healthy
             hold_lines(0.0)  # writes what is held; lines after the run are written at once
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _final_flush_seconds(self) -> float:
+        """Seconds the status store's final write may take: what the shutdown timeout leaves
+        since the stop was requested (the whole timeout after a fatal error), at least
+        FINAL_STATUS_FLUSH_SECONDS."""
+        left = self.runtime.shutdown_timeout
+        if self._stop_requested_at is not None:
+            left -= time.monotonic() - self._stop_requested_at
+        return max(FINAL_STATUS_FLUSH_SECONDS, left)
 
     def _start_up(self) -> ChannelResources | None:
         """Resolve (auto: provision) the channel and start status tracking on a thread of

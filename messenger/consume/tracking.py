@@ -90,7 +90,7 @@ class StatusTracker:
         """Create (auto) or check (verify) the status table; a failure is only logged: records
         are retried by the writer, and messages never wait for them."""
         try:
-            self.store.ensure_table()
+            self.store.prepare()
         except Exception as error:
             logger.warning("status table %s not ready: %s: %s", self.store.table,
                            type(error).__name__, error)
@@ -100,9 +100,9 @@ class StatusTracker:
         if record is not None:
             self.store.record(record)
 
-    def close(self) -> None:
-        """Write what is buffered (at shutdown)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is buffered (at shutdown), within `timeout` seconds (None: no limit)."""
         try:
-            self.store.close()
+            self.store.close(timeout=timeout)
         except Exception as error:
             logger.warning("closing the status store failed: %s: %s", type(error).__name__, error)

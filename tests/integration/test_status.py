@@ -47,6 +47,24 @@ def test_records_are_written_in_batches(settings, clients):
     assert counter.counts["dynamodb.BatchWriteItem"] == 4
 
 
+def test_a_jobs_records_written_together_are_one_item_and_a_whole_timeline(settings, clients):
+    # Given 30 jobs' RECEIVED, STARTED and COMPLETED, recorded as a consumer does
+    store = StatusStore(clients, settings)
+    store.prepare()
+    counter = RequestCounter().attach(clients)
+    events = (StatusEvent.RECEIVED, StatusEvent.STARTED, StatusEvent.COMPLETED)
+    for n in range(30):
+        for step, event in enumerate(events):
+            store.record(StatusRecord(f"job{n}", event, "orders", at=1000.0 + n + step / 10))
+    store.close()
+    # Then 30 items in 2 requests (25 jobs per BatchWriteItem), every record written
+    assert (store.stats.written, store.stats.items) == (90, 30)
+    assert counter.counts["dynamodb.BatchWriteItem"] == 2
+    # and each job's timeline reads back all three records
+    for n in (0, 24, 25, 29):
+        assert [r.event for r in store.timeline(f"job{n}")] == list(events)
+
+
 def test_a_failing_status_store_never_fails_the_push(settings, clients):
     # The status table lives on a dead endpoint; the queue on the real one.
     producer = TrackedOrders(settings=settings, clients=clients)
