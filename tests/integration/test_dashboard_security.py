@@ -54,3 +54,42 @@ def test_html_in_every_field_is_shown_as_text(settings, clients):
         # Then it is text on every page, never markup
         assert evil not in page.text, page.url
         assert "&lt;img src=x onerror=alert(1)&gt;" in page.text, page.url
+
+
+def test_bound_to_every_address_it_serves_the_hosts_named(settings, local_endpoint):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.dashboard import free_port
+
+    # Given `messenger dashboard --host 0.0.0.0 --allowed-host dash.internal`
+    port = free_port()
+    env = {**os.environ, **local_endpoint.env(), "MESSENGER_NAMESPACE": settings.namespace}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "messenger", "dashboard", "--host", "0.0.0.0", "--port",
+         str(port), "--allowed-host", "dash.internal"], env=env, stdout=subprocess.PIPE,
+        text=True)
+    try:
+        assert process.stdout is not None
+        assert f"at http://127.0.0.1:{port}/" in process.stdout.readline()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                named = requests.get(f"http://127.0.0.2:{port}/", timeout=30,
+                                     headers={"Host": f"dash.internal:{port}"})
+                break
+            except requests.ConnectionError:
+                assert process.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        # Then a browser using that name is served (on another address too), others get 403
+        assert named.status_code == 200
+        assert requests.get(f"http://127.0.0.2:{port}/", timeout=30, headers={
+            "Host": f"evil.example:{port}"}).status_code == 403
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()

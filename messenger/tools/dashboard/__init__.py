@@ -50,7 +50,8 @@ def run_cli(args: argparse.Namespace) -> int:
     require_extra()
     from messenger.tools.dashboard.app import serve
 
-    return serve(args.host, args.port, refresh_seconds=args.refresh)
+    return serve(args.host, args.port, refresh_seconds=args.refresh,
+                 allowed_hosts=tuple(args.allowed_host or ()))
 
 
 def add_parser(commands: Any) -> None:
@@ -62,6 +63,9 @@ def add_parser(commands: Any) -> None:
     dashboard.add_argument("--host", default="127.0.0.1",
                            help="address to bind (default 127.0.0.1; anything else lets other "
                                 "machines act with your AWS credentials)")
+    dashboard.add_argument("--allowed-host", action="append", metavar="NAME",
+                           help="a host name or address browsers use to reach it (repeat; "
+                                "needed with --host 0.0.0.0: other Host headers get 403)")
     dashboard.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
                            help="seconds between the overview's updates (default 5)")
     dashboard.set_defaults(run=run_cli)

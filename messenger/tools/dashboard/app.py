@@ -517,15 +517,23 @@ def running(dashboard: Dashboard, host: str = "127.0.0.1") -> Iterator[str]:
         thread.join(timeout=10)
 
 
-def serve(host: str, port: int, refresh_seconds: float = 5.0) -> int:
-    """Serve the dashboard until Ctrl-C (SIGINT) or SIGTERM."""
+def serve(host: str, port: int, refresh_seconds: float = 5.0,
+          allowed_hosts: tuple[str, ...] = ()) -> int:
+    """Serve the dashboard until Ctrl-C (SIGINT) or SIGTERM. allowed_hosts: names browsers may
+    use besides 127.0.0.1/localhost (and `host` itself when it is a name or address)."""
     import uvicorn
 
     settings = Settings.from_env()
+    wildcard = host in ("0.0.0.0", "::", "")
+    own = () if wildcard or host in ("127.0.0.1", "localhost") else (host,)
     dashboard = Dashboard(settings, ClientFactory(settings.region), port, refresh_seconds,
-                          extra_hosts=() if host in ("127.0.0.1", "localhost") else (host,))
+                          extra_hosts=(*own, *allowed_hosts))
+    shown = "127.0.0.1" if wildcard else host
     print(f"messenger dashboard for namespace {settings.namespace or '(none)'!r} at "
-          f"http://127.0.0.1:{port}/ (Ctrl-C stops)", flush=True)
+          f"http://{shown}:{port}/ (Ctrl-C stops)", flush=True)
+    if wildcard and not allowed_hosts:
+        print(f"messenger dashboard: bound to {host}, but browsers elsewhere get 403 until you "
+              f"name the host they use: --allowed-host <name or address>", flush=True)
     uvicorn.run(build_app(dashboard), host=host, port=port, log_level="warning",
                 access_log=False, server_header=False)
     return 0
