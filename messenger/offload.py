@@ -91,9 +91,17 @@ class PayloadStore:
     """Puts and gets offloaded bodies in one bucket, encrypted with the platform key (SSE-KMS)."""
 
     def __init__(self, s3: Any, bucket: str, kms_key: str = "") -> None:
-        self.s3 = s3
+        """s3: the S3 client, or a function that makes it, called on first use (a consumer
+        whose messages are never offloaded then never makes one: a Lambda's cold start)."""
+        self._s3 = s3
         self.bucket = bucket
         self.kms_key = kms_key
+
+    @property
+    def s3(self) -> Any:
+        if callable(self._s3) and not hasattr(self._s3, "meta"):  # a factory, not a client
+            self._s3 = self._s3()
+        return self._s3
 
     def put(self, body: str | bytes) -> OffloadPointer:
         """Store `body` (text, or its UTF-8 bytes) under a new key; its pointer."""

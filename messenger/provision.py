@@ -188,7 +188,15 @@ class Provisioner:
             if error_code(error) in QUEUE_MISSING_CODES:
                 return None
             raise
-        return QueueRef(name=name, url=str(url), arn=self.arn("sqs", name))
+        return QueueRef(name=name, url=str(url), arn=self.queue_arn(str(url), name))
+
+    def queue_arn(self, url: str, name: str) -> str:
+        """A queue's ARN; the account from its URL ('<endpoint>/<account id>/<name>', as SQS
+        answers GetQueueUrl) when it holds one, so that resolving a channel needs no STS call."""
+        parts = url.rstrip("/").rsplit("/", 2)
+        if len(parts) == 3 and parts[2] == name and parts[1].isdigit() and len(parts[1]) == 12:
+            return f"arn:aws:sqs:{self.settings.region}:{parts[1]}:{name}"
+        return self.arn("sqs", name)
 
     def require_queue(self, name: str, what: str) -> QueueRef:
         found = self.find_queue(name)

@@ -575,13 +575,16 @@ class Consumer:
         resources: ChannelResources = outcome["resources"]
         return resources
 
-    def _mailboxes(self, resources: ChannelResources) -> tuple[Mailbox, LevelPoller | None]:
-        """The default level's mailbox, and a poller over every level's (prioritized channel)."""
+    def _mailboxes(self, resources: ChannelResources,
+                   sqs: Any = None) -> tuple[Mailbox, LevelPoller | None]:
+        """The default level's mailbox, and a poller over every level's (prioritized channel).
+        sqs: their client (default: a long-polling one; Lambda, which never receives, passes
+        the client that resolved the channel rather than make another at its cold start)."""
         def mailbox(found: ChannelResources) -> Mailbox:
             # The mailbox builds its requests from values checked already (settings, receipt
             # handles SQS gave): botocore's check of each parameter is skipped.
-            sqs = self.clients.client("sqs", long_poll=True, validate_params=False)
-            return Mailbox(sqs, found.queue.url, found.dlq.url, self.ordered,
+            client = sqs or self.clients.client("sqs", long_poll=True, validate_params=False)
+            return Mailbox(client, found.queue.url, found.dlq.url, self.ordered,
                            self.settings.retry_budget_seconds, level=found.spec.priority_level)
 
         if self.policy is None:

@@ -205,7 +205,8 @@ class LambdaConsumerRuntime:
             consumer.status.start()
         if consumer.idempotency is not None:  # a missing table fails the cold start
             consumer.idempotency.ensure()
-        default, poller = consumer._mailboxes(consumer.resources)  # the Fargate runtime's own
+        # the Fargate runtime's own, on the client that resolved the channel
+        default, poller = consumer._mailboxes(consumer.resources, consumer.clients.client("sqs"))
         boxes = list(poller.by_level.values()) if poller is not None else [default]
         for box in boxes:
             # An SQS call after the last handler (a forward, the releases) must end before the
@@ -215,7 +216,7 @@ class LambdaConsumerRuntime:
         self.mailboxes: dict[str, Mailbox] = {
             box.queue_url.rstrip("/").rsplit("/", 1)[-1]: box for box in boxes
         }
-        self.store = PayloadStore(consumer.clients.client("s3"), "")
+        self.store = PayloadStore(lambda: consumer.clients.client("s3"), "")
         #: What happens to each message (shared with the Fargate runtime).
         self.outcomes = OutcomePolicy(consumer, self.store)
         self._handlers: ThreadPoolExecutor | None = None
