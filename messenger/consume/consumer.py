@@ -31,7 +31,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from messenger.aws import ClientFactory, call_with_budget
 from messenger.channel import (
@@ -60,16 +60,17 @@ from messenger.consume.mailbox import Mailbox, ReceivedMessage, Stage
 from messenger.consume.protection import TaskProtection
 from messenger.consume.runtime import ProcessingTimeout, Runtime
 from messenger.consume.settings import RETRY_DELAY_SECONDS, ConsumerSettings
-from messenger.consume.tracking import StatusTracker
 from messenger.errors import InvalidChannelSpec, InvalidSettings
 from messenger.jobs.fired import FiringClaims
 from messenger.jobs.priority import PriorityPolicy
-from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import WorkerRegistry
 from messenger.offload import PayloadStore
 from messenger.provision import ChannelResources, Provisioner
 from messenger.schema import BodySchema
 from messenger.settings import Settings
+
+if TYPE_CHECKING:  # loaded only by a consumer that tracks status
+    from messenger.consume.tracking import StatusTracker
 
 logger = logging.getLogger("messenger.consumer")
 
@@ -199,6 +200,9 @@ class Consumer:
         #: Status tracking (track_status); tests may swap `status.store`.
         self.status: StatusTracker | None = None
         if self.spec.track_status:
+            from messenger.consume.tracking import StatusTracker
+            from messenger.jobs.status import StatusStore
+
             self.status = StatusTracker(StatusStore(
                 self.clients, self.settings, retention_seconds=self.spec.retention_seconds))
         #: This process's entry in the worker registry (`messenger workers`).

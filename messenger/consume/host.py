@@ -7,17 +7,19 @@ so that imports run one way: consumer → runtime → watchdog → host.
 from __future__ import annotations
 
 import threading
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from messenger.consume.failures import RetryPolicy
-from messenger.consume.idempotency import IdempotencyGuard
 from messenger.consume.lifecycle import ConsumerState, LifecycleHooks
 from messenger.consume.mailbox import ReceivedMessage
 from messenger.consume.settings import ConsumerSettings
-from messenger.consume.tracking import StatusTracker
 from messenger.jobs.fired import FiringClaims
 from messenger.schema import BodySchema
 from messenger.settings import Settings
+
+if TYPE_CHECKING:  # loaded only by a consumer that tracks status or is idempotent
+    from messenger.consume.idempotency import IdempotencyGuard
+    from messenger.consume.tracking import StatusTracker
 
 
 class RuntimeHost(Protocol):

@@ -38,7 +38,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from messenger.consume.failures import (
     MAX_RETRY_DELAY_SECONDS,
@@ -47,17 +47,18 @@ from messenger.consume.failures import (
     failure_note,
 )
 from messenger.consume.host import RuntimeHost
-from messenger.consume.idempotency import AlreadyDone, InProgressElsewhere, StoreUnavailable
 from messenger.consume.lifecycle import LifecycleHooks
 from messenger.consume.mailbox import Delivery, Mailbox, ReceivedMessage, Stage, unreadable_reason
-from messenger.consume.tracking import consumer_id
 from messenger.consume.watchdog import ProcessingTimeout, run_interruptibly
 from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.jobs.fired import fired_job_id
 from messenger.jobs.schedules import SCHEDULED_HEADER
-from messenger.jobs.status import StatusEvent, StatusRecord
 from messenger.offload import PayloadStore
 from messenger.tracing import ProcessTrace
+
+if TYPE_CHECKING:  # loaded by the consumers that use them (status, idempotency), not by all
+    from messenger.consume.idempotency import InProgressElsewhere
+    from messenger.jobs.status import StatusEvent
 
 
 class Verdict(enum.Enum):
@@ -141,6 +142,12 @@ class OutcomePolicy:
         guard = consumer.idempotency
         key: str | None = None
         if guard is not None:
+            from messenger.consume.idempotency import (
+                AlreadyDone,
+                InProgressElsewhere,
+                StoreUnavailable,
+            )
+
             self._set_deadline(delivery, limit)
             try:
                 key = guard.begin(message)
@@ -224,6 +231,7 @@ class OutcomePolicy:
         claims = self.consumer.firings
         if claims is None or SCHEDULED_HEADER not in message.meta_headers:
             return None
+        from messenger.jobs.status import StatusEvent  # a fired job's: loaded when one comes
         self._set_deadline(delivery, limit)
         try:
             other = claims.claim(message.message_id, delivery.sqs_message_id)
@@ -258,6 +266,7 @@ class OutcomePolicy:
         tracker, claims = self.consumer.status, self.consumer.firings
         if tracker is None or claims is None:
             return
+        from messenger.jobs.status import StatusRecord
         tracker.store.record(StatusRecord(
             message.message_id, event, claims.channel, at=at,
             consumer_id=tracker.consumer_id, receive_count=delivery.receive_count,
@@ -345,6 +354,8 @@ class OutcomePolicy:
                  failure: HandlerFailure | None = None) -> Verdict:
         """To the DLQ with the reason and a note of what failed (`failure_note`), then deleted
         (claimed already)."""
+        from messenger.consume.tracking import consumer_id
+
         try:
             self._mailbox(delivery).dead_letter(
                 delivery, reason, failure_note(delivery.receive_count, consumer_id(), failure))
