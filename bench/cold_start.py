@@ -2,10 +2,11 @@
 
 Each side runs in a fresh interpreter, as Lambda starts one, from the consumer function's bundle
 (`stacks.bundle.consumer_lambda_bundle`: `lambdas/consumer`, `messenger`, the packages it ships,
-and a team's code folder; boto3 from the interpreter's own packages, as the Lambda runtime
-provides it). The child times the import of the function's module and its first invocation
-with one SQS message (the channel resolved, the message handled), then reports how many modules
-it loaded and whether pydantic, opentelemetry, the status store or idempotency were among them.
+and a team's code folder, with their bytecode; boto3 from the interpreter's own packages, as the
+Lambda runtime provides it; no bytecode written while it runs, as in Lambda's read-only folder).
+The child times the import of the function's module and its first invocation with one SQS
+message (the channel resolved, the message handled), then reports how many modules it loaded and
+whether pydantic, opentelemetry, the status store or idempotency were among them.
 
 - messenger: `lambdas.consumer.handler` running `ColdConsumer` (a `Consumer` whose handler
   decodes nothing more than the runtime does), MESSENGER_PROVISIONING=verify as deployed.
@@ -221,8 +222,10 @@ def measure(settings: Settings) -> dict[str, Any]:
         "bundle": bundle_size(bundle),
         "python": sys.version.split()[0],
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "note": "no bytecode cache on either side (a Lambda bundle without .pyc files, as "
-                "staged); the interpreter's own start is the same for both and not counted",
+        "bytecode_in_bundle": any(bundle.rglob("*.pyc")),
+        "note": "both sides import from the same bundle, with the bytecode it ships (none "
+                "written at run time: Lambda's folder is read-only); the interpreter's own "
+                "start is the same for both and not counted",
     }
 
 

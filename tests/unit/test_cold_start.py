@@ -44,3 +44,29 @@ def test_a_queues_arn_comes_from_its_url_without_sts() -> None:
     # the local endpoint's URLs have the same shape
     assert provisioner.queue_arn("http://127.0.0.1:4566/123456789012/orders.fifo",
                                  "orders.fifo") == "arn:aws:sqs:eu-west-1:123456789012:orders.fifo"
+
+
+def test_a_lambda_bundle_carries_bytecode_valid_whatever_its_files_times(tmp_path: Path) -> None:
+    import importlib.util
+    import os
+
+    import pytest
+
+    from stacks.bundle import LAMBDA_PYTHON, compile_bytecode
+
+    if sys.version_info[:2] != LAMBDA_PYTHON:
+        pytest.skip(f"bytecode is staged only by Python {LAMBDA_PYTHON}")
+    # Given a module staged in a bundle
+    module = tmp_path / "team" / "jobs.py"
+    module.parent.mkdir()
+    module.write_text("X = 1\n")
+    # When its bytecode is compiled, then the module's times change (a zip, a copy)
+    assert compile_bytecode(tmp_path)
+    os.utime(module, (1, 1))
+    # Then its bytecode is still the one Python loads: checked by the source's hash, not time
+    cached = Path(importlib.util.cache_from_source(str(module)))
+    data = cached.read_bytes()
+    flags = int.from_bytes(data[4:8], "little")
+    assert flags == 0b01  # hash-based, unchecked
+    assert data[8:16] == importlib.util.source_hash(module.read_bytes())
+
