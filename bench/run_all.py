@@ -143,8 +143,21 @@ BENCHES = (
         Figure("timed out to dead-lettered, s, p90", ("forward_seconds", "p90")),
     )),
     Bench("status.py", "Status tracking on vs off, same run", (
-        Figure("throughput ratio on/off", ("throughput_ratio",)),
+        Figure("throughput ratio on/off (median of rounds)", ("throughput_ratio",), 0.9,
+               at_most=False),
+        Figure("throughput ratio on/off (pooled)", ("pooled_ratio",)),
+        Figure("consumer CPU ratio off/on (median of rounds)", ("cpu_ratio",)),
         Figure("extra DynamoDB requests per message", ("dynamodb_requests_per_message",), 0.3),
+        Figure("DynamoDB items written per job (consumer)", ("items_written_per_message",)),
+    )),
+    Bench("cold_start.py", "Lambda consumer cold start vs a minimal Powertools batch handler, "
+                           "fresh interpreters, alternating rounds (medians)", (
+        Figure("import + first invocation ratio messenger/peer", ("ratio",), 1.3),
+        Figure("messenger import (ms)", ("messenger", "import_ms")),
+        Figure("messenger first invocation (ms)", ("messenger", "first_invocation_ms")),
+        Figure("peer import (ms)", ("peer", "import_ms")),
+        Figure("peer first invocation (ms)", ("peer", "first_invocation_ms")),
+        Figure("bundle (MiB)", ("bundle", "mib")),
     )),
     Bench("dollars.py", "Dollars per million jobs, all-in (wire-metered x list prices)", (
         Figure("plain channel $/M", ("plain", "dollars_per_million", "total")),

@@ -6,12 +6,13 @@ BatchWriteItem), and a throughput ratio (on / off) of at least 0.9.
 In each of ROUNDS rounds (BENCH_ROUNDS, default 8), pushes MESSAGES / ROUNDS (BENCH_MESSAGES,
 default 4,000) to a channel and drains it with tracking off, and the same with a tracked channel
 (whose producer records QUEUED), the order of the two alternating from round to round, with the
-same consumer settings (concurrency 10), counting the consumer's requests with botocore's
-'before-send' event. Throughput is measured from LISTENING until every message is handled; the
-status store is then closed (flushed) before its requests are counted. `throughput_ratio` is the
-median of the rounds' ratios (a burst of another process's load hits one round, not the figure);
-`pooled_ratio` divides the sides' totals; `cpu_ratio` is the median ratio of the consumer process's
-CPU time for the same messages (off / on): the machine's other load moves it far less.
+same consumer settings (concurrency 10; handlers empty, or waiting BENCH_HANDLER_MS), counting
+the consumer's requests with botocore's 'before-send' event. Throughput is measured from
+LISTENING until every message is handled; the status store is then closed (flushed) before its
+requests are counted. `throughput_ratio` is the median of the rounds' ratios (a burst of another
+process's load hits one round, not the figure); `pooled_ratio` divides the sides' totals;
+`cpu_ratio` is the median ratio of the consumer process's CPU time for the same messages
+(off / on): the machine's other load moves it far less.
 
 Runs against child-process moto servers (they do not share this process's GIL), DynamoDB on a
 server of its own as on AWS, where the status table's writes take no CPU from SQS's answers (on
@@ -53,11 +54,23 @@ TARGET_EXTRA_REQUESTS = 0.3
 TARGET_RATIO = 0.9
 
 
-class UntrackedConsumer(CountingConsumer):
+#: Seconds each handler waits (BENCH_HANDLER_MS; default 0: an empty handler, which leaves the
+#: consumer CPU-bound on its own requests, the worst case for the writer's share of the CPU).
+HANDLER_SECONDS = float(os.environ.get("BENCH_HANDLER_MS", "0")) / 1000
+
+
+class WaitingConsumer(CountingConsumer):
+    def handler(self, message: Any) -> None:
+        if HANDLER_SECONDS:
+            time.sleep(HANDLER_SECONDS)
+        super().handler(message)
+
+
+class UntrackedConsumer(WaitingConsumer):
     channel = "bench_status_off"
 
 
-class TrackedConsumer(CountingConsumer):
+class TrackedConsumer(WaitingConsumer):
     channel = "bench_status_on"
     track_status = True
 
@@ -167,6 +180,7 @@ def measure(settings: Settings) -> dict[str, Any]:
         "messages": total,
         "rounds": ROUNDS,
         "concurrency": CONCURRENCY,
+        "handler_ms": HANDLER_SECONDS * 1000,
         "throughput_ratio": round(ratio, 3),
         "round_ratios": [round(r, 3) for r in ratios],
         "pooled_ratio": round(on["messages_per_second"] / off["messages_per_second"], 3),

@@ -85,10 +85,15 @@ class StatusRecord:
     #: Who did an operator's action (REQUEUED, DELETED from the dashboard or the CLI).
     actor: str = ""
 
+    @property
+    def sort_key(self) -> str:
+        """'<time>#<event>': a message's records in time order."""
+        return f"{self.at:017.6f}#{self.event.value}"
+
     def item(self, retention_seconds: int) -> dict[str, Any]:
         item: dict[str, Any] = {
             "message_id": {"S": self.message_id},
-            "sk": {"S": f"{self.at:017.6f}#{self.event.value}"},
+            "sk": {"S": self.sort_key},
             "event": {"S": self.event.value},
             "at": {"N": repr(self.at)},
             "channel": {"S": self.channel},
@@ -157,15 +162,17 @@ def status_items(records: list[StatusRecord], retention_seconds: int) -> list[di
     for record in records:
         by_message.setdefault(record.message_id, []).append(record)
     items = []
-    for group in by_message.values():
-        first = group[0].item(retention_seconds)
+    for message_id, group in by_message.items():
+        first = group[0]
         if len(group) == 1:
-            items.append(first)
+            items.append(first.item(retention_seconds))
             continue
         # as `item`: a scheduled job's records outlive its wait too
         expires = max(int(max(r.at, r.due_at or 0.0) + retention_seconds) for r in group)
         items.append({
-            "message_id": first["message_id"], "sk": first["sk"], "event": first["event"],
+            "message_id": {"S": message_id},
+            "sk": {"S": first.sort_key},
+            "event": {"S": first.event.value},
             "records": {"S": json.dumps([r.compact() for r in group], separators=(",", ":"))},
             "expires_at": {"N": str(expires)},
         })
