@@ -115,9 +115,12 @@ def plan_delivery(at: datetime | None, delay: timedelta | float | None, *, order
             raise InvalidMessage(f"delay must not be negative, got {seconds:g} s")
     if seconds <= 0:
         return None
-    # Rounded up: a job never runs before the time it was given.
+    # Rounded up: a job never runs before the time it was given (an at(...) expression holds
+    # whole seconds: the second after a fraction, never the one before it).
     whole = math.ceil(seconds)
-    due = (now + timedelta(seconds=whole)).astimezone(timezone.utc).replace(microsecond=0)
+    due = (now + timedelta(seconds=whole)).astimezone(timezone.utc)
+    if due.microsecond:
+        due = due.replace(microsecond=0) + timedelta(seconds=1)
     if not ordered and not fanout and whole <= SQS_MAX_DELAY_SECONDS:
         return Delivery(due, delay_seconds=whole)
     return Delivery(due)

@@ -71,6 +71,16 @@ def test_any_delay_on_an_ordered_channel_or_an_exchange_is_a_schedule(kwargs):
     assert plan(at=NOW + timedelta(seconds=30), **kwargs).scheduled
 
 
+def test_a_schedule_is_due_no_earlier_than_asked_from_a_fractional_now():
+    # Given a push at 12:00:00.7 asking for 3 s (or 12:00:03.2) on an exchange
+    now = NOW + timedelta(milliseconds=700)
+    for at, delay in ((None, 3), (NOW + timedelta(seconds=3, milliseconds=200), None)):
+        due = plan_delivery(at, delay, ordered=False, fanout=True, now=now).due
+        # Then its whole-second at(...) is the second after, never the one before
+        assert due == NOW + timedelta(seconds=4)
+        assert due >= now + timedelta(seconds=3)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
