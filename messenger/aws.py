@@ -84,7 +84,7 @@ LONG_POLL_SECONDS = 20
 #: standard retry mode retries (throttling and transient codes of every AWS service, e.g.
 #: DynamoDB's ProvisionedThroughputExceededException), so a client loses none of botocore's
 #: retries by having `BoundedRetries` make them.
-RETRIED_ERROR_CODES = TRANSIENT_ERROR_CODES | frozenset(
+RETRIED_ERROR_CODES = TRANSIENT_ERROR_CODES.union(
     {
         "RequestTimeout",
         "RequestTimeoutException",
