@@ -65,6 +65,12 @@ class StatusEvent(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 to
         return str(self.value)
 
 
+#: Events after which more of the same message's records follow at once (its handler is
+#: running; its failure's RETRIED or DEAD_LETTERED): the writer holds such a message's records up
+#: to `flush_interval` so that they share one item with what follows.
+UNSETTLED = frozenset({StatusEvent.RECEIVED, StatusEvent.STARTED, StatusEvent.FAILED})
+
+
 @dataclass(frozen=True)
 class StatusRecord:
     """One lifecycle event of one message."""
@@ -221,8 +227,10 @@ class StatusStore:
         self.flush_interval = flush_interval
         self.stats = StatusStats()
         self._buffer: deque[StatusRecord] = deque()
-        #: message id -> its records in the buffer, in the order of their first one
-        self._pending: dict[str, int] = {}
+        #: message id -> [time of its first buffered record, its last event], in the order of
+        #: their first records
+        self._pending: dict[str, list[Any]] = {}
+        self._settled = 0  # messages in _pending whose last event is not UNSETTLED
         self._writing = 0  # records of the request in flight
         self._max_buffer = max_buffer
         self._lock = threading.Lock()
@@ -256,9 +264,15 @@ class StatusStore:
                 self.stats.dropped += 1
                 return
             self._buffer.append(record)
-            pending = self._pending
-            pending[record.message_id] = pending.get(record.message_id, 0) + 1
-            full = len(pending) >= DYNAMODB_MAX_BATCH
+            entry = self._pending.get(record.message_id)
+            settled = record.event not in UNSETTLED
+            if entry is None:
+                self._pending[record.message_id] = [record.at, record.event]
+                self._settled += settled
+            else:
+                self._settled += settled - (entry[1] not in UNSETTLED)
+                entry[1] = record.event
+            full = self._settled >= DYNAMODB_MAX_BATCH
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="messenger-status", daemon=True
@@ -278,32 +292,40 @@ class StatusStore:
 
     def flush(self, full_batches_only: bool = False) -> None:
         """Write what is buffered, 25 messages' records per request. With `full_batches_only`,
-        fewer messages wait until their oldest record is `flush_interval` old, so requests
-        carry 25 items whenever traffic allows."""
+        only full requests of settled messages (see UNSETTLED) go out, and what else is
+        `flush_interval` old: requests carry 25 items whenever traffic allows, and a job's
+        records one item when it ends within that interval."""
         while True:
             with self._lock:
                 if not self._buffer:
                     return
+                cutoff = time.time() - self.flush_interval if full_batches_only else None
                 if (
-                    full_batches_only
-                    and len(self._pending) < DYNAMODB_MAX_BATCH
-                    and time.time() - self._buffer[0].at < self.flush_interval
+                    cutoff is not None
+                    and self._settled < DYNAMODB_MAX_BATCH
+                    and self._buffer[0].at > cutoff
                 ):
                     return
-                batch = self._take(DYNAMODB_MAX_BATCH)
+                batch = self._take(DYNAMODB_MAX_BATCH, cutoff)
+                if not batch:
+                    return
                 self._writing = len(batch)
             try:
                 self._write(batch)
             finally:
                 self._writing = 0
 
-    def _take(self, messages: int) -> list[StatusRecord]:
-        """Remove and return every buffered record of the first `messages` messages."""
+    def _take(self, messages: int, cutoff: float | None) -> list[StatusRecord]:
+        """Remove and return every buffered record of the first `messages` messages that are
+        settled or whose first record is older than `cutoff` (None: of any message)."""
         chosen: set[str] = set()
-        for message_id in self._pending:
+        for message_id, (first_at, last_event) in self._pending.items():
             if len(chosen) == messages:
                 break
-            chosen.add(message_id)
+            settled = last_event not in UNSETTLED
+            if settled or cutoff is None or first_at <= cutoff:
+                chosen.add(message_id)
+                self._settled -= settled
         for message_id in chosen:
             del self._pending[message_id]
         if not self._pending:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 from messenger import ChannelSpec, Producer
 from messenger.aws import ClientFactory, RequestCounter
@@ -63,6 +64,25 @@ def test_a_jobs_records_written_together_are_one_item_and_a_whole_timeline(setti
     # and each job's timeline reads back all three records
     for n in (0, 24, 25, 29):
         assert [r.event for r in store.timeline(f"job{n}")] == list(events)
+
+
+def test_the_writer_holds_a_running_jobs_records_for_the_ones_that_follow(settings, clients):
+    # Given 30 jobs received and started (more than a request's 25), finished 0.1 s later
+    store = StatusStore(clients, settings)
+    store.prepare()
+    for n in range(30):
+        store.record(StatusRecord(f"job{n}", StatusEvent.RECEIVED, "orders"))
+        store.record(StatusRecord(f"job{n}", StatusEvent.STARTED, "orders"))
+    time.sleep(0.1)
+    for n in range(30):
+        store.record(StatusRecord(f"job{n}", StatusEvent.COMPLETED, "orders"))
+    # When the background writer writes them (no close: the running consumer's case)
+    deadline = time.monotonic() + 10
+    while store.stats.written < 90 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # Then each job is one item: nothing was written while its handler ran
+    assert (store.stats.written, store.stats.items) == (90, 30)
+    store.close()
 
 
 def test_a_failing_status_store_never_fails_the_push(settings, clients):
