@@ -92,10 +92,16 @@ class ConsumerProcess:
         deadline = time.monotonic() + timeout
         while not predicate(self):
             if self.process.poll() is not None:
-                raise StepFailed(f"{self.target} exited ({self.process.returncode}) before: {what}")
+                raise StepFailed(f"{self.target} exited ({self.process.returncode}) before: "
+                                 f"{what}; its last log lines: {self.last_lines()}")
             if time.monotonic() > deadline:
-                raise StepFailed(f"{self.target}: {what} did not happen in {timeout:.0f} s")
+                raise StepFailed(f"{self.target}: {what} did not happen in {timeout:.0f} s; "
+                                 f"its last log lines: {self.last_lines()}")
             time.sleep(0.1)
+
+    def last_lines(self, count: int = 5) -> str:
+        """What the consumer did last, for a failed check (its log's last lines)."""
+        return " | ".join(self.log_path.read_text().splitlines()[-count:])
 
     def stop(self, timeout: float) -> int | None:
         if self.process.poll() is None:
