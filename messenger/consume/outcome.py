@@ -84,9 +84,14 @@ class Verdict(enum.Enum):
 
 
 def stopped_reason(receive_count: int, attempts: int) -> str:
-    """The dead-letter reason of a message received after its attempts were used up."""
-    return (f"attempts_exhausted: the consumer stopped during attempt {receive_count - 1} of "
-            f"{attempts}")
+    """The dead-letter reason of a message received after its attempts were used up.
+
+    It names the receive count, not an attempt: a receive that never ran the handler (a long
+    poll still in flight when its process died takes the message all the same) counts too, so
+    which attempt was interrupted is not known."""
+    allowed = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+    return (f"attempts_exhausted: received {receive_count} times, {allowed} allowed "
+            f"(a consumer stopped during its last attempt)")
 
 
 def timeout_reason(processing_timeout: float) -> str:

@@ -119,7 +119,8 @@ CASES = {
         reason="undecodable: message body is not JSON", handler_runs=0),
     "attempts used up by a consumer that stopped: dead-lettered, not run again": Case(
         body={"n": 2}, push={"max_attempts": 1}, earlier_receives=1, event="dead_lettered",
-        reason="attempts_exhausted: the consumer stopped during attempt 1 of 1",
+        reason=("attempts_exhausted: received 2 times, 1 attempt allowed (a consumer "
+                "stopped during its last attempt)"),
         handler_runs=0),
     "a non-string traceparent never stops a traced consumer": Case(
         raw_body='{"n": 3}', tracing="on", event="dead_lettered",
