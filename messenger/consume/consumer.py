@@ -42,6 +42,7 @@ from messenger.channel import (
     ChannelTags,
     MessageFilter,
 )
+from messenger.consume.controls import READ_TIMEOUT_SECONDS as CONTROL_READ_TIMEOUT
 from messenger.consume.failures import MAX_RETRY_DELAY_SECONDS, RetryPolicy
 from messenger.consume.health import HealthFile, HealthRecord, default_health_file, health_clock
 from messenger.consume.lease import renewal_read_timeout
@@ -61,6 +62,7 @@ from messenger.consume.protection import TaskProtection
 from messenger.consume.runtime import ProcessingTimeout, Runtime
 from messenger.consume.settings import RETRY_DELAY_SECONDS, ConsumerSettings
 from messenger.errors import InvalidChannelSpec, InvalidSettings
+from messenger.jobs.controls import CancelRequests
 from messenger.jobs.fired import FiringClaims
 from messenger.jobs.priority import PriorityPolicy
 from messenger.jobs.workers import WorkerRegistry
@@ -75,7 +77,8 @@ if TYPE_CHECKING:  # loaded only by a consumer that tracks status
 logger = logging.getLogger("messenger.consumer")
 
 #: States between which the health file may lag (at most HEALTH_LAG_SECONDS).
-RUNNING_STATES = frozenset({ConsumerState.LISTENING, ConsumerState.IDLE, ConsumerState.PROCESSING})
+RUNNING_STATES = frozenset({ConsumerState.LISTENING, ConsumerState.IDLE, ConsumerState.PROCESSING,
+                            ConsumerState.PAUSED})
 HEALTH_LAG_SECONDS = 1.0
 #: How often the main thread looks for a shutdown request while the channel is resolved.
 STARTUP_POLL_SECONDS = 0.05
@@ -409,11 +412,14 @@ class Consumer:
                 self._write_health()
 
     def beat(self) -> None:
-        """The watchdog's tick: refresh the worker-registry entry when an interval is due."""
-        if self.workers.due() and self.state is not None:
-            runtime = self._runtime
-            in_flight = len(runtime.held(*Stage)) if runtime is not None else 0
-            self.workers.beat(self.state.value, in_flight)
+        """The watchdog's tick: refresh the worker-registry entry when an interval is due, or
+        when its state or counts changed (at most every CHANGE_WRITE_SECONDS)."""
+        state = self.state
+        if state is None or not self.workers.enabled:
+            return
+        runtime = self._runtime
+        in_flight = len(runtime.held(*Stage)) if runtime is not None else 0
+        self.workers.beat(state.value, in_flight)
 
     def health_timeout(self, state: ConsumerState) -> float | None:
         """How long the consumer may stay in `state` before the health check fails."""
@@ -512,6 +518,11 @@ class Consumer:
                 self, mailbox, PayloadStore(self.clients.client("s3"), ""), poller=poller,
                 lease_sqs=self.clients.client(
                     "sqs", read_timeout=renewal_read_timeout(self.visibility_timeout)),
+                # An operator's pause and cancel requests (`messenger.consume.controls`).
+                control_sqs=self.clients.client("sqs", read_timeout=CONTROL_READ_TIMEOUT),
+                cancels=CancelRequests(self.clients, self.settings, self.spec.name,
+                                       dynamodb=self.clients.client(
+                                           "dynamodb", read_timeout=CONTROL_READ_TIMEOUT)),
             )
             self._runtime = runtime
             if self._stop_requested.is_set():  # SIGTERM while initializing

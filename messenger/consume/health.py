@@ -18,7 +18,7 @@ saying why:
 - a file can be written in its directory (the checker tries: a full or read-only filesystem
   fails the check at once);
 - the state is within its limit: INITIALIZING/INITIALIZED, PROCESSING and EXITING have one
-  (`timeout_seconds`), LISTENING and IDLE have none.
+  (`timeout_seconds`), LISTENING, IDLE and PAUSED have none.
 
 The file is `MESSENGER_HEALTH_FILE` when set, else one per consumer class in the temporary
 directory (`default_health_file`): two consumers on one host do not share one. Without `--file`
@@ -48,7 +48,7 @@ DEFAULT_HEALTH_NAME = "messenger-health-{}.json"
 #: States in which a consumer can be stuck; the others have no limit.
 LIMITED_STATES = frozenset({"INITIALIZING", "INITIALIZED", "PROCESSING", "EXITING"})
 #: Every state a consumer writes (`ConsumerState` values, exactly as written).
-KNOWN_STATES = LIMITED_STATES | {"LISTENING", "IDLE", "EXITED"}
+KNOWN_STATES = LIMITED_STATES | {"LISTENING", "IDLE", "PAUSED", "EXITED"}
 #: How far `since` or `written_at` may lie in the future before the file counts as corrupt.
 CLOCK_SKEW_SECONDS = 5.0
 LOCK_TIMEOUT_SECONDS = 5.0

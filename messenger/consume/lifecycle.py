@@ -45,6 +45,8 @@ class ConsumerState(enum.Enum):
     LISTENING = "LISTENING"
     PROCESSING = "PROCESSING"
     IDLE = "IDLE"
+    #: An operator paused the channel (`messenger pause`): not receiving, nothing held.
+    PAUSED = "PAUSED"
     EXITING = "EXITING"
     EXITED = "EXITED"
 
@@ -57,6 +59,7 @@ class LifecycleHooks(enum.Enum):
     LISTENING = "LISTENING"
     PROCESSING = "PROCESSING"
     IDLE = "IDLE"
+    PAUSED = "PAUSED"
     EXITING = "EXITING"
     EXITED = "EXITED"
     MSG_PROCESSING_START = "MSG_PROCESSING_START"

@@ -115,6 +115,9 @@ class Delivery:
     in_handler: bool = False
     #: Its lease ran out while held (the process stalled): reported once.
     lapsed: bool = False
+    #: Who cancelled it while it ran (`messenger.consume.controls`): its deadline is then now,
+    #: and its timeout is dead-lettered as 'cancelled by <who>'.
+    cancelled_by: str | None = None
     message: ReceivedMessage | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: The mailbox (queue) it came from: it is deleted, extended, retried and dead-lettered there.

@@ -98,6 +98,11 @@ def timeout_reason(processing_timeout: float) -> str:
     return f"processing_timeout: exceeded {processing_timeout:g} s"
 
 
+def cancelled_reason(by: str) -> str:
+    """The dead-letter reason of a running job an operator cancelled (`messenger cancel`)."""
+    return f"cancelled by {by}"
+
+
 #: Called when a dead-letter forward failed: (delivery, reason, failure or None, error).
 ForwardFailed = Callable[[Delivery, str, HandlerFailure | None, Exception], None]
 
@@ -194,14 +199,23 @@ class OutcomePolicy:
 
     # -- the timeout path (the runtime's deadline watcher marked it TIMED_OUT) ---------------
     def report_timeout(self, delivery: Delivery) -> None:
+        """Its 'timed_out' event; 'cancelled' (with who) when an operator cancelled it."""
+        if delivery.cancelled_by is not None:
+            self.consumer.emit("cancelled", delivery.log_id, duration=delivery.running_for(),
+                               fields={"by": delivery.cancelled_by,
+                                       "receive_count": delivery.receive_count})
+            return
         self.consumer.emit("timed_out", delivery.log_id, duration=delivery.running_for(), fields={
             "processing_timeout": self.consumer.processing_timeout,
             "receive_count": delivery.receive_count})
 
     def forward_timed_out(self, delivery: Delivery) -> Verdict:
-        """ON_PROCESSING_TIMEOUT hooks, then the DLQ with the reason (DEAD_LETTERED or KEPT)."""
+        """ON_PROCESSING_TIMEOUT hooks, then the DLQ with the reason (DEAD_LETTERED or KEPT):
+        the timeout's, or 'cancelled by <who>' when an operator cancelled it."""
         self.consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
-        return self._forward(delivery, timeout_reason(self.consumer.processing_timeout))
+        reason = (cancelled_reason(delivery.cancelled_by) if delivery.cancelled_by is not None
+                  else timeout_reason(self.consumer.processing_timeout))
+        return self._forward(delivery, reason)
 
     # -- verdicts ----------------------------------------------------------------------------
     @staticmethod

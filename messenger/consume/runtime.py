@@ -33,6 +33,10 @@
 - The lease keeper (`messenger.consume.lease`) extends leases on its own thread, started first.
 - The watchdog (`messenger.consume.watchdog`) times out handlers; the delete batcher sends
   deletes on its own thread.
+- The control watcher (`messenger.consume.controls`) reads an operator's pause and cancel
+  requests once per heartbeat interval: paused, the receiver stops polling (what is held
+  finishes; the state is PAUSED once nothing is); a cancelled running message's deadline is
+  moved to now, and the watchdog stops it as a processing timeout, 'cancelled by <who>'.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from messenger.aws import is_transient
+from messenger.consume.controls import ControlWatcher, stop_now
 from messenger.consume.failures import HandlerFailure
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper, lapse_event, lease_lapsed
@@ -62,6 +67,7 @@ from messenger.consume.mailbox import (
 from messenger.consume.outcome import OutcomePolicy, Verdict
 from messenger.consume.prefetch import Prefetch
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog
+from messenger.jobs.controls import CancelRequests, PauseMark
 from messenger.offload import PayloadStore
 
 logger = logging.getLogger(__name__)
@@ -97,9 +103,12 @@ class Runtime:
     def __init__(
         self, consumer: RuntimeHost, mailbox: Mailbox, store: PayloadStore,
         poller: LevelPoller | None = None, lease_sqs: Any | None = None,
+        control_sqs: Any | None = None, cancels: CancelRequests | None = None,
     ) -> None:
         """lease_sqs: the SQS client renewals use (their own connections and a short read
-        timeout; default: the mailboxes' clients)."""
+        timeout; default: the mailboxes' clients). control_sqs: the client that reads the pause
+        tag, and cancels: the channel's cancel requests (`messenger.consume.controls`; None:
+        no control watcher)."""
         self.consumer = consumer
         self.config = consumer.runtime
         self.mailbox = mailbox
@@ -142,6 +151,10 @@ class Runtime:
         self._threads: list[threading.Thread] = []
         self.leases = LeaseKeeper(self, lease_sqs)
         self.watchdog = Watchdog(self)
+        #: Who paused the channel (None: not paused): the receiver does not poll meanwhile.
+        self.paused: PauseMark | None = None
+        self.controls = (ControlWatcher(self, control_sqs, cancels)
+                         if control_sqs is not None else None)
         #: What happens to each message (shared with the Lambda runtime).
         self.outcomes = OutcomePolicy(consumer, store, done_stage=Stage.DELETING,
                                       forward_failed=self._forward_failed)
@@ -160,6 +173,8 @@ class Runtime:
                 return ConsumerState.EXITING
             if self._held or self._stuck:
                 return ConsumerState.PROCESSING
+            if self.paused is not None:
+                return ConsumerState.PAUSED
             return ConsumerState.IDLE if self._last_poll_empty else ConsumerState.LISTENING
 
     def held(self, *stages: Stage) -> list[Delivery]:
@@ -191,6 +206,26 @@ class Runtime:
         with self.consumer.transition_lock:
             self.consumer.transition(self.current_state())
 
+    def set_paused(self, mark: PauseMark | None) -> None:
+        """Pause (a mark: stop polling once the receives in flight answer) or resume (None)."""
+        with self._cond:
+            was, self.paused = self.paused, mark
+            self._cond.notify_all()
+        if mark is not None:
+            self.consumer.emit("paused", fields={"by": mark.by, "at": mark.at})
+        elif was is not None:
+            self.consumer.emit("resumed", fields={"paused_by": was.by})
+        self.refresh_state()
+
+    def cancel(self, delivery: Delivery, by: str) -> bool:
+        """Stop a running message at the watchdog's next tick, as a processing timeout
+        ('cancelled by <who>'); False when it no longer runs."""
+        if not stop_now(delivery, by):
+            return False
+        # (The watchdog's next tick, within TICK_SECONDS, finds it past its deadline.)
+        self.consumer.emit("cancel_requested", delivery.log_id, fields={"by": by})
+        return True
+
     def fail(self, error: BaseException) -> None:
         """A fatal error: stop, and make `run` raise it after the graceful shutdown."""
         if self.fatal is None:
@@ -208,6 +243,8 @@ class Runtime:
         # The lease keeper first: nothing started after it can hold a message it does not renew.
         targets = [("leases", self.leases.run), ("receiver", self._receive_loop),
                    ("watchdog", self.watchdog.run)]
+        if self.controls is not None:
+            targets.append(("controls", self.controls.run))
         self.deleter.start(self._guarded)
         targets += [(f"worker-{n}", self._worker_loop) for n in range(self.config.concurrency)]
         for name, target in targets:
@@ -280,6 +317,8 @@ class Runtime:
         self._work.close()
         self.deleter.close()
         self.watchdog.stop()
+        if self.controls is not None:
+            self.controls.stop()
         self.leases.stop()
         self.watchdog.report_lease_events()
 
@@ -363,6 +402,9 @@ class Runtime:
         waiting briefly for more of them (`_coalesce`), one receive at a time."""
         wanted = min(10, self.config.concurrency)
         while not self.stopping.is_set():
+            if self.paused is not None:  # an operator paused the channel: no new receive
+                self._cond.wait(0.5)
+                continue
             now = time.monotonic()
             busy = self._chain_seconds
             if busy is not None and self.prefetch.active(now, busy):

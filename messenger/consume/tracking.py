@@ -28,6 +28,7 @@ STATUS_EVENTS: dict[str, StatusEvent] = {
     "failed": StatusEvent.FAILED,
     "retried": StatusEvent.RETRIED,
     "timed_out": StatusEvent.TIMED_OUT,
+    "cancelled": StatusEvent.CANCELLED,
     "dead_lettered": StatusEvent.DEAD_LETTERED,
 }
 
@@ -65,6 +66,10 @@ def status_record(event: LifecycleEvent, consumer: str) -> StatusRecord | None:
     elif status is StatusEvent.TIMED_OUT:
         error_class = "ProcessingTimeout"
         error = f"exceeded {fields.get('processing_timeout')} s"
+    actor = ""
+    if status is StatusEvent.CANCELLED:
+        actor = str(fields.get("by", ""))
+        error = f"cancelled by {actor}"
     return StatusRecord(
         message_id=event.message_id,
         event=status,
@@ -76,6 +81,7 @@ def status_record(event: LifecycleEvent, consumer: str) -> StatusRecord | None:
         error_class=error_class,
         error=error,
         traceback=trace,
+        actor=actor,
     )
 
 

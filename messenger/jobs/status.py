@@ -60,6 +60,8 @@ class StatusEvent(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 to
     REQUEUED = "REQUEUED"
     #: Deleted from its DLQ by an operator (`actor`): the job will not run.
     DELETED = "DELETED"
+    #: Stopped while running by an operator (`actor`, `messenger cancel`): dead-lettered next.
+    CANCELLED = "CANCELLED"
 
     def __str__(self) -> str:
         return str(self.value)

@@ -3,7 +3,10 @@
 Each consumer process writes one entry (`WorkerEntry`: worker id, host, ECS task ARN when on ECS,
 channel, state, started, last seen, messages in flight, processed and failed counts) when it
 starts, refreshes it every `Settings.worker_interval` seconds (default 30) from its watchdog
-thread, and deletes it at a clean exit. An entry not refreshed for `LOST_AFTER_INTERVALS`
+thread, and sooner when its state or counts changed, at most once per `CHANGE_WRITE_SECONDS`
+(2 s: a busy worker's entry is never more than a few seconds stale, and a worker switching
+between LISTENING and PROCESSING twice per poll writes at most every 2 s), and deletes it at
+a clean exit. An entry not refreshed for `LOST_AFTER_INTERVALS`
 intervals is shown as lost (a killed process, a frozen host); entries expire by TTL
 (`EXPIRY_SECONDS` after their last refresh). A registry failure is logged, never fatal: the
 registry observes, it does not gate message processing.
@@ -43,6 +46,8 @@ EXPIRY_SECONDS = 86_400
 METADATA_VARIABLE = "ECS_CONTAINER_METADATA_URI_V4"
 #: Seconds a registry write may take; it runs on the consumer's watchdog thread.
 WRITE_TIMEOUT = 2.0
+#: A changed entry (state, in flight, counts) is written at most this often.
+CHANGE_WRITE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,8 @@ class WorkerRegistry:
         #: False until `start`, and when the table is not deployed (verify mode): no writes.
         self.enabled = False
         self._next = 0.0
+        #: When the last write went out (monotonic): a change waits CHANGE_WRITE_SECONDS.
+        self._written_at = 0.0
         self._dynamodb: Any = None
 
     def _client(self) -> Any:
@@ -151,8 +158,19 @@ class WorkerRegistry:
             logger.warning("worker registry: %s of %s failed: %s", what, self.entry.worker_id,
                            error)
 
-    def due(self) -> bool:
-        return self.enabled and time.monotonic() >= self._next
+    def due(self, state: str | None = None, in_flight: int | None = None) -> bool:
+        """An interval has passed since the last write; or, given the current state and
+        messages in flight, they or the counts changed and CHANGE_WRITE_SECONDS have passed."""
+        if not self.enabled:
+            return False
+        now = time.monotonic()
+        if now >= self._next:
+            return True
+        if state is None or now - self._written_at < CHANGE_WRITE_SECONDS:
+            return False
+        entry = self.entry
+        return (state != entry.state or in_flight != entry.in_flight
+                or self.processed != entry.processed or self.failed != entry.failed)
 
     def start(self, state: str) -> None:
         """Make sure the table exists (auto) and write the first entry (with the ECS task's ARN
@@ -180,9 +198,10 @@ class WorkerRegistry:
 
     def beat(self, state: str, in_flight: int, force: bool = False) -> None:
         """Refresh the entry when an interval has passed since the last write (or `force`)."""
-        if not self.enabled or (not force and not self.due()):
+        if not self.enabled or (not force and not self.due(state, in_flight)):
             return
-        self._next = time.monotonic() + self.entry.interval
+        self._written_at = time.monotonic()
+        self._next = self._written_at + self.entry.interval
         self.entry = replace(self.entry, state=state, last_seen=time.time(), in_flight=in_flight,
                              processed=self.processed, failed=self.failed)
         self._call("put_item", TableName=self.table, Item=self.entry.item())
@@ -208,7 +227,9 @@ def list_workers(
             TableName=table, KeyConditionExpression="channel = :c",
             ExpressionAttributeValues={":c": {"S": channel}})
     try:
-        entries = [WorkerEntry.from_item(item) for page in pages for item in page.get("Items", [])]
+        # (Cancel requests share the table: `messenger.jobs.controls`.)
+        entries = [WorkerEntry.from_item(item) for page in pages for item in page.get("Items", [])
+                   if not item.get("worker_id", {}).get("S", "").startswith("~")]
     except ClientError as error:
         if error_code(error) == "ResourceNotFoundException":
             return []

@@ -28,6 +28,7 @@ from messenger.channel import (
     physical_name,
 )
 from messenger.errors import ChannelNotFound
+from messenger.jobs.controls import TAG_PAUSED, PauseMark
 from messenger.ops.inventory import PlatformResource, list_platform_resources
 from messenger.settings import Settings
 
@@ -47,6 +48,8 @@ class ChannelQueue:
     queue: str
     level: str | None = None
     critical: bool = False
+    #: Who paused the channel's consumers, and when (`messenger pause`; None: not paused).
+    paused: PauseMark | None = None
 
     @classmethod
     def from_resource(cls, resource: PlatformResource) -> ChannelQueue:
@@ -58,6 +61,7 @@ class ChannelQueue:
             queue=resource.name,
             level=resource.tags.get(TAG_PRIORITY_LEVEL) or None,
             critical=resource.channel_tags.critical,
+            paused=PauseMark.parse(resource.tags.get(TAG_PAUSED)),
         )
 
     @property

@@ -62,6 +62,8 @@ class ChannelRow:
     workers: int = 0
     level: str | None = None
     queue_channel: str = ""
+    #: "paused by <who> at <time>" while an operator paused the channel's consumers, else "".
+    paused: str = ""
 
 
 def snapshot(clients: ClientFactory, settings: Settings,
@@ -115,6 +117,7 @@ def _row(sqs: Any, queue: ChannelQueue, series: list[Any], alive: list[str]) -> 
         workers=alive.count(queue.channel),
         level=queue.level,
         queue_channel=queue.queue_channel,
+        paused=str(queue.paused) if queue.paused else "",
     )
 
 

@@ -20,6 +20,9 @@ class QueueProblem:
     team: str = ""
     #: The queue's ARN (its console link in the report); '' when unknown.
     arn: str = ""
+    #: "paused by <who> at <time>" when an operator paused the channel's consumers
+    #: (`messenger pause`: the depth is expected to grow), else "".
+    paused: str = ""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from messenger.channel import (
     TAG_NAMESPACE,
 )
 from messenger.errors import MessengerError
+from messenger.jobs.controls import TAG_PAUSED, PauseMark
 from messenger.ops.findings import QueueAlarmReport, QueueProblem
 from messenger.ops.inventory import (
     PlatformResource,
@@ -283,6 +284,7 @@ def _problem(
         owner=tags.owner,
         team=tags.team,
         arn=queue.arn,
+        paused=str(mark) if (mark := PauseMark.parse(queue.tags.get(TAG_PAUSED))) else "",
     )
 
 

@@ -265,6 +265,9 @@ def _problem_text(problem: QueueProblem, scope: str, namespace: str) -> str:
     who = owner_label(problem.team, problem.owner)
     if who:
         lines.append(who)
+    if problem.paused:  # its consumers do not receive: the depth grows on purpose
+        lines.append(f"⏸ Channel `{problem.channel}` {problem.paused} "
+                     f"(resume: `{cli_command(f'resume {problem.channel}', namespace)}`)")
     if scope == "dlq":
         ordered = " --ordered" if problem.name.endswith(".fifo") else ""
         inspect = cli_command(f"dlq list {problem.channel}", namespace)

@@ -136,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cost(commands)
 
+    from messenger.tools.controls import add_parser as add_controls
+
+    add_controls(commands)
+
     status = commands.add_parser("status", help="print a message's lifecycle timeline")
     status.add_argument("message_id", help="the id push() returned")
     status.set_defaults(run=_status)

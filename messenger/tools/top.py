@@ -9,7 +9,8 @@
 Per channel queue: visible, in flight, delayed, DLQ depth, age of the oldest message (with its
 unit), messages/min in and out, consumer processes registered and alive (`messenger workers`),
 and whether consumers received in the last 5 minutes ('-' when CloudWatch has no datapoint),
-critical channels marked '!'. A priority level's row names its level ('jobs/high'). Fits an
+critical channels marked '!'. A priority level's row names its level ('jobs/high'); a paused
+channel's row says '(paused)', and a line under the table names who paused it and when. Fits an
 80-column terminal.
 """
 
@@ -59,6 +60,8 @@ def render(rows: list[ChannelRow], namespace: str) -> Any:
         dlq_style = "bold red" if row.dlq_depth else ""
         label = f"{row.channel}/{row.level}" if row.level else row.channel
         name = f"[bold red]![/]{label}" if row.critical else label
+        if row.paused:
+            name += " [bold yellow](paused)[/]"
         table.add_row(
             name, _fmt(row.visible), _fmt(row.in_flight), _fmt(row.delayed),
             f"[{dlq_style}]{_fmt(row.dlq_depth)}[/]" if dlq_style else _fmt(row.dlq_depth),
@@ -68,6 +71,9 @@ def render(rows: list[ChannelRow], namespace: str) -> Any:
         )
     table.caption = ("no platform-owned queues in this namespace" if not rows else
                      "! critical  work: consumer processes  recv: received in 5 min")
+    paused = {row.channel: row.paused for row in rows if row.paused}
+    if paused:
+        table.caption += "".join(f"\n{channel}: {text}" for channel, text in paused.items())
     return table
 
 

@@ -92,3 +92,9 @@ class AttemptsConsumer(LedgerConsumer):
             raise ValueError("a failing attempt")
         time.sleep(float(body.get("sleep", 0)))
         append_line("RELIABILITY_LEDGER", message.message_id)
+
+
+class TrackedAttemptsConsumer(AttemptsConsumer):
+    """AttemptsConsumer recording its jobs' timelines in the status table."""
+
+    track_status = True

@@ -1,0 +1,115 @@
+"""The consumer's control watcher: a thread that reads an operator's pause and cancel requests
+(`messenger.jobs.controls`) once per heartbeat interval (a third of the lease, at least
+`MIN_INTERVAL_SECONDS`).
+
+- Pause: the channel's queue tag `messenger:paused` (one ListQueueTags per interval). A paused
+  runtime stops receiving, finishes what it holds, keeps its leases and its registry entry, and
+  is PAUSED once it holds nothing; resumed, it polls again.
+- Cancel: read only while the runtime holds running messages (one Query per interval then).
+  A requested message's deadline is moved to now: the watchdog stops it at its next tick as a
+  processing timeout would, and it is dead-lettered with the reason `cancelled by <who>`.
+
+A read that fails is reported (`control_read_failed`) and the last known pause stays in force:
+the controls observe and steer, they never stop message processing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol
+
+from messenger.consume.host import RuntimeHost
+from messenger.consume.mailbox import Delivery, Mailbox, Stage
+from messenger.jobs.controls import CancelRequest, CancelRequests, PauseMark, read_pause
+
+#: The watcher reads at most this often, whatever the lease.
+MIN_INTERVAL_SECONDS = 1.0
+#: Seconds one control read may take (its own client's read timeout).
+READ_TIMEOUT_SECONDS = 2.0
+
+
+class Controlled(Protocol):
+    """What the watcher needs of the runtime (implemented by `Runtime`)."""
+
+    consumer: RuntimeHost
+    mailbox: Mailbox
+    visibility: int
+
+    def held(self, *stages: Stage) -> list[Delivery]: ...
+
+    def set_paused(self, mark: PauseMark | None) -> None: ...
+
+    def cancel(self, delivery: Delivery, by: str) -> bool: ...
+
+
+def control_interval(visibility: int) -> float:
+    """Seconds between control reads: the heartbeat's (a third of the lease), at least
+    MIN_INTERVAL_SECONDS."""
+    return max(MIN_INTERVAL_SECONDS, visibility / 3)
+
+
+class ControlWatcher:
+    """Reads one runtime's controls until `stop()`."""
+
+    def __init__(self, runtime: Controlled, sqs: Any, cancels: CancelRequests | None) -> None:
+        self.runtime = runtime
+        self.sqs = sqs
+        self.cancels = cancels
+        self.interval = control_interval(runtime.visibility)
+        self.paused: PauseMark | None = None
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        while True:
+            self.check()
+            if self._stop.wait(self.interval):
+                return
+
+    def check(self) -> None:
+        """One read of the pause mark, and of the cancel requests while messages run."""
+        consumer = self.runtime.consumer
+        try:
+            mark = read_pause(self.sqs, self.runtime.mailbox.queue_url)
+        except Exception as error:
+            consumer.emit("control_read_failed", fields={
+                "control": "pause", "error": f"{type(error).__name__}: {error}"})
+        else:
+            if mark != self.paused:
+                self.paused = mark
+                self.runtime.set_paused(mark)
+        running = self.runtime.held(Stage.RUNNING)
+        if not running or self.cancels is None:
+            return
+        try:
+            requests = self.cancels.pending()
+        except Exception as error:
+            consumer.emit("control_read_failed", fields={
+                "control": "cancel", "error": f"{type(error).__name__}: {error}"})
+            return
+        for delivery in running:
+            request = requests.get(delivery.log_id) or requests.get(delivery.sqs_message_id)
+            if request is not None and self.runtime.cancel(delivery, request.by):
+                self._done(request)
+
+    def _done(self, request: CancelRequest) -> None:
+        assert self.cancels is not None
+        try:
+            self.cancels.done(request)
+        except Exception as error:  # it expires by itself (CANCEL_EXPIRY_SECONDS)
+            self.runtime.consumer.emit("control_read_failed", fields={
+                "control": "cancel_done", "error": f"{type(error).__name__}: {error}"})
+
+
+def stop_now(delivery: Delivery, by: str) -> bool:
+    """Mark a running delivery cancelled by `by`, its deadline now (the watchdog stops it at
+    its next tick, as a processing timeout); False when it no longer runs."""
+    with delivery.lock:
+        if delivery.stage is not Stage.RUNNING:
+            return False
+        delivery.cancelled_by = by
+        delivery.deadline = time.monotonic()
+        return True

@@ -1,0 +1,100 @@
+"""Pause and resume a channel's consumers, Fargate and Lambda alike (`messenger pause`, the
+dashboard's Pause button).
+
+    report = pause(clients, settings, "orders", actor="ada@example.com")
+    report = resume(clients, settings, "orders", actor="ada@example.com")
+
+Pausing tags each of the channel's queues (every level of a prioritized channel) with
+`messenger:paused` = `<who>@<UTC time>` (`messenger.jobs.controls.PauseMark`): a Fargate consumer
+reads it once per heartbeat interval, stops receiving, finishes what it holds and stays PAUSED.
+It also disables every Lambda event source mapping that reads those queues, so no Lambda
+consumer is invoked (the AWS-native pause: no receives are spent). Resuming removes the tag and
+enables those mappings again (every mapping of the channel's queues: one disabled by hand before
+the pause is enabled too). Messages wait in the queue meanwhile, within its retention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from messenger.aws import ClientFactory
+from messenger.jobs.controls import TAG_PAUSED, PauseMark
+from messenger.operations.queues import channel_queues
+from messenger.settings import Settings
+
+
+@dataclass
+class PauseReport:
+    """What a pause or resume did: the queues (un)tagged, the Lambda mappings disabled or
+    enabled (UUID), and what failed (one line each)."""
+
+    channel: str
+    paused: bool
+    mark: PauseMark | None
+    queues: list[str] = field(default_factory=list)
+    mappings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def summary(self) -> str:
+        what = str(self.mark) if self.paused and self.mark else "resumed"
+        text = (f"{self.channel}: {what}; {len(self.queues)} queue(s), "
+                f"{len(self.mappings)} Lambda event source mapping(s) "
+                f"{'disabled' if self.paused else 'enabled'}")
+        return text + "".join(f"\n  failed: {e}" for e in self.errors)
+
+
+def pause(clients: ClientFactory, settings: Settings, channel: str, actor: str) -> PauseReport:
+    """Pause `channel`'s consumers (module doc); ChannelNotFound when it has no queue."""
+    return _set(clients, settings, channel, PauseMark.now(actor))
+
+
+def resume(clients: ClientFactory, settings: Settings, channel: str, actor: str) -> PauseReport:
+    """Resume `channel`'s consumers (module doc); ChannelNotFound when it has no queue."""
+    return _set(clients, settings, channel, None)
+
+
+def _set(clients: ClientFactory, settings: Settings, channel: str,
+         mark: PauseMark | None) -> PauseReport:
+    sqs = clients.client("sqs")
+    report = PauseReport(channel, paused=mark is not None, mark=mark)
+    arns: list[str] = []
+    for queue in channel_queues(clients, settings, channel):
+        try:
+            url = sqs.get_queue_url(QueueName=queue.queue)["QueueUrl"]
+            if mark is not None:
+                sqs.tag_queue(QueueUrl=url, Tags={TAG_PAUSED: mark.tag_value()})
+            else:
+                sqs.untag_queue(QueueUrl=url, TagKeys=[TAG_PAUSED])
+            arns.append(sqs.get_queue_attributes(
+                QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"])
+            report.queues.append(queue.queue)
+        except Exception as error:
+            report.errors.append(f"queue {queue.queue}: {type(error).__name__}: {error}")
+    _switch_mappings(clients.client("lambda"), arns, enabled=mark is None, report=report)
+    return report
+
+
+def _switch_mappings(awslambda: Any, queue_arns: list[str], enabled: bool,
+                     report: PauseReport) -> None:
+    """Disable (pause) or enable (resume) the Lambda event source mappings reading the queues."""
+    for arn in queue_arns:
+        try:
+            pages = awslambda.get_paginator("list_event_source_mappings").paginate(
+                EventSourceArn=arn)
+            mappings = [m for page in pages for m in page.get("EventSourceMappings", [])]
+        except Exception as error:
+            report.errors.append(f"listing the Lambda mappings of {arn}: "
+                                 f"{type(error).__name__}: {error}")
+            continue
+        for mapping in mappings:
+            try:
+                awslambda.update_event_source_mapping(UUID=mapping["UUID"], Enabled=enabled)
+                report.mappings.append(str(mapping["UUID"]))
+            except Exception as error:
+                report.errors.append(f"mapping {mapping['UUID']}: {type(error).__name__}: "
+                                     f"{error}")
