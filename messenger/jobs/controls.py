@@ -24,6 +24,7 @@ from botocore.exceptions import ClientError
 
 from messenger.aws import ClientFactory, error_code
 from messenger.channel import workers_table_name
+from messenger.errors import InvalidSettings
 from messenger.jobs.tables import EXPIRES_AT
 from messenger.settings import Settings
 
@@ -117,7 +118,14 @@ class CancelRequests:
     def request(self, message_id: str, actor: str) -> CancelRequest:
         """Ask the consumer running `message_id` to stop it (at its next heartbeat)."""
         made = CancelRequest(self.channel, message_id, actor or "unknown", time.time())
-        self._dynamodb.put_item(TableName=self.table, Item=made.item())
+        try:
+            self._dynamodb.put_item(TableName=self.table, Item=made.item())
+        except ClientError as error:
+            if error_code(error) == "ResourceNotFoundException":
+                raise InvalidSettings(
+                    f"no worker registry table {self.table}: no consumer of this namespace has "
+                    f"registered, so none runs {message_id!r}") from None
+            raise
         return made
 
     def pending(self) -> dict[str, CancelRequest]:

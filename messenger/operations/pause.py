@@ -20,7 +20,7 @@ from typing import Any
 
 from messenger.aws import ClientFactory
 from messenger.jobs.controls import TAG_PAUSED, PauseMark
-from messenger.operations.queues import channel_queues
+from messenger.operations.queues import channel_queues, platform_queues
 from messenger.settings import Settings
 
 
@@ -56,6 +56,12 @@ def pause(clients: ClientFactory, settings: Settings, channel: str, actor: str) 
 def resume(clients: ClientFactory, settings: Settings, channel: str, actor: str) -> PauseReport:
     """Resume `channel`'s consumers (module doc); ChannelNotFound when it has no queue."""
     return _set(clients, settings, channel, None)
+
+
+def paused_channels(clients: ClientFactory, settings: Settings) -> dict[str, PauseMark]:
+    """The namespace's paused channels and who paused each (one tag query, as the snapshot's)."""
+    return {q.channel: q.paused for q in platform_queues(clients, settings)
+            if q.paused is not None}
 
 
 def _set(clients: ClientFactory, settings: Settings, channel: str,

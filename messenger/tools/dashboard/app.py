@@ -37,11 +37,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from messenger.aws import ClientFactory
 from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSettings, MessengerError
+from messenger.jobs.controls import CancelRequests
 from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
 from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import list_workers
 from messenger.operations.deadletters import DeadLetterWorkbench
 from messenger.operations.history import WINDOWS, channel_history
+from messenger.operations.pause import pause, paused_channels, resume
 from messenger.operations.selection import (
     DEFAULT_PER_CHANNEL,
     DEFAULT_SCAN,
@@ -235,6 +237,8 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         context.update(namespace=dashboard.settings.namespace or "(no namespace)",
                        token=request.state.csrf, refresh=dashboard.refresh_seconds,
                        user=request.state.identity, deployed=dashboard.deployed)
+        if name not in FRAGMENTS:  # every page names the paused channels (one tag query)
+            context["paused"] = _paused(dashboard)
         return templates.TemplateResponse(request, name, context, status_code=status)
 
     def problem(request: Request, status: int, title: str, text: str) -> Response:
@@ -304,8 +308,12 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             return problem(request, 404, "Not found",
                            f"no status recorded for {letter_id!r}; name its channel to search "
                            f"that channel's dead letters")
+        # A job whose last record is RECEIVED or STARTED runs: an operator may cancel it.
+        last = timeline[-1] if timeline else None
+        running = last.channel if last is not None and str(last.event) in (
+            "RECEIVED", "STARTED") else ""
         return render(request, "lookup.html", letter_id=letter_id, timeline=timeline,
-                      searched=searched)
+                      searched=searched, running=running)
 
     def selection(request: Request) -> Response:
         """A filter's preview: exactly the letters (by SQS MessageId) an action would name."""
@@ -402,8 +410,25 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
                 except ScheduleNotFound as error:
                     outcomes.append((job_id, False, str(error)))
             return render(request, "result.html", channel=name, kind=kind, cancelled=outcomes)
+        if kind in ("pause", "resume"):
+            if not confirmed:
+                return render(request, "confirm.html", channel=name, kind=kind, ids=[])
+            act = pause if kind == "pause" else resume
+            return render(request, "control.html", channel=name, kind=kind,
+                          report=act(dashboard.clients, dashboard.settings, name, actor=actor))
+        if kind == "cancel-job":
+            if not ids or len(ids) > MAX_IDS:
+                raise InvalidSettings(f"name 1 to {MAX_IDS} running jobs")
+            ids = [_id(i) for i in ids]
+            if not confirmed:
+                return render(request, "confirm.html", channel=name, kind=kind, ids=ids)
+            requests = CancelRequests(dashboard.clients, dashboard.settings, name)
+            made = [requests.request(job_id, actor) for job_id in ids]
+            return render(request, "control.html", channel=name, kind=kind,
+                          requested=[(m.message_id, m.by) for m in made])
         return problem(request, 404, "Not found", f"no action {kind!r} (requeue, requeue-all, "
-                                                  f"delete, cancel-scheduled); nothing changed")
+                                                  f"delete, cancel-scheduled, pause, resume, "
+                                                  f"cancel-job); nothing changed")
 
     # -- errors -----------------------------------------------------------------------------
     async def not_found(request: Request, error: Exception) -> Response:
@@ -449,6 +474,16 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         # the address, decides who may read.
         return SecurityHeaders(authenticated)
     return SecurityHeaders(HostCheck(authenticated, dashboard.allowed_hosts))
+
+
+#: Templates that are parts of a page (live updates): they carry no paused-channel banner.
+FRAGMENTS = frozenset({"channel_rows.html", "channel_workers.html", "timeline.html"})
+
+
+def _paused(dashboard: Dashboard) -> dict[str, str]:
+    """The namespace's paused channels → "paused by <who> at <time>" (one tag query)."""
+    return {channel: str(mark) for channel, mark in
+            paused_channels(dashboard.clients, dashboard.settings).items()}
 
 
 def _check_action(request: Request, form: FormData, dashboard: Dashboard) -> str:
