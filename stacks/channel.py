@@ -38,6 +38,8 @@ QUEUE_ACTIONS_CONSUME = (
     "sqs:ChangeMessageVisibility",
     "sqs:GetQueueAttributes",
     "sqs:GetQueueUrl",
+    # An operator's pause is a tag on the queue (messenger.jobs.controls), read per heartbeat.
+    "sqs:ListQueueTags",
 )
 #: A consumer in verify mode checks its topic and subscription exist.
 TOPIC_ACTIONS_VERIFY = ("sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic")

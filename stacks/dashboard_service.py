@@ -311,6 +311,19 @@ class DashboardService(Construct):
             iam.PolicyStatement(sid="RecordOperatorActions",
                                 actions=["dynamodb:BatchWriteItem", "dynamodb:PutItem"],
                                 resources=[table + status_table_name(self.namespace)]),
+            # Pause and resume a channel's consumers: the queue's messenger:paused tag ...
+            iam.PolicyStatement(sid="PauseQueues", actions=["sqs:TagQueue", "sqs:UntagQueue"],
+                                resources=[queues]),
+            # ... and its Lambda consumers' event source mappings (listing has no resource type)
+            iam.PolicyStatement(sid="FindEventSourceMappings",
+                                actions=["lambda:ListEventSourceMappings"], resources=["*"]),
+            iam.PolicyStatement(
+                sid="PauseLambdaConsumers", actions=["lambda:UpdateEventSourceMapping"],
+                resources=[f"arn:{Aws.PARTITION}:lambda:{stack.region}:{stack.account}:"
+                           f"event-source-mapping:*"]),
+            # Cancel a running job: a request in the worker registry's table.
+            iam.PolicyStatement(sid="CancelRunningJobs", actions=["dynamodb:PutItem"],
+                                resources=[table + workers_table_name(self.namespace)]),
         ]
         for statement in statements:
             role.add_to_policy(statement)
@@ -319,9 +332,14 @@ class DashboardService(Construct):
         policy = role.node.try_find_child("DefaultPolicy")
         assert policy is not None
         acknowledge(policy, "AwsSolutions-IAM5[Resource::*]",
-                    "tag:GetResources, cloudwatch:GetMetricData, scheduler:ListSchedules and "
-                    "X-Ray's trace writes have no resource types, so IAM grants them on * only; "
-                    "they read, never change.")
+                    "tag:GetResources, cloudwatch:GetMetricData, scheduler:ListSchedules, "
+                    "lambda:ListEventSourceMappings and X-Ray's trace writes have no resource "
+                    "types, so IAM grants them on * only; they read, never change.")
+        acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:lambda:"
+                            f"{stack.region}:{stack.account}:event-source-mapping:*]",
+                    "A mapping's ARN is its UUID, made at deploy time, and the consumer "
+                    "functions' names are generated (no namespace prefix to condition on): the "
+                    "operators' pause and resume only enable or disable a mapping.")
         acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:scheduler:"
                             f"{stack.region}:{stack.account}:schedule/"
                             f"{schedule_group_name(self.namespace)}/*]",

@@ -188,8 +188,10 @@ class Foundation(Construct):
 
     def grant_workers_write(self, grantee: iam.IGrantable) -> None:
         """Register a consumer process (`jobs.workers.WorkerRegistry`): write its entry,
-        delete it at exit."""
-        self._grant_table(grantee, self.workers_table, "dynamodb:PutItem", "dynamodb:DeleteItem")
+        delete it at exit; read its channel's cancel requests and delete those it acted on
+        (`jobs.controls.CancelRequests`, in the same table)."""
+        self._grant_table(grantee, self.workers_table, "dynamodb:PutItem", "dynamodb:DeleteItem",
+                          "dynamodb:Query")
 
     def grant_idempotency(self, grantee: iam.IGrantable) -> None:
         """Run idempotent handlers (`consume.idempotency`, Powertools): conditional put of the

@@ -190,6 +190,13 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     assert sorted(_actions(by_sid["CancelScheduledJobs"])) == [
         "scheduler:DeleteSchedule", "scheduler:GetSchedule"]
     assert "schedule/dcog-messenger/*" in json.dumps(by_sid["CancelScheduledJobs"])
+    # Pause/resume: the namespace's queues' tag and Lambda mappings; cancel: a registry item
+    assert sorted(_actions(by_sid["PauseQueues"])) == ["sqs:TagQueue", "sqs:UntagQueue"]
+    assert f":sqs:{REGION}:{ACCOUNT}:dcog-*" in json.dumps(by_sid["PauseQueues"])
+    assert _actions(by_sid["PauseLambdaConsumers"]) == ["lambda:UpdateEventSourceMapping"]
+    assert "event-source-mapping:*" in json.dumps(by_sid["PauseLambdaConsumers"])
+    assert _actions(by_sid["CancelRunningJobs"]) == ["dynamodb:PutItem"]
+    assert "table/dcog-messenger-workers" in json.dumps(by_sid["CancelRunningJobs"])
     every_action = {a for s in statements for a in _actions(s)}
     assert not any(a.endswith("*") and a != "kms:GenerateDataKey*" for a in every_action), \
         every_action
@@ -200,5 +207,6 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     # '*' only for the actions that have no resource types
     starred = {a for s in statements if s["Resource"] == "*" for a in _actions(s)}
     assert starred <= {"tag:GetResources", "cloudwatch:GetMetricData", "scheduler:ListSchedules",
+                       "lambda:ListEventSourceMappings",
                        "xray:PutTraceSegments", "xray:PutTelemetryRecords"}, starred
     assert "arn:aws:sqs:*" not in text

@@ -72,7 +72,8 @@ def test_the_example_function_runs_the_class_on_its_queue_with_partial_batch_fai
 
 
 #: What `Foundation.grant_workers_write` gives a Fargate consumer (its registry entry).
-WORKER_REGISTRY_ACTIONS = {"dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:DescribeTable"}
+WORKER_REGISTRY_ACTIONS = {"dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:DescribeTable",
+                           "dynamodb:Query"}
 
 
 def test_the_function_has_a_consumer_services_grants_and_no_more(assembly: CloudAssembly) -> None:
