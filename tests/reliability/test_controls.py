@@ -68,6 +68,15 @@ def test_a_cancelled_running_job_is_dead_lettered_with_who_cancelled_it(
     while not harness.lines("attempts") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert harness.lines("attempts"), consumer.log_path.read_text()[-3000:]
+    # (its registry entry says PROCESSING, 1 in flight, within a few seconds, not 30)
+    started = time.monotonic()
+    entries: list = []
+    while time.monotonic() - started < 5:
+        entries = list_workers(clients, settings, CHANNEL)
+        if [(e.state, e.in_flight) for e in entries] == [("PROCESSING", 1)]:
+            break
+        time.sleep(0.2)
+    assert [(e.state, e.in_flight) for e in entries] == [("PROCESSING", 1)], entries
     # When an operator cancels it
     CancelRequests(clients, settings, CHANNEL).request(job, "grace@example.com")
     # Then its consumer stops it at its next heartbeat and dead-letters it with the reason
