@@ -134,6 +134,28 @@ class Held:
                 f"after that (a sent message is then reported as a duplicate)")
 
 
+class DedupTable:
+    """The namespace's dedup table (producers' claims and the consumers' claims of fired
+    scheduled jobs share it): its name, checked (created in `auto` provisioning) once."""
+
+    def __init__(self, clients: ClientFactory, settings: Settings) -> None:
+        self.clients = clients
+        self.settings = settings
+        self.name = dedup_table_name(settings.namespace)
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def ensure(self) -> None:
+        """Check the table once, within the retry budget (the first caller waits)."""
+        with self._lock:
+            if not self._ready:
+                call_with_budget(
+                    lambda: ensure_table(self.clients, self.settings, self.name, "dedup",
+                                         "dedup_key"),
+                    self.settings.retry_budget_seconds, f"checking table {self.name!r}")
+                self._ready = True
+
+
 class DedupStore:
     """Claims message ids in the dedup table (see the module doc); safe to share between
     threads.
@@ -145,29 +167,20 @@ class DedupStore:
                  lease_seconds: float | None = None) -> None:
         self.clients = clients
         self.settings = settings
-        self.table = dedup_table_name(settings.namespace)
+        self._table = DedupTable(clients, settings)
+        self.table = self._table.name
         self.lease_seconds = check_lease(lease_seconds, settings)
-        self._ready = False
         self._lock = threading.Lock()
         #: key -> token of claims this store may hold unreleased (a failed release, or a claim
         #: whose answer never came): a retry of the key from this process reuses the token.
         self._unreleased: OrderedDict[str, str] = OrderedDict()
-
-    def _ensure(self) -> None:
-        with self._lock:
-            if not self._ready:
-                call_with_budget(
-                    lambda: ensure_table(self.clients, self.settings, self.table, "dedup",
-                                         "dedup_key"),
-                    self.settings.retry_budget_seconds, f"checking table {self.table!r}")
-                self._ready = True
 
     def claim(self, channel: str, message_id: str, window_seconds: int,
               wait_until: float | None = None) -> Claim | Duplicate | Held:
         """Claim the id for `window_seconds`: a Claim (send, then `mark_sent`), the Duplicate
         that was sent, or the Held claim of another producer. wait_until: a `time.monotonic()`
         moment up to which a Held claim is looked at again (None: answer at once)."""
-        self._ensure()
+        self._table.ensure()
         key = f"{channel}#{message_id}"
         token = self._take_unreleased(key) or uuid.uuid4().hex
         pause = 0.05

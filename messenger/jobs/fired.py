@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,9 +33,10 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from messenger.aws import ClientFactory, call_with_budget, error_code
-from messenger.channel import FIRED_CLAIM_PREFIX, SQS_MAX_RETENTION_SECONDS, dedup_table_name
+from messenger.channel import FIRED_CLAIM_PREFIX, SQS_MAX_RETENTION_SECONDS
+from messenger.jobs.dedup import DedupTable
 from messenger.jobs.schedules import MAX_EVENT_AGE_SECONDS, SCHEDULED_HEADER
-from messenger.jobs.tables import EXPIRES_AT, ensure_table
+from messenger.jobs.tables import EXPIRES_AT
 from messenger.message import MESSAGE_ID_ATTRIBUTE
 from messenger.settings import Settings
 from messenger.tracing import received_headers
@@ -83,24 +83,14 @@ class FiringClaims:
         self.clients = clients
         self.settings = settings
         self.channel = channel
-        self.table = dedup_table_name(settings.namespace)
-        self._ready = False
-        self._lock = threading.Lock()
-
-    def _ensure(self) -> None:
-        with self._lock:
-            if not self._ready:
-                call_with_budget(
-                    lambda: ensure_table(self.clients, self.settings, self.table, "dedup",
-                                         "dedup_key"),
-                    self.settings.retry_budget_seconds, f"checking table {self.table!r}")
-                self._ready = True
+        self._table = DedupTable(clients, settings)
+        self.table = self._table.name
 
     def claim(self, job_id: str, sqs_message_id: str) -> FiredElsewhere | None:
         """Claim `job_id` on the consumer's channel for this copy (`sqs_message_id`): None
         when this copy may run it, the other copy's claim when it is a repeat. Raises what the
         table raises past the retry budget (the copy is then retried, never run unclaimed)."""
-        self._ensure()
+        self._table.ensure()
         now = time.time()
         channel = self.channel
         request = {
