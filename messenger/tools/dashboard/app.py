@@ -278,8 +278,10 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
     def job_timeline(request: Request) -> Response:
         store = StatusStore(dashboard.clients, dashboard.settings)
         job = _id(request.query_params.get("id", ""))
-        return render(request, "timeline.html",
-                      timeline=store.timeline(job) if store.exists() else [])
+        timeline = store.timeline(job) if store.exists() else []
+        # The cancel button comes and goes with the live timeline (a job starting, ending).
+        return render(request, "job_live.html", letter_id=job, timeline=timeline,
+                      running=_running(timeline))
 
     def letter(request: Request) -> Response:
         name, letter_id = request.path_params["channel"], request.path_params["letter_id"]
@@ -308,12 +310,8 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             return problem(request, 404, "Not found",
                            f"no status recorded for {letter_id!r}; name its channel to search "
                            f"that channel's dead letters")
-        # A job whose last record is RECEIVED or STARTED runs: an operator may cancel it.
-        last = timeline[-1] if timeline else None
-        running = last.channel if last is not None and str(last.event) in (
-            "RECEIVED", "STARTED") else ""
         return render(request, "lookup.html", letter_id=letter_id, timeline=timeline,
-                      searched=searched, running=running)
+                      searched=searched, running=_running(timeline))
 
     def selection(request: Request) -> Response:
         """A filter's preview: exactly the letters (by SQS MessageId) an action would name."""
@@ -477,7 +475,16 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
 
 
 #: Templates that are parts of a page (live updates): they carry no paused-channel banner.
-FRAGMENTS = frozenset({"channel_rows.html", "channel_workers.html", "timeline.html"})
+FRAGMENTS = frozenset({"channel_rows.html", "channel_workers.html", "timeline.html",
+                       "job_live.html"})
+
+
+def _running(timeline: list[Any]) -> str:
+    """The channel of a job whose last record is RECEIVED or STARTED (it runs: an operator may
+    cancel it), else ''."""
+    last = timeline[-1] if timeline else None
+    return str(last.channel) if last is not None and str(last.event) in (
+        "RECEIVED", "STARTED") else ""
 
 
 def _paused(dashboard: Dashboard) -> dict[str, str]:
