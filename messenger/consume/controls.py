@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from messenger.consume.host import RuntimeHost
 from messenger.consume.mailbox import Delivery, Mailbox, Stage
-from messenger.jobs.controls import CancelRequest, CancelRequests, PauseMark, read_pause
+from messenger.jobs.controls import CancelRequests, PauseMark, read_pause
 
 #: The watcher reads at most this often, whatever the lease.
 MIN_INTERVAL_SECONDS = 1.0
@@ -82,25 +83,29 @@ class ControlWatcher:
                 self.paused = mark
                 self.runtime.set_paused(mark)
         running = self.runtime.held(Stage.RUNNING)
-        if not running or self.cancels is None:
-            return
-        try:
-            requests = self.cancels.pending()
-        except Exception as error:
-            consumer.emit("control_read_failed", fields={
-                "control": "cancel", "error": f"{type(error).__name__}: {error}"})
-            return
-        for delivery in running:
-            request = requests.get(delivery.log_id) or requests.get(delivery.sqs_message_id)
-            if request is not None and self.runtime.cancel(delivery, request.by):
-                self._done(request)
+        if running and self.cancels is not None:
+            act_on_cancels(consumer, self.cancels, running, self.runtime.cancel)
 
-    def _done(self, request: CancelRequest) -> None:
-        assert self.cancels is not None
+
+def act_on_cancels(consumer: RuntimeHost, cancels: CancelRequests, running: Sequence[Delivery],
+                   cancel: Callable[[Delivery, str], bool]) -> None:
+    """Read the channel's cancel requests (one Query) and stop each running delivery one names
+    (by its job id or SQS MessageId) with `cancel(delivery, who)`; a request acted on is
+    deleted. Used by the Fargate watcher and the Lambda runtime alike."""
+    try:
+        requests = cancels.pending()
+    except Exception as error:
+        consumer.emit("control_read_failed", fields={
+            "control": "cancel", "error": f"{type(error).__name__}: {error}"})
+        return
+    for delivery in running:
+        request = requests.get(delivery.log_id) or requests.get(delivery.sqs_message_id)
+        if request is None or not cancel(delivery, request.by):
+            continue
         try:
-            self.cancels.done(request)
+            cancels.done(request)
         except Exception as error:  # it expires by itself (CANCEL_EXPIRY_SECONDS)
-            self.runtime.consumer.emit("control_read_failed", fields={
+            consumer.emit("control_read_failed", fields={
                 "control": "cancel_done", "error": f"{type(error).__name__}: {error}"})
 
 

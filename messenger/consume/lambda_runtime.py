@@ -26,6 +26,14 @@ message's deadline: a handler blocked in C code past it (no interruption reaches
 behind on its thread ('stuck') and the batch goes on, so the invocation always answers and
 Lambda deletes what was handled. Parallelism is the event source's (concurrent invocations, up
 to its maximum concurrency).
+
+An operator's cancel of a running job (`messenger cancel`, the dashboard: a request in the
+worker registry's table, `messenger.jobs.controls`) reaches a handler here too: while a message
+runs, the invocation's thread reads the channel's requests every `CANCEL_CHECK_SECONDS` (one
+Query; none for a message that ends sooner), and a requested message's deadline becomes now, so
+it is stopped as a processing timeout would stop it: dead-lettered 'cancelled by <who>',
+CANCELLED with who on its timeline, the request deleted. The first read of an execution
+environment looks the table up (one DescribeTable); without one, nothing more is read there.
 """
 
 from __future__ import annotations
@@ -46,10 +54,13 @@ from aws_lambda_powertools.utilities.batch import (
     process_partial_response,
 )
 from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
+from botocore.exceptions import ClientError
 
-from messenger.aws import call_with_budget
+from messenger.aws import call_with_budget, error_code
 from messenger.channel import MAX_BATCH_ENTRIES
 from messenger.consume.consumer import Consumer, load_consumer
+from messenger.consume.controls import READ_TIMEOUT_SECONDS as CONTROL_READ_TIMEOUT
+from messenger.consume.controls import act_on_cancels, stop_now
 from messenger.consume.lifecycle import (
     ConsumerState,
     configure_json_logging,
@@ -59,6 +70,7 @@ from messenger.consume.mailbox import Delivery, EntryError, Mailbox, Stage
 from messenger.consume.outcome import OutcomePolicy, Verdict
 from messenger.consume.watchdog import ProcessingTimeout, interrupt
 from messenger.errors import InvalidSettings, MessengerError
+from messenger.jobs.controls import CancelRequests
 from messenger.offload import PayloadStore
 from messenger.provision import Provisioner
 
@@ -69,6 +81,10 @@ FINISH_SECONDS = 3.0
 #: Seconds an interrupted handler gets to return before it is left behind on its thread (one
 #: blocked in C code cannot be interrupted): at most a third of FINISH_SECONDS.
 STUCK_GRACE_SECONDS = 1.0
+#: Seconds between reads of the channel's cancel requests while a message runs (one Query
+#: each): an operator's cancel stops a handler within about this, as a Fargate consumer's
+#: heartbeat does.
+CANCEL_CHECK_SECONDS = 5.0
 #: The environment variable naming the consumer class ('package.module:Class').
 CONSUMER_VARIABLE = "MESSENGER_CONSUMER"
 #: Release reasons (the 'released' event's `reason`).
@@ -188,13 +204,22 @@ class LambdaConsumerRuntime:
     (PROCESSING, then IDLE).
 
     consumer: the consumer instance. finish_seconds: see FINISH_SECONDS (>= 0).
+    cancel_interval: seconds between reads of cancel requests while a message runs (default
+    CANCEL_CHECK_SECONDS, > 0; None: never read).
     """
 
-    def __init__(self, consumer: Consumer, finish_seconds: float = FINISH_SECONDS) -> None:
+    def __init__(self, consumer: Consumer, finish_seconds: float = FINISH_SECONDS,
+                 cancel_interval: float | None = CANCEL_CHECK_SECONDS) -> None:
         if not finish_seconds >= 0:
             raise InvalidSettings(f"finish_seconds must be >= 0, got {finish_seconds!r}")
+        if cancel_interval is not None and not cancel_interval > 0:
+            raise InvalidSettings(f"cancel_interval must be > 0, got {cancel_interval!r}")
         self.consumer = consumer
         self.finish_seconds = finish_seconds
+        self.cancel_interval = cancel_interval
+        #: The channel's cancel requests; looked up at the first read (None: not yet).
+        self._cancels: CancelRequests | None = None
+        self._cancels_known: bool | None = None
         consumer.transition(ConsumerState.INITIALIZING)
         provisioner = Provisioner(consumer.clients, consumer.settings)
         consumer.resources = call_with_budget(
@@ -227,6 +252,24 @@ class LambdaConsumerRuntime:
         if self._handlers is None:
             self._handlers = ThreadPoolExecutor(1, thread_name_prefix="messenger-handler")
         return self._handlers
+
+    def cancel_requests(self) -> CancelRequests | None:
+        """The channel's cancel requests when the worker registry's table exists (looked up at
+        the first call of the execution environment: one DescribeTable); None without it."""
+        if self._cancels_known is None:
+            consumer = self.consumer
+            dynamodb = consumer.clients.client("dynamodb", read_timeout=CONTROL_READ_TIMEOUT)
+            cancels = CancelRequests(consumer.clients, consumer.settings, consumer.spec.name,
+                                     dynamodb=dynamodb)
+            try:
+                dynamodb.describe_table(TableName=cancels.table)
+            except ClientError as error:
+                if error_code(error) != "ResourceNotFoundException":
+                    raise
+                self._cancels_known = False
+            else:
+                self._cancels, self._cancels_known = cancels, True
+        return self._cancels
 
     def abandon_handler_thread(self) -> None:
         """Leave a handler blocked past its deadline on its thread; the next gets a new one."""
@@ -340,14 +383,24 @@ class _Batch:
             delivery.deadline = min(delivery.started_at + self.consumer.processing_timeout,
                                     self.deadline)
         running = self.runtime.handler_thread().submit(self._run_guarded, delivery)
+        interval = self.runtime.cancel_interval
+        next_check = None if interval is None else delivery.started_at + interval
         while True:
             with delivery.lock:  # (the policy moves it while the idempotency store is called)
                 due = self.deadline if delivery.deadline is None else delivery.deadline
+            # A read of cancel requests may take CONTROL_READ_TIMEOUT: none that could delay
+            # the deadline's interruption.
+            checking = next_check is not None and next_check < due - CONTROL_READ_TIMEOUT
+            wake = next_check if checking and next_check is not None else due
             try:
-                verdict = running.result(timeout=max(0.0, due - time.monotonic()))
+                verdict = running.result(timeout=max(0.0, wake - time.monotonic()))
                 break
             except FutureTimeout:
                 pass
+            if checking and interval is not None:
+                self._read_cancels(delivery)
+                next_check = time.monotonic() + interval
+                continue
             cut = self._expire(delivery)
             if cut is _NOT_YET:
                 continue
@@ -376,9 +429,31 @@ class _Batch:
         except ProcessingTimeout:  # an interruption that arrived as the handler returned
             return Verdict.TAKEN
 
+    def _read_cancels(self, delivery: Delivery) -> None:
+        """One read of the channel's cancel requests while `delivery` runs: a request naming it
+        moves its deadline to now (`stop_now`), and it is stopped as a processing timeout."""
+        consumer = self.consumer
+        try:
+            cancels = self.runtime.cancel_requests()
+        except Exception as error:  # looked up again at the next read
+            consumer.emit("control_read_failed", fields={
+                "control": "cancel", "error": f"{type(error).__name__}: {error}"})
+            return
+        if cancels is not None:
+            act_on_cancels(consumer, cancels, [delivery], self._cancel)
+
+    def _cancel(self, delivery: Delivery, by: str) -> bool:
+        if not stop_now(delivery, by):
+            return False
+        self.consumer.emit("cancel_requested", delivery.log_id, fields={"by": by})
+        return True
+
     def _cut_of(self, delivery: Delivery) -> str:
-        """Why its deadline came: the invocation's end (OUT_OF_TIME) or its processing timeout."""
+        """Why its deadline came: an operator's cancel, the invocation's end (OUT_OF_TIME) or
+        its processing timeout."""
         deadline = delivery.deadline
+        if delivery.cancelled_by is not None:
+            return "cancelled"
         return OUT_OF_TIME if deadline is None or deadline >= self.deadline \
             else "processing_timeout"
 
@@ -396,8 +471,8 @@ class _Batch:
             return self._cut_of(delivery)
 
     def _timed_out(self, delivery: Delivery) -> bool:
-        """Its deadline came: past processing_timeout → the DLQ, as on Fargate; cut short by
-        the invocation's end → released, to run again in another invocation."""
+        """Its deadline came: past processing_timeout or cancelled → the DLQ, as on Fargate;
+        cut short by the invocation's end → released, to run again in another invocation."""
         if delivery.stage is not Stage.TIMED_OUT:  # the policy gave its verdict meanwhile
             return False
         delivery.stage = Stage.DONE

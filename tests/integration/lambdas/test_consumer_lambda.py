@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,9 +25,10 @@ from pydantic import BaseModel
 
 from messenger import Consumer, ConsumerSettings, LifecycleHooks, ReceivedMessage, register_hook
 from messenger.aws import ClientFactory
-from messenger.channel import idempotency_table_name
+from messenger.channel import idempotency_table_name, workers_table_name
 from messenger.consume.lambda_runtime import LocalEventSource, sqs_event, sqs_message
 from messenger.consume.lifecycle import LifecycleEvent
+from messenger.jobs.controls import CancelRequests
 from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.jobs.tables import ensure_table
 from messenger.message import DEAD_LETTER_FAILURE_ATTRIBUTE, DEAD_LETTER_REASON_ATTRIBUTE
@@ -436,6 +438,47 @@ def test_status_records_are_written_before_the_invocation_returns(function, sett
         StatusEvent.RECEIVED, StatusEvent.STARTED, StatusEvent.COMPLETED]
     assert [r.event for r in store.timeline(failing)] == [
         StatusEvent.RECEIVED, StatusEvent.STARTED, StatusEvent.FAILED, StatusEvent.RETRIED]
+
+
+@pytest.mark.timeout(60)
+def test_an_operators_cancel_stops_a_running_handler_and_dead_letters_it(
+    function, settings: Settings, clients: ClientFactory,
+) -> None:
+    # Given a deployed namespace (status and worker registry tables) and a warm function that
+    # reads cancel requests every second while a message runs
+    StatusStore(clients, settings).ensure_table()
+    ensure_table(clients, settings, workers_table_name(settings.namespace), "worker registry",
+                 "channel", "worker_id")
+    fn = function(Tracked)
+    fn.invoke([])
+    fn.module.runtime().cancel_interval = 1.0
+    job = fn.producer.push({"sleep": 30})
+    messages = fn.receive_all(1)
+    done: dict[str, Any] = {}
+    began = time.monotonic()
+    invocation = threading.Thread(target=lambda: done.update(fn.invoke(messages, seconds=60)))
+    invocation.start()
+    # When an operator cancels the job once its handler runs (the dashboard's and CLI's call)
+    deadline = time.monotonic() + 10
+    while ("handler", {"sleep": 30}) not in RECORD and time.monotonic() < deadline:
+        time.sleep(0.05)
+    requests = CancelRequests(clients, settings, Tracked.channel)
+    requests.request(job, "alice@example.com")
+    invocation.join(20)
+    # Then the handler is stopped within about a check interval, never runs to its end, and
+    # the message is dead-lettered with who cancelled it (a success: Lambda deletes it)
+    assert not invocation.is_alive()
+    assert time.monotonic() - began < 10
+    assert ("done", {"sleep": 30}) not in RECORD
+    assert failures(done) == []
+    assert [reason(m) for m in fn.dead_letters()] == ["cancelled by alice@example.com"]
+    assert fn.counts() == (0, 0)
+    # And the job's timeline ends CANCELLED by the operator; the request is gone
+    timeline = StatusStore(clients, settings).timeline(job)
+    assert [r.event for r in timeline][-2:] == [StatusEvent.CANCELLED,
+                                                StatusEvent.DEAD_LETTERED]
+    assert timeline[-2].actor == "alice@example.com"
+    assert requests.pending() == {}
 
 
 def test_a_record_of_another_queue_is_a_batch_item_failure(function) -> None:
