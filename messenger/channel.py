@@ -163,6 +163,13 @@ def workers_table_name(namespace: str = "") -> str:
     return f"{namespace}-messenger-workers" if namespace else "messenger-workers"
 
 
+def lambda_consumer_prefix(namespace: str = "") -> str:
+    """The start of every Lambda consumer function's name (`stacks.lambda_consumer`):
+    '<namespace->messenger-consumer-'. The dashboard's pause may update only the event source
+    mappings of functions so named."""
+    return f"{namespace}-messenger-consumer-" if namespace else "messenger-consumer-"
+
+
 def schedule_group_name(namespace: str = "") -> str:
     """The EventBridge Scheduler group of a namespace's scheduled jobs: '<namespace->messenger'."""
     return f"{namespace}-messenger" if namespace else "messenger"

@@ -44,6 +44,7 @@ from constructs import Construct
 
 from messenger.channel import (
     DLQ_SUFFIX,
+    lambda_consumer_prefix,
     schedule_group_name,
     status_table_name,
     workers_table_name,
@@ -278,6 +279,7 @@ class DashboardService(Construct):
         queues = f"arn:{Aws.PARTITION}:sqs:{stack.region}:{stack.account}:{prefix}*"
         dlqs = [f"{queues}{DLQ_SUFFIX}", f"{queues}{DLQ_SUFFIX}.fifo"]
         table = f"arn:{Aws.PARTITION}:dynamodb:{stack.region}:{stack.account}:table/"
+        lambda_arn = f"arn:{Aws.PARTITION}:lambda:{stack.region}:{stack.account}"
         schedules = (f"arn:{Aws.PARTITION}:scheduler:{stack.region}:{stack.account}:schedule/"
                      f"{schedule_group_name(self.namespace)}/*")
         statements = [
@@ -317,10 +319,13 @@ class DashboardService(Construct):
             # ... and its Lambda consumers' event source mappings (listing has no resource type)
             iam.PolicyStatement(sid="FindEventSourceMappings",
                                 actions=["lambda:ListEventSourceMappings"], resources=["*"]),
+            # A mapping's ARN is a UUID made at deploy time: the mappings that may be updated
+            # are those invoking the namespace's consumer functions (named by LambdaConsumer).
             iam.PolicyStatement(
                 sid="PauseLambdaConsumers", actions=["lambda:UpdateEventSourceMapping"],
-                resources=[f"arn:{Aws.PARTITION}:lambda:{stack.region}:{stack.account}:"
-                           f"event-source-mapping:*"]),
+                resources=[f"{lambda_arn}:event-source-mapping:*"],
+                conditions={"ArnLike": {"lambda:FunctionArn": [
+                    f"{lambda_arn}:function:{lambda_consumer_prefix(self.namespace)}*"]}}),
             # Cancel a running job: a request in the worker registry's table.
             iam.PolicyStatement(sid="CancelRunningJobs", actions=["dynamodb:PutItem"],
                                 resources=[table + workers_table_name(self.namespace)]),
@@ -333,13 +338,15 @@ class DashboardService(Construct):
         assert policy is not None
         acknowledge(policy, "AwsSolutions-IAM5[Resource::*]",
                     "tag:GetResources, cloudwatch:GetMetricData, scheduler:ListSchedules, "
-                    "lambda:ListEventSourceMappings and X-Ray's trace writes have no resource "
-                    "types, so IAM grants them on * only; they read, never change.")
+                    "lambda:ListEventSourceMappings (pause finds a queue's mappings) and X-Ray's "
+                    "trace writes have no resource types, so IAM grants them on * only; they "
+                    "read, never change.")
         acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:lambda:"
                             f"{stack.region}:{stack.account}:event-source-mapping:*]",
-                    "A mapping's ARN is its UUID, made at deploy time, and the consumer "
-                    "functions' names are generated (no namespace prefix to condition on): the "
-                    "operators' pause and resume only enable or disable a mapping.")
+                    "A mapping's ARN is its UUID, made at deploy time; the statement's condition "
+                    "(ArnLike lambda:FunctionArn) limits it to mappings invoking the namespace's "
+                    "consumer functions ('<namespace->messenger-consumer-*'), which pause and "
+                    "resume only enable or disable.")
         acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:scheduler:"
                             f"{stack.region}:{stack.account}:schedule/"
                             f"{schedule_group_name(self.namespace)}/*]",

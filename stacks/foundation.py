@@ -188,10 +188,15 @@ class Foundation(Construct):
 
     def grant_workers_write(self, grantee: iam.IGrantable) -> None:
         """Register a consumer process (`jobs.workers.WorkerRegistry`): write its entry,
-        delete it at exit; read its channel's cancel requests and delete those it acted on
-        (`jobs.controls.CancelRequests`, in the same table)."""
+        delete it at exit; and act on cancel requests (`grant_cancel_requests`)."""
         self._grant_table(grantee, self.workers_table, "dynamodb:PutItem", "dynamodb:DeleteItem",
                           "dynamodb:Query")
+
+    def grant_cancel_requests(self, grantee: iam.IGrantable) -> None:
+        """Act on operators' cancel requests (`jobs.controls.CancelRequests`, in the worker
+        registry's table): read its channel's requests and delete those it acted on. A Lambda
+        consumer gets only this (it registers no entry)."""
+        self._grant_table(grantee, self.workers_table, "dynamodb:Query", "dynamodb:DeleteItem")
 
     def grant_idempotency(self, grantee: iam.IGrantable) -> None:
         """Run idempotent handlers (`consume.idempotency`, Powertools): conditional put of the

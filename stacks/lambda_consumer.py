@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, Names, RemovalPolicy
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_iam as iam
@@ -21,6 +21,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
+from messenger.channel import lambda_consumer_prefix
 from stacks.bundle import consumer_lambda_bundle
 from stacks.channel import Channel
 from stacks.consumer_image import ConsumerImage
@@ -30,6 +31,8 @@ from stacks.nag import acknowledge
 from stacks.topology import Topology
 
 RUNTIME = lambda_.Runtime.PYTHON_3_11
+#: A function's name has at most 64 characters.
+LAMBDA_MAX_NAME_LENGTH = 64
 #: Lambda runs a function for at most 15 minutes.
 LAMBDA_MAX_TIMEOUT_SECONDS = 900
 #: AWS's guidance for an SQS event source: the queue's visibility timeout is at least six times
@@ -51,9 +54,9 @@ class LambdaConsumer(ConsumerClassFacts):
     """A Lambda function running `consumer_class` on every batch of `channel`'s queue(s).
 
     channel: the channel it consumes (grants: consume the queues, forward to the DLQs, the key).
-    foundation: the platform key and offload bucket (grants: read offloaded payloads; write
-        status records when the channel tracks status; use the idempotency table when the
-        class is idempotent).
+    foundation: the platform key and offload bucket (grants: read offloaded payloads; read and
+        delete cancel requests in the worker registry's table; write status records when the
+        channel tracks status; use the idempotency table when the class is idempotent).
     code: the folder of the consumer classes (its name is their package), bundled with the
         library; third-party packages it needs come from `layers`.
     consumer_class: 'package.module:Class', `package` being the folder's name; imported at synth
@@ -76,6 +79,8 @@ class LambdaConsumer(ConsumerClassFacts):
     environment: extra environment variables (no secrets: they are visible in the function).
     idempotent: deprecated: the class decides (`idempotent = True` or `idempotency_key`: the role
         may use the idempotency table, else not); given, it must agree (synth fails otherwise).
+    The function is named `<namespace->messenger-consumer-<its construct path and a hash>`
+    (`messenger.channel.lambda_consumer_prefix`).
     Outputs: `function`, `role`, `event_sources` (one per queue), `alarms` (errors, throttles,
     and the age of the oldest message per queue).
     """
@@ -178,9 +183,14 @@ class LambdaConsumer(ConsumerClassFacts):
             "POWERTOOLS_SERVICE_NAME": f"messenger-consumer-{channel.spec.name}",
             **(environment or {}),
         }
+        # Named '<namespace->messenger-consumer-...' (unique per construct path): the dashboard's
+        # pause may update the mappings of these functions only (IAM's lambda:FunctionArn).
+        prefix = lambda_consumer_prefix(namespace)
         self.function = lambda_.Function(
             self,
             "Function",
+            function_name=prefix + Names.unique_resource_name(
+                self, max_length=LAMBDA_MAX_NAME_LENGTH - len(prefix), separator="-"),
             runtime=RUNTIME,
             architecture=lambda_.Architecture.X86_64,
             handler="lambdas.consumer.handler.handler",
@@ -197,6 +207,7 @@ class LambdaConsumer(ConsumerClassFacts):
         channel.grant_consume(self.role)
         foundation.grant_offload_read(self.role)
         foundation.grant_fired_claims(self.role)  # a retried firing runs once
+        foundation.grant_cancel_requests(self.role)  # an operator's cancel of a running job
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.role)
         self.grant_from_class(foundation, self.role)

@@ -193,8 +193,16 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     # Pause/resume: the namespace's queues' tag and Lambda mappings; cancel: a registry item
     assert sorted(_actions(by_sid["PauseQueues"])) == ["sqs:TagQueue", "sqs:UntagQueue"]
     assert f":sqs:{REGION}:{ACCOUNT}:dcog-*" in json.dumps(by_sid["PauseQueues"])
-    assert _actions(by_sid["PauseLambdaConsumers"]) == ["lambda:UpdateEventSourceMapping"]
-    assert "event-source-mapping:*" in json.dumps(by_sid["PauseLambdaConsumers"])
+    # ... and only the mappings invoking the namespace's consumer functions (a mapping's ARN
+    # is a UUID, so the condition on the function it invokes is what limits it)
+    pause_lambda = by_sid["PauseLambdaConsumers"]
+    assert _actions(pause_lambda) == ["lambda:UpdateEventSourceMapping"]
+    assert pause_lambda["Resource"] == {"Fn::Join": ["", [
+        "arn:", {"Ref": "AWS::Partition"},
+        f":lambda:{REGION}:{ACCOUNT}:event-source-mapping:*"]]}
+    assert pause_lambda["Condition"] == {"ArnLike": {"lambda:FunctionArn": [{"Fn::Join": ["", [
+        "arn:", {"Ref": "AWS::Partition"},
+        f":lambda:{REGION}:{ACCOUNT}:function:dcog-messenger-consumer-*"]]}]}}
     assert _actions(by_sid["CancelRunningJobs"]) == ["dynamodb:PutItem"]
     assert "table/dcog-messenger-workers" in json.dumps(by_sid["CancelRunningJobs"])
     every_action = {a for s in statements for a in _actions(s)}

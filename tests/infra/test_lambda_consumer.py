@@ -15,7 +15,7 @@ import pytest
 from aws_cdk.assertions import Match
 
 from examples.cdk import EXAMPLE_CODE, EXAMPLE_CONSUMERS, EXAMPLE_LAMBDA_CONSUMERS
-from messenger.channel import ChannelSpec
+from messenger.channel import ChannelSpec, lambda_consumer_prefix
 from stacks.bundle import consumer_lambda_bundle
 from stacks.channel import KEY_ACTIONS_CONSUME, QUEUE_ACTIONS_CONSUME, QUEUE_ACTIONS_SEND, Channel
 from stacks.foundation import Foundation
@@ -66,14 +66,17 @@ def test_the_example_function_runs_the_class_on_its_queue_with_partial_batch_fai
         "FunctionResponseTypes": ["ReportBatchItemFailures"],
         "BatchSize": 10,
     })
+    # Named in the namespace (the dashboard's pause may update only such functions' mappings)
+    name = resources[function_id]["Properties"]["FunctionName"]
+    assert name.startswith(lambda_consumer_prefix(NAMESPACE)) and len(name) <= 64, name
     # And AWS's guidance holds: the queue's visibility is at least 6 x the function timeout
     visibility = resources[queue]["Properties"]["VisibilityTimeout"]
     assert visibility >= 6 * resources[function_id]["Properties"]["Timeout"]
 
 
-#: What `Foundation.grant_workers_write` gives a Fargate consumer (its registry entry).
-WORKER_REGISTRY_ACTIONS = {"dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:DescribeTable",
-                           "dynamodb:Query"}
+#: What `Foundation.grant_cancel_requests` gives both kinds of consumer (read the channel's
+#: cancel requests, delete those acted on); a Fargate consumer also writes its registry entry.
+CANCEL_REQUEST_ACTIONS = {"dynamodb:DeleteItem", "dynamodb:DescribeTable", "dynamodb:Query"}
 
 
 def test_the_function_has_a_consumer_services_grants_and_no_more(assembly: CloudAssembly) -> None:
@@ -90,8 +93,12 @@ def test_the_function_has_a_consumer_services_grants_and_no_more(assembly: Cloud
     assert tuple(sorted(KEY_ACTIONS_CONSUME)) in by_actions
     assert "payloads/*" in json.dumps(by_actions[("s3:GetObject",)])
     assert all(s["Resource"] != "*" for s in statements)
+    # It reads cancel requests (and deletes those acted on) in the worker registry's table,
+    # and writes nothing else there: an invocation registers no entry
+    (workers,) = [s for s in statements if "WorkersTable" in json.dumps(s["Resource"])]
+    assert set(as_list(workers["Action"])) == CANCEL_REQUEST_ACTIONS
     # The same actions as the Fargate consumer of a queue channel (orders), less ECS task
-    # protection and the worker registry (a long-running process registers itself for
+    # protection and the worker registry entry (a long-running process registers itself for
     # `messenger workers`; an invocation does not), plus writing its own log group
     task = next(t for t in _of_type(resources, "AWS::ECS::TaskDefinition").values()
                 if EXAMPLE_CONSUMERS["orders"] in json.dumps(t))
@@ -99,10 +106,10 @@ def test_the_function_has_a_consumer_services_grants_and_no_more(assembly: Cloud
     def granted(found: list[dict[str, Any]]) -> set[tuple[str, str]]:
         return {(a, json.dumps(s["Resource"])) for s in found for a in as_list(s["Action"])}
 
-    fargate_grants = {(a, r) for a, r in granted(fargate)
-                      if not (a in WORKER_REGISTRY_ACTIONS and "WorkersTable" in r)}
+    fargate_workers = {a for a, r in granted(fargate) if "WorkersTable" in r}
+    assert fargate_workers == CANCEL_REQUEST_ACTIONS | {"dynamodb:PutItem"}
     assert {a for a, _ in granted(statements)} - {"logs:CreateLogStream", "logs:PutLogEvents"} \
-        == {a for a, _ in fargate_grants} - {"ecs:UpdateTaskProtection"}
+        == {a for a, _ in granted(fargate)} - {"ecs:UpdateTaskProtection"}
 
 
 def test_errors_throttles_and_queue_age_alarm_to_the_ops_topic(assembly: CloudAssembly) -> None:
