@@ -116,11 +116,13 @@ def plan_delivery(at: datetime | None, delay: timedelta | float | None, *, order
     if seconds <= 0:
         return None
     # Rounded up: a job never runs before the time it was given (an at(...) expression holds
-    # whole seconds: the second after a fraction, never the one before it).
-    whole = math.ceil(seconds)
-    due = (now + timedelta(seconds=whole)).astimezone(timezone.utc)
+    # whole seconds: the second after a fraction, never the one before it). The due time is
+    # the given moment rounded up, not `now` plus a rounded-up delay (which would add a second
+    # to a whole-second `at`).
+    due = (now + timedelta(seconds=seconds)).astimezone(timezone.utc)
     if due.microsecond:
         due = due.replace(microsecond=0) + timedelta(seconds=1)
+    whole = math.ceil((due - now).total_seconds())
     if not ordered and not fanout and whole <= SQS_MAX_DELAY_SECONDS:
         return Delivery(due, delay_seconds=whole)
     return Delivery(due)

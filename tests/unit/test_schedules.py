@@ -81,6 +81,18 @@ def test_a_schedule_is_due_no_earlier_than_asked_from_a_fractional_now():
         assert due >= now + timedelta(seconds=3)
 
 
+def test_a_whole_second_at_keeps_its_second_from_a_fractional_now():
+    # Given a push at 12:00:00.7 for 12:05:00 exactly, on a standard channel and on an exchange
+    now = NOW + timedelta(milliseconds=700)
+    at = NOW + timedelta(minutes=5)
+    for fanout in (False, True):
+        planned = plan_delivery(at, None, ordered=False, fanout=fanout, now=now)
+        # Then it is due at 12:05:00, not a second later (the delay rounded up, not the time)
+        assert planned.due == at
+    # And DelaySeconds covers the whole wait: never earlier than asked
+    assert plan_delivery(at, None, ordered=False, fanout=False, now=now).delay_seconds == 300
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
