@@ -136,11 +136,12 @@ def test_priority_levels_get_their_own_queues_and_filters(tmp_path: Path) -> Non
     statements = task_policy["Properties"]["PolicyDocument"]["Statement"]
     status = [s for s in statements if "dynamodb:BatchWriteItem" in s["Action"]]
     assert len(status) == 1
-    # And registers its processes in the worker registry: write and delete its entry there only
+    # And registers its processes in the worker registry (write and delete its entry) and reads
+    # its channel's cancel requests there (Query), nothing more
     (workers,) = [s for s in statements if "dynamodb:DeleteItem" in s["Action"]
                   and "Condition" not in s]  # (the other: claims of fired jobs, a prefix)
     assert sorted(workers["Action"]) == ["dynamodb:DeleteItem", "dynamodb:DescribeTable",
-                                         "dynamodb:PutItem"]
+                                         "dynamodb:PutItem", "dynamodb:Query"]
     tables = {key: r["Properties"]["TableName"] for key, r in template["Resources"].items()
               if r["Type"] == "AWS::DynamoDB::Table"}
     (table_id,) = [key for key, name in tables.items() if name == workers_table_name("p")]
