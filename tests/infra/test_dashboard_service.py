@@ -7,36 +7,24 @@ reads the namespace and writes only what operators do."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_certificatemanager as acm
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Match
 from cdk_nag import AwsSolutionsChecks
 
 from stacks.config import MessengerConfig
 from stacks.dashboard_service import CognitoLogin, OidcLogin
 from stacks.platform_stack import PlatformStack
 from tests.infra.conftest import ACCOUNT, REGION
+from tests.infra.synthesized import Synthesized, synthesize
 
 REPO = Path(__file__).resolve().parents[2]
 CONTEXT = json.loads((REPO / "cdk.json").read_text())["context"]
 CERT = f"arn:aws:acm:{REGION}:{ACCOUNT}:certificate/11111111-2222-3333-4444-555555555555"
-
-
-@dataclass
-class Synthesized:
-    templates: dict[str, dict[str, Any]]
-    violations: list[tuple[str, list[str]]]
-
-    def template(self, stack: str) -> Template:
-        return Template.from_json(self.templates[stack])
-
-    def of_type(self, stack: str, kind: str) -> dict[str, dict[str, Any]]:
-        return {k: r for k, r in self.templates[stack]["Resources"].items() if r["Type"] == kind}
 
 
 @pytest.fixture(scope="session")
@@ -57,20 +45,7 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
         platform.add_dashboard(
             certificate=acm.Certificate.from_certificate_arn(platform, "Cert", CERT),
             domain_name=f"{name}.example.com", login=login, operator_groups=["ops", "admins"])
-    failure = ""
-    try:
-        assembly = app.synth()
-        templates = {s.stack_name: s.template for s in assembly.stacks}
-    except Exception as error:  # noqa: BLE001 - reported by the tests (the nag report, if any)
-        templates, failure = {}, str(error)
-    report_file = outdir / "validation-report.json"
-    if not report_file.is_file():
-        return Synthesized(templates, [("synthesis failed", [failure])])
-    report = json.loads(report_file.read_text())
-    violations = [(v["ruleName"], [w.get("constructPath", "") for w in v["violatingConstructs"]])
-                  for plugin in report["pluginReports"] for v in plugin["violations"]
-                  if plugin["pluginName"] != "CloudFormation Validate"]
-    return Synthesized(templates, violations)
+    return synthesize(app, outdir)
 
 
 STACKS = ("dcog", "doidc")

@@ -4,7 +4,6 @@ the default API and one with every option, cdk-nag on."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cognito as cognito
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Match
 from cdk_nag import AwsSolutionsChecks
 
 from messenger.api.channels import ApiChannel, parse_channels
@@ -23,24 +22,13 @@ from stacks.foundation import Foundation
 from stacks.http_enqueue import ROUTES, HttpEnqueue
 from stacks.schedules import ScheduleWiring
 from tests.infra.conftest import ACCOUNT, REGION, as_list
+from tests.infra.synthesized import Synthesized, synthesize
 
 REPO = Path(__file__).resolve().parents[2]
 CONTEXT = json.loads((REPO / "cdk.json").read_text())["context"]
 NAMESPACE = "http"
 #: A namespace per stack: one app deploys a channel name once per namespace.
 NAMESPACES = {"Default": NAMESPACE, "Options": "httpo", "Bad": "httpb"}
-
-
-@dataclass
-class Synthesized:
-    templates: dict[str, dict[str, Any]]
-    violations: list[tuple[str, list[str]]]
-
-    def template(self, stack: str) -> Template:
-        return Template.from_json(self.templates[stack])
-
-    def of_type(self, stack: str, kind: str) -> dict[str, dict[str, Any]]:
-        return {k: r for k, r in self.templates[stack]["Resources"].items() if r["Type"] == kind}
 
 
 def _stack(app: cdk.App, name: str, exchange: bool = True
@@ -76,20 +64,7 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
                 unauthenticated=["GET /jobs/{id}"],
                 usage_plan=apigw.ThrottleSettings(rate_limit=5, burst_limit=10),
                 web_acl_arn="arn:aws:wafv2:eu-west-1:123456789012:regional/webacl/x/1")
-    failure = ""
-    try:
-        assembly = app.synth()
-        templates = {s.stack_name: s.template for s in assembly.stacks}
-    except Exception as error:  # noqa: BLE001 - reported by the tests (the nag report, if any)
-        templates, failure = {}, str(error)
-    report_file = outdir / "validation-report.json"
-    if not report_file.is_file():
-        return Synthesized(templates, [("synthesis failed", [failure])])
-    report = json.loads(report_file.read_text())
-    violations = [(v["ruleName"], [w.get("constructPath", "") for w in v["violatingConstructs"]])
-                  for plugin in report["pluginReports"] for v in plugin["violations"]
-                  if plugin["pluginName"] != "CloudFormation Validate"]
-    return Synthesized(templates, violations)
+    return synthesize(app, outdir)
 
 
 def _function(synthesized: Synthesized, stack: str) -> tuple[str, dict[str, Any]]:
