@@ -54,9 +54,10 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.consume import CountingConsumer  # noqa: E402
+from bench.harness import listening_consumer  # noqa: E402
 from messenger.aws import ClientFactory  # noqa: E402
 from messenger.channel import DEFAULT_RETENTION_SECONDS, ChannelSpec, MessageFilter  # noqa: E402
-from messenger.consume.consumer import ConsumerSettings, ConsumerState  # noqa: E402
+from messenger.consume.consumer import ConsumerSettings  # noqa: E402
 from messenger.offload import lifecycle_days  # noqa: E402
 from messenger.ops.cost import WireMeter  # noqa: E402
 from messenger.ops.prices import GB, PRICES_CHECKED, Usage, price_table  # noqa: E402
@@ -146,13 +147,7 @@ def drain(cls: type[CountingConsumer], settings: Settings, count: int,
             deleted[0] += len((parsed or {}).get("Successful", []))
 
     clients.register("after-call.sqs.DeleteMessageBatch", count_deleted)
-    health = os.path.join(tempfile.mkdtemp(), "health.json")
-    consumer = cls(settings=settings, clients=clients,
-                   runtime=ConsumerSettings(concurrency=CONCURRENCY, health_file=health))
-    thread = threading.Thread(target=consumer.run, daemon=True)
-    thread.start()
-    while consumer.state in (None, ConsumerState.INITIALIZING, ConsumerState.INITIALIZED):
-        time.sleep(0.002)
+    consumer, thread = listening_consumer(cls, settings, clients, CONCURRENCY)
     mark, cpu, wall = marked(meter), time.process_time(), time.perf_counter()
     if feed is not None:
         feed()

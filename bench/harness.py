@@ -52,3 +52,25 @@ def backlog(namespace: str, channel: str, messages: int, pad: int = 0) -> str:
     producer.push_many(bodies).raise_for_failures()
     sqs = ClientFactory("us-east-1").client("sqs")
     return str(sqs.get_queue_url(QueueName=queue_name_for(channel, namespace))["QueueUrl"])
+
+
+def listening_consumer(cls: type, settings: Any, clients: Any,
+                       concurrency: int) -> tuple[Any, Any]:
+    """A consumer of `cls` (its health file in a new temporary folder) running `run` on a daemon
+    thread, returned once it listens (LISTENING: provisioning and start-up are behind it), with
+    that thread: stop it with `request_shutdown()` and join the thread."""
+    import os
+    import tempfile
+    import threading
+    import time
+
+    from messenger.consume.consumer import ConsumerSettings, ConsumerState
+
+    health = os.path.join(tempfile.mkdtemp(), "health.json")
+    consumer = cls(settings=settings, clients=clients,
+                   runtime=ConsumerSettings(concurrency=concurrency, health_file=health))
+    thread = threading.Thread(target=consumer.run, daemon=True)
+    thread.start()
+    while consumer.state in (None, ConsumerState.INITIALIZING, ConsumerState.INITIALIZED):
+        time.sleep(0.001)
+    return consumer, thread

@@ -28,8 +28,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -38,8 +36,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.consume import CountingConsumer  # noqa: E402
+from bench.harness import listening_consumer  # noqa: E402
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
-from messenger.consume.consumer import ConsumerSettings, ConsumerState  # noqa: E402
 from messenger.produce.producer import Producer  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
 from messenger.tools.local import endpoint_from_env, start_local_process  # noqa: E402
@@ -98,13 +96,7 @@ def consume(cls: type[CountingConsumer], settings: Settings, count: int) -> dict
     """Drain `count` messages with a fresh consumer; its figures (see `combine`)."""
     clients = ClientFactory(settings.region)
     counter = RequestCounter().attach(clients)
-    health = os.path.join(tempfile.mkdtemp(), "health.json")
-    consumer = cls(settings=settings, clients=clients,
-                   runtime=ConsumerSettings(concurrency=CONCURRENCY, health_file=health))
-    thread = threading.Thread(target=consumer.run, daemon=True)
-    thread.start()
-    while consumer.state in (None, ConsumerState.INITIALIZING, ConsumerState.INITIALIZED):
-        time.sleep(0.001)
+    consumer, thread = listening_consumer(cls, settings, clients, CONCURRENCY)
     started, cpu = time.perf_counter(), time.process_time()
     deadline = time.monotonic() + 600
     while consumer.handled < count and time.monotonic() < deadline:
