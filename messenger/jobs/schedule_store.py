@@ -39,6 +39,7 @@ from messenger.jobs.schedules import (
     schedule_name,
     target_arn,
 )
+from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.message import MESSAGE_ID_ATTRIBUTE
 from messenger.provision import Provisioner
 from messenger.settings import Settings
@@ -269,8 +270,10 @@ class ScheduleStore:
                     return job
         return None
 
-    def cancel(self, job_id: str, channel: str | None = None) -> ScheduledJob:
-        """Delete the job's schedule before it fires; ScheduleNotFound when there is none."""
+    def cancel(self, job_id: str, channel: str | None = None, actor: str = "") -> ScheduledJob:
+        """Delete the job's schedule before it fires; ScheduleNotFound when there is none.
+        actor: who cancelled it (an operator's name), recorded on the job's status timeline
+        (CANCELLED, reason 'cancelled by <who>') when the namespace keeps one."""
         job = self.find(job_id, channel)
         if job is None:
             raise ScheduleNotFound(
@@ -283,4 +286,21 @@ class ScheduleStore:
                 raise
             raise ScheduleNotFound(f"scheduled job {job_id!r} fired or was cancelled just "
                                    f"now") from None
+        self._record_cancelled(job, channel, actor)
         return job
+
+    def _record_cancelled(self, job: ScheduledJob, channel: str | None, actor: str) -> None:
+        """CANCELLED on the job's timeline, with who and when (as an operator's requeue or
+        delete records itself), when the namespace has a status table. Its channel is the one
+        given, else the one its SCHEDULED record names (one Query), else the schedule's."""
+        status = StatusStore(self.clients, self.settings)
+        if not status.exists():
+            return
+        if channel is None:
+            named = [r.channel for r in status.timeline(job.job_id)]
+            channel = named[0] if named else job.channel_key
+        due = f" before it was due ({job.due:%Y-%m-%d %H:%M:%S} UTC)" if job.due else ""
+        by = actor or "unknown"
+        status.record(StatusRecord(job.job_id, StatusEvent.CANCELLED, channel, actor=by,
+                                   error=f"cancelled by {by}{due}"))
+        status.flush()

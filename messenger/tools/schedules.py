@@ -3,6 +3,7 @@
     messenger schedules list orders            # jobs waiting in Scheduler, soonest first
     messenger schedules list orders --json
     messenger schedules cancel 3f2a...         # delete its schedule before it fires
+    messenger schedules cancel 3f2a... --as ada  # who cancelled it, on the job's timeline
 
 `cancel` exits 2 with one line when the id is unknown, already fired or already cancelled (a
 fired schedule deletes itself: `ActionAfterCompletion=DELETE`). A view over
@@ -19,6 +20,7 @@ from typing import Any
 from messenger.aws import ClientFactory
 from messenger.jobs.schedule_store import ScheduledJob, ScheduleStore
 from messenger.settings import Settings
+from messenger.tools.controls import default_actor
 
 
 def _when(due: datetime | None, now: datetime) -> str:
@@ -60,9 +62,10 @@ def run_cli(args: argparse.Namespace) -> int:
         else:
             print(render(args.channel, jobs))
         return 0
-    job = store.cancel(args.job_id, args.channel)  # ScheduleNotFound: exit 2 (cli.main)
+    actor = args.actor or default_actor()
+    job = store.cancel(args.job_id, args.channel, actor=actor)  # ScheduleNotFound: exit 2
     due = f" (was due {job.due:%Y-%m-%d %H:%M:%S} UTC)" if job.due else ""
-    print(f"cancelled scheduled job {job.job_id}{due}")
+    print(f"cancelled scheduled job {job.job_id}{due}, by {actor}")
     return 0
 
 
@@ -77,4 +80,6 @@ def add_parser(commands: Any) -> None:
     cancel.add_argument("job_id", help="the id push(at=...) returned")
     cancel.add_argument("--channel", default=None,
                         help="its channel: looked up directly instead of scanning the group")
+    cancel.add_argument("--as", dest="actor", default=None,
+                        help="who cancels it, on the job's timeline (default: '<login> (cli)')")
     cancel.set_defaults(run=run_cli)

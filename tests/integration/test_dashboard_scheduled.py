@@ -45,3 +45,30 @@ def test_list_and_cancel_a_scheduled_job(settings, clients):
                               data={**form, "confirmed": "yes"})
         assert 'data-cancelled="no"' in again.text
     assert [j.job_id for j in ScheduleStore(clients, settings).list("nightly")] == [later]
+
+
+class TrackedNightly(Producer):
+    channel = "nightly"
+    track_status = True
+
+
+def test_a_cancel_from_the_dashboard_is_on_the_jobs_page(settings, clients):
+    # Given a tracked job scheduled in 2 hours
+    producer = TrackedNightly(settings=settings, clients=clients)
+    job_id = producer.push({"n": 1}, delay=timedelta(hours=2))
+    producer.status.flush()
+    with served(settings, clients) as dash:
+        # When the operator cancels it from the channel's scheduled jobs (confirmed)
+        done = requests.post(dash.url + "/channels/nightly/cancel-scheduled", timeout=30,
+                             data={"token": dash.token, "ids": job_id, "confirmed": "yes"})
+        assert 'data-cancelled="yes"' in done.text
+        # Then the job's page shows its timeline ending CANCELLED, by whom, with the reason
+        page = requests.get(dash.url + "/job", params={"id": job_id}, timeout=30)
+    assert page.status_code == 200
+    rows = page.text[page.text.index('id="timeline"'):]
+    assert rows.index('data-event="SCHEDULED"') < rows.index('data-event="CANCELLED"')
+    cancelled = rows[rows.index('data-event="CANCELLED"'):]
+    assert '<td class="actor">local operator</td>' in cancelled
+    assert "cancelled by local operator before it was due" in cancelled
+    # And no Cancel button for a running job: it never ran
+    assert "cancel-job" not in page.text

@@ -18,9 +18,10 @@ from messenger.consume.lambda_runtime import LambdaConsumerRuntime, LocalEventSo
 from messenger.errors import InvalidMessage
 from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
 from messenger.jobs.schedules import schedule_name
-from messenger.jobs.status import StatusEvent, StatusStore
+from messenger.jobs.status import StatusEvent, StatusStore, render_timeline
 from messenger.offload import EXTENDED_SIZE_ATTRIBUTE
 from messenger.schema import SCHEMA_VERSION_ATTRIBUTE
+from messenger.tools import cli
 from messenger.tools.scheduler_fire import ScheduleFirer, invoke_target, local_clients
 from tests.faults import Throttle, injected
 from tests.integration.helpers import decode, drain, queue_url
@@ -195,6 +196,44 @@ def test_a_cancelled_job_never_fires(settings, clients):
     assert drain(sqs, queue_url(sqs, f"{settings.namespace}-nightly.fifo")) == []
     with pytest.raises(ScheduleNotFound, match="unknown, already fired or already cancelled"):
         store.cancel(job_id)
+
+
+class TrackedNightly(Producer):
+    channel = "nightly"
+    track_status = True
+
+
+def test_a_cancel_from_the_command_is_on_the_jobs_timeline(settings, clients, monkeypatch,
+                                                            capsys):
+    # Given a tracked job scheduled for tomorrow
+    producer = TrackedNightly(settings=settings, clients=clients)
+    job_id = producer.push({"n": 4}, delay=timedelta(days=1))
+    producer.status.flush()  # SCHEDULED written
+    monkeypatch.setenv("MESSENGER_NAMESPACE", settings.namespace)
+    before = time.time()
+
+    # When an operator cancels it with `messenger schedules cancel` (no --channel: the group
+    # is scanned for it)
+    assert cli.main(["schedules", "cancel", job_id, "--as", "ada@example.com"]) == 0
+
+    # Then the command names who, and the timeline ends CANCELLED by them, at that time,
+    # on the job's channel
+    assert "by ada@example.com" in capsys.readouterr().out
+    timeline = StatusStore(clients, settings).timeline(job_id)
+    assert [r.event for r in timeline] == [StatusEvent.SCHEDULED, StatusEvent.CANCELLED]
+    cancelled = timeline[-1]
+    assert cancelled.actor == "ada@example.com" and cancelled.channel == "nightly"
+    assert cancelled.error.startswith("cancelled by ada@example.com before it was due")
+    assert before <= cancelled.at <= time.time()
+    assert "CANCELLED" in render_timeline(job_id, timeline)
+    assert "by=ada@example.com" in render_timeline(job_id, timeline)
+
+
+def test_a_cancel_without_a_status_table_records_nothing(settings, clients):
+    # Given an untracked namespace (no status table): the cancel works, nothing is created
+    job_id = Nightly(settings=settings, clients=clients).push({"n": 5}, delay=timedelta(days=1))
+    ScheduleStore(clients, settings).cancel(job_id, "nightly", actor="ada")
+    assert not StatusStore(clients, settings).exists()
 
 
 def test_a_firing_retried_twice_is_one_job(settings, clients, endpoint):

@@ -403,7 +403,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             outcomes = []
             for job_id in ids:
                 try:
-                    store.cancel(job_id, name)
+                    store.cancel(job_id, name, actor=actor)
                     outcomes.append((job_id, True, f"cancelled by {actor}"))
                 except ScheduleNotFound as error:
                     outcomes.append((job_id, False, str(error)))
