@@ -2,7 +2,9 @@
 (`messenger.jobs.controls`) once per heartbeat interval (a third of the lease, at least
 `MIN_INTERVAL_SECONDS`).
 
-- Pause: the channel's queue tag `messenger:paused` (one ListQueueTags per interval). A paused
+- Pause: the queue's pause record in the worker registry's table (one Query per interval; it
+  survives a deploy), or, where there is no registry, the queue's tag `messenger:paused` (one
+  ListQueueTags). A paused
   runtime stops receiving, finishes what it holds, keeps its leases and its registry entry, and
   is PAUSED once it holds nothing; resumed, it polls again.
 - Cancel: read only while the runtime holds running messages (one Query per interval then).
@@ -22,7 +24,8 @@ from typing import Any, Protocol
 
 from messenger.consume.host import RuntimeHost
 from messenger.consume.mailbox import Delivery, Mailbox, Stage
-from messenger.jobs.controls import CancelRequests, PauseMark, read_pause
+from messenger.errors import ChannelNotFound
+from messenger.jobs.controls import CancelRequests, PauseMark, PauseRecords, read_pause
 
 #: The watcher reads at most this often, whatever the lease.
 MIN_INTERVAL_SECONDS = 1.0
@@ -57,6 +60,8 @@ class ControlWatcher:
         self.runtime = runtime
         self.sqs = sqs
         self.cancels = cancels
+        self.pauses: PauseRecords | None = cancels.pause_records() if cancels else None
+        self.queue = runtime.mailbox.queue_url.rstrip("/").rsplit("/", 1)[-1]
         self.interval = control_interval(runtime.visibility)
         self.paused: PauseMark | None = None
         self._stop = threading.Event()
@@ -74,7 +79,7 @@ class ControlWatcher:
         """One read of the pause mark, and of the cancel requests while messages run."""
         consumer = self.runtime.consumer
         try:
-            mark = read_pause(self.sqs, self.runtime.mailbox.queue_url)
+            mark = self.read_pause()
         except Exception as error:
             consumer.emit("control_read_failed", fields={
                 "control": "pause", "error": f"{type(error).__name__}: {error}"})
@@ -85,6 +90,15 @@ class ControlWatcher:
         running = self.runtime.held(Stage.RUNNING)
         if running and self.cancels is not None:
             act_on_cancels(consumer, self.cancels, running, self.runtime.cancel)
+
+    def read_pause(self) -> PauseMark | None:
+        """The queue's pause: its record in the registry, else (no registry table) its tag."""
+        if self.pauses is not None:
+            try:
+                return self.pauses.get(self.queue)
+            except ChannelNotFound:
+                self.pauses = None  # no registry: the tag from now on
+        return read_pause(self.sqs, self.runtime.mailbox.queue_url)
 
 
 def act_on_cancels(consumer: RuntimeHost, cancels: CancelRequests, running: Sequence[Delivery],

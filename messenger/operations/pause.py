@@ -4,11 +4,15 @@ dashboard's Pause button).
     report = pause(clients, settings, "orders", actor="ada@example.com")
     report = resume(clients, settings, "orders", actor="ada@example.com")
 
-Pausing tags each of the channel's queues (every level of a prioritized channel) with
+Pausing records each of the channel's queues as paused in the worker registry's table
+(`messenger.jobs.controls.PauseRecords`: the pause's source of truth, which no deploy touches),
+tags each of the channel's queues (every level of a prioritized channel) with
 `messenger:paused` = `<who>@<UTC time>` (`messenger.jobs.controls.PauseMark`): a Fargate consumer
 reads it once per heartbeat interval, stops receiving, finishes what it holds and stays PAUSED.
 It also disables every Lambda event source mapping that reads those queues, so no Lambda
-consumer is invoked (the AWS-native pause: no receives are spent). Resuming removes the tag and
+consumer is invoked (the AWS-native pause: no receives are spent). A deploy may undo the tag or
+a mapping: the queue alarm puts them back from the records (`messenger.ops.pauses`). Resuming
+removes the records and the tag and
 enables those mappings again (every mapping of the channel's queues: one disabled by hand before
 the pause is enabled too). Messages wait in the queue meanwhile, within its retention.
 """
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from messenger.aws import ClientFactory
-from messenger.jobs.controls import TAG_PAUSED, PauseMark
+from messenger.jobs.controls import TAG_PAUSED, PauseMark, PauseRecords, queue_mappings
 from messenger.operations.queues import channel_queues, platform_queues
 from messenger.settings import Settings
 
@@ -67,9 +71,18 @@ def paused_channels(clients: ClientFactory, settings: Settings) -> dict[str, Pau
 def _set(clients: ClientFactory, settings: Settings, channel: str,
          mark: PauseMark | None) -> PauseReport:
     sqs = clients.client("sqs")
+    records = PauseRecords(clients, settings)
     report = PauseReport(channel, paused=mark is not None, mark=mark)
     arns: list[str] = []
     for queue in channel_queues(clients, settings, channel):
+        try:
+            if mark is not None:
+                records.put(queue.queue, channel, mark)
+            else:
+                records.delete(queue.queue)
+        except Exception as error:  # the tag and the mappings still pause, until a deploy
+            report.errors.append(f"pause record of {queue.queue} (a deploy may undo this "
+                                 f"pause): {type(error).__name__}: {error}")
         try:
             url = sqs.get_queue_url(QueueName=queue.queue)["QueueUrl"]
             if mark is not None:
@@ -90,9 +103,7 @@ def _switch_mappings(awslambda: Any, queue_arns: list[str], enabled: bool,
     """Disable (pause) or enable (resume) the Lambda event source mappings reading the queues."""
     for arn in queue_arns:
         try:
-            pages = awslambda.get_paginator("list_event_source_mappings").paginate(
-                EventSourceArn=arn)
-            mappings = [m for page in pages for m in page.get("EventSourceMappings", [])]
+            mappings = queue_mappings(awslambda, arn)
         except Exception as error:
             report.errors.append(f"listing the Lambda mappings of {arn}: "
                                  f"{type(error).__name__}: {error}")

@@ -41,6 +41,10 @@ class QueueAlarmReport:
     #: Threshold tags that are not a whole number >= 0 (the default applied instead):
     #: (queue, tag, value, threshold used).
     bad_tags: tuple[tuple[str, str, str, int], ...] = ()
+    #: What a deploy had undone of an operator's pause and the run put back (a tag, a Lambda
+    #: mapping re-enabled), and what it could not (`messenger.ops.pauses`): one line each.
+    pauses_reapplied: tuple[str, ...] = ()
+    pause_errors: tuple[str, ...] = ()
 
     @property
     def critical(self) -> tuple[QueueProblem, ...]:
@@ -48,9 +52,10 @@ class QueueAlarmReport:
 
     @property
     def has_news(self) -> bool:
-        """Something to post: a queue over its threshold, a malformed threshold tag, or a run
-        that stopped early."""
-        return bool(self.problems or self.bad_tags) or self.stopped is not None
+        """Something to post: a queue over its threshold, a malformed threshold tag, a pause
+        put back (or not), or a run that stopped early."""
+        return bool(self.problems or self.bad_tags or self.pauses_reapplied
+                    or self.pause_errors) or self.stopped is not None
 
 
 

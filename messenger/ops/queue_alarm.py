@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,6 +33,7 @@ from messenger.ops.inventory import (
     tags_by_arn,
 )
 from messenger.ops.metrics import MAX_QUERIES_PER_CALL, fetch_series, latest, sqs_metric
+from messenger.ops.pauses import reapply_pauses
 from messenger.ops.report import (
     Notifier,
     ReportNotDelivered,
@@ -41,6 +42,7 @@ from messenger.ops.report import (
     short_of_time,
 )
 from messenger.ops.settings import OpsSettings
+from messenger.settings import Settings
 
 #: event["scope"] -> the role tag of the queues it checks.
 SCOPES: Mapping[str, str] = {"source": "queue", "dlq": "dlq"}
@@ -92,6 +94,8 @@ class QueueAlarmOutcome:
             "not_checked": list(self.report.not_checked),
             "malformed_threshold_tags": [
                 f"{queue}: {tag}={value!r}" for queue, tag, value, _ in self.report.bad_tags],
+            "pauses_reapplied": list(self.report.pauses_reapplied),
+            "pause_errors": list(self.report.pause_errors),
             "posted": self.posted,
         }
 
@@ -112,6 +116,7 @@ class QueueAlarmOutcome:
             "SlackPostFailed": int(self.report.has_news and not self.posted),
             "AlarmStopped": int(self.report.stopped is not None),
             "MalformedThresholdTags": len(self.report.bad_tags),
+            "PausesReapplied": len(self.report.pauses_reapplied),
         }
 
     def raise_for_failure(self) -> None:
@@ -305,6 +310,10 @@ def run_queue_alarm(
         clients, scope, settings.namespace, settings.default_alarm_threshold, now,
         dlq_threshold=settings.dlq_alarm_threshold, remaining=remaining,
     )
+    if scope == "source":  # every 15 minutes: put back what a deploy undid of a pause
+        reapplied = reapply_pauses(clients, Settings.from_env(namespace=settings.namespace))
+        report = replace(report, pauses_reapplied=tuple(reapplied.repaired),
+                         pause_errors=tuple(reapplied.errors))
     # logged before posting: a post that hangs until the Lambda's timeout loses nothing
     (log or logger).info("queue alarm report", extra={
         "report": {**QueueAlarmOutcome(report, False).summary(),

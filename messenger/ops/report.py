@@ -197,6 +197,10 @@ def queue_alarm_messages(report: QueueAlarmReport, mention: str = "") -> list[di
         title = f"🚨 {counted(len(critical), 'critical ' + kind)} over threshold"
         if len(problems) > len(critical):
             title += f" (+{len(problems) - len(critical)} more)"
+    elif not problems and not report.stopped and not report.bad_tags and (
+            report.pauses_reapplied or report.pause_errors):
+        title = "⏸️ A deploy had undone a pause: " + (
+            "put back" if not report.pause_errors else "not all of it put back")
     elif problems or not report.stopped:
         title = f"⚠️ {counted(len(problems), kind)} over threshold"
     else:
@@ -232,12 +236,22 @@ def queue_alarm_messages(report: QueueAlarmReport, mention: str = "") -> list[di
                  for queue, tag, value, threshold in report.bad_tags]
         body.append(("⚠️ Malformed threshold tags", section(
             f"*⚠️ Malformed threshold tags ({len(lines)})*\n" + "\n".join(lines)), False))
+    if report.pauses_reapplied or report.pause_errors:
+        name = "⏸️ Pauses put back after a deploy"
+        body.append((name, divider(), False))
+        lines = [f"• {line}" for line in report.pauses_reapplied] + [
+            f"• ⛔ not put back: {line}" for line in report.pause_errors]
+        body.append((name, section(
+            f"*{name} ({len(lines)})*: the channel stays paused until an operator resumes it "
+            f"(`messenger resume <channel>`)\n" + "\n".join(lines)), False))
     if report.not_checked:
         name = "⏸️ Not checked: the run stopped first"
         body.append((name, divider(), False))
         body.extend((name, block, False) for block in _category(
             name, [Finding(queue, "depth not read") for queue in report.not_checked]))
     fallback = ", ".join(p.name for p in problems[:10]) + ("…" if len(problems) > 10 else "")
+    if not fallback and report.pauses_reapplied:
+        fallback = "pause put back: " + "; ".join(report.pauses_reapplied[:3])
     if report.stopped:
         fallback = f"stopped early: {report.stopped}; {fallback or 'nothing over threshold'}"
     return split_posts(

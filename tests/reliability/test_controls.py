@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from messenger.jobs.controls import CancelRequests
+from messenger.jobs.controls import TAG_PAUSED, CancelRequests
 from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import list_workers
 from messenger.operations.pause import pause, resume
 from messenger.operations.snapshot import snapshot
+from messenger.ops.pauses import reapply_pauses
 from tests.reliability.apps import CHANNEL
 
 
@@ -28,6 +29,12 @@ def test_a_paused_channel_is_not_consumed_until_resumed(
     paused = consumer.wait_for(lambda e: e.get("event") == "paused", timeout=30)
     assert paused["by"] == "ada@example.com"
     consumer.wait_for_state("PAUSED", timeout=30)
+    # (and a deploy that rewrites the queue's tags does not resume it: the consumer reads the
+    # pause's record in the worker registry, which no deploy touches)
+    for queue in done.queues:
+        sqs = clients.client("sqs")
+        sqs.untag_queue(QueueUrl=sqs.get_queue_url(QueueName=queue)["QueueUrl"],
+                        TagKeys=[TAG_PAUSED])
     # Then what is pushed meanwhile waits in the queue (its long poll in flight may still take
     # what comes in its last seconds: the jobs go in after it answered)
     time.sleep(21)
@@ -36,6 +43,7 @@ def test_a_paused_channel_is_not_consumed_until_resumed(
     time.sleep(4)
     assert harness.processed() == []
     # and `messenger top`'s snapshot and the registry say so
+    assert reapply_pauses(clients, settings).repaired  # the tag put back, as every 15 min
     rows = [r for r in snapshot(clients, settings) if r.channel == CHANNEL]
     assert rows and all(r.paused.startswith("paused by ada@example.com at ") for r in rows)
     deadline = time.monotonic() + 40
