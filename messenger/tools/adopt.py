@@ -30,6 +30,7 @@ from botocore.exceptions import ClientError
 
 from messenger.aws import ClientFactory
 from messenger.errors import InvalidSettings
+from messenger.tools.runtime import CommandRuntime
 
 #: The import identifier and the naming property of each retained resource type.
 IDENTIFIERS = {
@@ -156,14 +157,14 @@ def run_cli(args: argparse.Namespace) -> int:
         raise InvalidSettings(f"template: cannot read {path} as JSON ({error})") from None
     if not isinstance(template, dict) or not isinstance(template.get("Resources"), dict):
         raise InvalidSettings(f"template: {path} is not a CloudFormation template (no Resources)")
-    clients = ClientFactory(args.region) if args.region else None
-    if clients is None:
+    region = args.region
+    if not region:
         import boto3
 
         region = boto3.session.Session().region_name
         if not region:
             raise InvalidSettings("--region: no region given and none configured")
-        clients = ClientFactory(region)
+    clients = CommandRuntime.from_env(region=region).clients
     account = clients.client("sts").get_caller_identity()["Account"]
     mapping, notes = resource_mapping(template, clients, account)
     for note in notes:

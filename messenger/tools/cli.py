@@ -40,12 +40,11 @@ def _requeue(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from messenger.aws import ClientFactory
     from messenger.jobs.status import StatusStore, render_timeline
-    from messenger.settings import Settings
+    from messenger.tools.runtime import CommandRuntime
 
-    settings = Settings.from_env()
-    records = StatusStore(ClientFactory(settings.region), settings).timeline(args.message_id)
+    runtime = CommandRuntime.from_env()
+    records = StatusStore(runtime.clients, runtime.settings).timeline(args.message_id)
     print(render_timeline(args.message_id, records))
     return 0 if records else 1
 
@@ -215,6 +214,9 @@ QUIET_LOGGERS = ("botocore", "boto3", "urllib3", "s3transfer")
 #: (bad input, missing channel, budget exhausted), 3 AWS refused or could not be reached.
 EXIT_MESSENGER_ERROR = 2
 EXIT_AWS_ERROR = 3
+#: Commands whose calls run on the library's settings, not `CommandRuntime`'s retry budget: those
+#: that serve until stopped, and `schedules` (to move to `CommandRuntime`).
+LIBRARY_BUDGET_COMMANDS = frozenset({"local", "api", "consume", "dashboard", "schedules"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -232,7 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"messenger: {error}", file=sys.stderr)
         return EXIT_MESSENGER_ERROR
     except (BotoCoreError, ClientError) as error:  # one line, not a botocore traceback
-        print(f"messenger: AWS error: {error}", file=sys.stderr)
+        from messenger.aws import RETRIED_EXCEPTIONS
+        from messenger.tools.runtime import budget_note
+
+        # an endpoint not reached: how long the command tried, and how to make it try longer
+        note = f" ({budget_note()})" if isinstance(error, RETRIED_EXCEPTIONS) \
+            and args.command not in LIBRARY_BUDGET_COMMANDS else ""
+        print(f"messenger: AWS error: {error}{note}", file=sys.stderr)
         return EXIT_AWS_ERROR
 
 

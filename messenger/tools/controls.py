@@ -17,11 +17,10 @@ import argparse
 import getpass
 from typing import Any
 
-from messenger.aws import ClientFactory
 from messenger.errors import ChannelNotFound
 from messenger.jobs.controls import CancelRequests
 from messenger.operations.pause import pause, resume
-from messenger.settings import Settings
+from messenger.tools.runtime import CommandRuntime
 
 
 def default_actor() -> str:
@@ -32,11 +31,11 @@ def default_actor() -> str:
 
 
 def run_pause(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
-    clients = ClientFactory(settings.region)
+    runtime = CommandRuntime.from_env()
     act = pause if args.command == "pause" else resume
     try:
-        report = act(clients, settings, args.channel, actor=args.actor or default_actor())
+        report = act(runtime.clients, runtime.settings, args.channel,
+                     actor=args.actor or default_actor())
     except ChannelNotFound as error:
         print(f"messenger: {error}")
         return 2
@@ -45,8 +44,8 @@ def run_pause(args: argparse.Namespace) -> int:
 
 
 def run_cancel(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
-    requests = CancelRequests(ClientFactory(settings.region), settings, args.channel)
+    runtime = CommandRuntime.from_env()
+    requests = CancelRequests(runtime.clients, runtime.settings, args.channel)
     made = requests.request(args.job_id, args.actor or default_actor())
     print(f"{args.channel}: cancel of {made.message_id} requested by {made.by}; the consumer "
           f"running it stops it at its next heartbeat (the request expires in an hour)")

@@ -18,11 +18,10 @@ import math
 from dataclasses import asdict
 from typing import Any
 
-from messenger.aws import ClientFactory
 from messenger.errors import InvalidSettings
 from messenger.ops.cost import ChannelCost, Estimate, channel_costs
 from messenger.ops.prices import PRICES_CHECKED, REGION
-from messenger.settings import Settings
+from messenger.tools.runtime import CommandRuntime
 
 
 def dollars_text(low: float, high: float) -> str:
@@ -70,11 +69,11 @@ def as_json(costs: list[ChannelCost]) -> list[dict[str, Any]]:
 def run_cli(args: argparse.Namespace) -> int:
     if bool(args.channel) == bool(args.all):
         raise InvalidSettings("cost: name one channel, or --all for every channel (not both)")
-    settings = Settings.from_env()
-    costs = channel_costs(ClientFactory(settings.region), settings,
+    runtime = CommandRuntime.from_env()
+    costs = channel_costs(runtime.clients, runtime.settings,
                           None if args.all else args.channel)
     print(json.dumps(as_json(costs), indent=2) if args.json
-          else render(costs, settings.namespace))
+          else render(costs, runtime.settings.namespace))
     return 0
 
 

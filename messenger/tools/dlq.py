@@ -24,6 +24,7 @@ from messenger.jobs.status import StatusRecord
 from messenger.operations.deadletters import DeadLetter, DeadLetterListing, DeadLetterWorkbench
 from messenger.operations.requeue import MOVE_VISIBILITY_TIMEOUT
 from messenger.tools.format import duration_text
+from messenger.tools.runtime import CommandRuntime
 
 
 def render_listing(listing: DeadLetterListing, width: int = 80) -> str:
@@ -94,7 +95,9 @@ def _confirm(question: str, yes: bool) -> bool:
 
 def run_cli(args: argparse.Namespace) -> int:
     """`messenger dlq list|show|requeue|delete CHANNEL ...`."""
-    bench = DeadLetterWorkbench(args.channel, visibility_timeout=args.visibility_timeout)
+    runtime = CommandRuntime.from_env()
+    bench = DeadLetterWorkbench(args.channel, runtime.settings, runtime.clients,
+                                visibility_timeout=args.visibility_timeout)
     if args.dlq_command == "list":
         listing = bench.list(limit=args.limit)
         if args.json:

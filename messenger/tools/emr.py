@@ -32,6 +32,7 @@ import messenger
 from messenger.aws import ClientFactory
 from messenger.errors import InvalidSettings
 from messenger.settings import Settings
+from messenger.tools.runtime import CommandRuntime
 
 CODE_BUCKET_ENV = "MESSENGER_CODE_BUCKET"
 CODE_PREFIX = "emr"
@@ -224,8 +225,9 @@ def _check(cluster_id: str, script: Path, code_bucket: str, action_on_failure: s
 def run_cli(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
     """Run `messenger emr submit|status`; prints the step id or the step states."""
     env = os.environ if environ is None else environ
+    # the step gets the shell's settings as they are; the command's own calls, its budget
     settings = Settings.from_env(env)
-    clients = ClientFactory(settings.region)
+    clients = CommandRuntime.from_env(env).clients
     if args.emr_command == "submit":
         job_args = list(args.job_args)
         if job_args[:1] == ["--"]:

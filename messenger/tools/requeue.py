@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 
 from messenger.operations.requeue import Requeuer, SubscriberTypes
+from messenger.tools.runtime import CommandRuntime
 
 
 def run_cli(args: argparse.Namespace) -> int:
     """`messenger requeue SOURCE DESTINATION [--type multi] [--max-messages N] [--dry-run]`."""
     from rich.progress import Progress
 
+    runtime = CommandRuntime.from_env()
     with Progress(transient=True) as bar:
         task = bar.add_task(
             f"requeue {args.source_queue} -> {args.destination_channel}", total=None
@@ -26,6 +28,8 @@ def run_cli(args: argparse.Namespace) -> int:
             progress=lambda done, total: bar.update(task, completed=done, total=total),
             wait_seconds=args.wait,
             visibility_timeout=args.visibility_timeout,
+            settings=runtime.settings,
+            clients=runtime.clients,
         )
         report = requeuer.start()
     print(report.summary())

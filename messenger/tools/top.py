@@ -30,6 +30,7 @@ from messenger.errors import InvalidSettings
 from messenger.operations.snapshot import ChannelRow, channel_dlq_rows, requeue_rows, snapshot
 from messenger.settings import Settings
 from messenger.tools.format import duration_text
+from messenger.tools.runtime import CommandRuntime
 
 
 def _fmt(value: Any) -> str:
@@ -104,8 +105,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    settings = Settings.from_env()
-    clients = ClientFactory(settings.region)
+    runtime = CommandRuntime.from_env()
+    settings, clients = runtime.settings, runtime.clients
     console = Console()
     if args.requeue:
         if not args.yes and not sys.stdin.isatty():

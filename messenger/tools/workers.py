@@ -17,10 +17,9 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from messenger.aws import ClientFactory
 from messenger.jobs.workers import WorkerEntry, list_workers
-from messenger.settings import Settings
 from messenger.tools.format import duration_text
+from messenger.tools.runtime import CommandRuntime
 
 
 def render(entries: list[WorkerEntry], now: float | None = None) -> str:
@@ -45,8 +44,8 @@ def render(entries: list[WorkerEntry], now: float | None = None) -> str:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
-    entries = list_workers(ClientFactory(settings.region), settings, args.channel)
+    runtime = CommandRuntime.from_env()
+    entries = list_workers(runtime.clients, runtime.settings, args.channel)
     if args.json:
         now = time.time()
         print(json.dumps([{**asdict(e), "lost": e.lost(now)} for e in entries], indent=2))
