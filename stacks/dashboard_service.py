@@ -53,6 +53,10 @@ from stacks.bundle import IGNORE_CODE, REPO_ROOT, staging_root
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge
 
+#: The partition of the pause records in the worker registry's table
+#: (`messenger.jobs.controls.PAUSE_PARTITION`; tests/infra check they agree).
+PAUSE_RECORDS_PARTITION = "~paused"
+
 #: What the image's Dockerfile needs from the repository (its build context, staged at synth).
 IMAGE_FILES = ("messenger", "lambdas/dashboard", "pyproject.toml", "requirements.txt",
                "README.md")
@@ -329,6 +333,13 @@ class DashboardService(Construct):
             # Cancel a running job: a request in the worker registry's table.
             iam.PolicyStatement(sid="CancelRunningJobs", actions=["dynamodb:PutItem"],
                                 resources=[table + workers_table_name(self.namespace)]),
+            # A pause's record there (its source of truth, which no deploy touches): pause
+            # puts it, resume deletes it.
+            iam.PolicyStatement(sid="RecordPauses",
+                                actions=["dynamodb:PutItem", "dynamodb:DeleteItem"],
+                                resources=[table + workers_table_name(self.namespace)],
+                                conditions={"ForAllValues:StringEquals": {
+                                    "dynamodb:LeadingKeys": [PAUSE_RECORDS_PARTITION]}}),
         ]
         for statement in statements:
             role.add_to_policy(statement)

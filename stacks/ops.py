@@ -26,8 +26,14 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from messenger.channel import TAG_MANAGED, TAG_NAMESPACE
+from messenger.channel import (
+    TAG_MANAGED,
+    TAG_NAMESPACE,
+    lambda_consumer_prefix,
+    workers_table_name,
+)
 from stacks.bundle import lambda_bundle
+from stacks.dashboard_service import PAUSE_RECORDS_PARTITION
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 
 RUNTIME = lambda_.Runtime.PYTHON_3_11
@@ -42,7 +48,13 @@ SCHEDULE_MAX_EVENT_AGE = Duration.hours(2)
 #: depth from CloudWatch and the tags of those holding messages; the cleaner finds queues and
 #: topics by tag and deletes the unused ones of the namespace. Tagging, metric, queue listing
 #: and account-wide subscription listing APIs have no resource-level permissions.
-ALARM_UNSCOPED_ACTIONS = ("sqs:ListQueues", "tag:GetResources", "cloudwatch:GetMetricData")
+ALARM_UNSCOPED_ACTIONS = ("sqs:ListQueues", "tag:GetResources", "cloudwatch:GetMetricData",
+                          "lambda:ListEventSourceMappings")
+#: The queue alarm also puts back what a deploy undid of an operator's pause
+#: (`messenger.ops.pauses`): it reads the pause records in the worker registry, re-tags a paused
+#: queue of the namespace and disables again the mappings of the namespace's Lambda consumers.
+ALARM_QUEUE_ACTIONS = ("sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags",
+                       "sqs:TagQueue")
 CLEANER_UNSCOPED_ACTIONS = ("tag:GetResources", "cloudwatch:GetMetricData", "sns:ListSubscriptions")
 CLEANER_QUEUE_ACTIONS = ("sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags")
 CLEANER_TOPIC_ACTIONS = (
@@ -104,8 +116,9 @@ class OpsFunctions(Construct):
         }
         self.queue_alarm = self._function(
             "QueueAlarm", "queue_alarm", environment, timeout=Duration.minutes(2),
-            unscoped_actions=ALARM_UNSCOPED_ACTIONS,
+            unscoped_actions=ALARM_UNSCOPED_ACTIONS, scoped_actions={"sqs": ALARM_QUEUE_ACTIONS},
         )
+        self._grant_pause_reapply(self.queue_alarm, key)
         self.resource_cleaner = self._function(
             "ResourceCleaner", "resource_cleaner", environment, timeout=Duration.minutes(10),
             unscoped_actions=CLEANER_UNSCOPED_ACTIONS,
@@ -125,6 +138,34 @@ class OpsFunctions(Construct):
             self._error_alarm("QueueAlarm", self.queue_alarm),
             self._error_alarm("ResourceCleaner", self.resource_cleaner),
         ]
+
+    def _grant_pause_reapply(self, function: lambda_.Function, key: kms.IKey) -> None:
+        """Read the pause records (one Query on the worker registry's table, encrypted with the
+        platform key) and disable again the event source mappings of the namespace's Lambda
+        consumers; the queue actions are ALARM_QUEUE_ACTIONS."""
+        stack = Stack.of(self)
+        lambda_arn = f"arn:{Aws.PARTITION}:lambda:{stack.region}:{stack.account}"
+        role = function.role
+        assert role is not None
+        role.add_to_principal_policy(iam.PolicyStatement(
+            sid="ReadPauseRecords", actions=["dynamodb:Query"],
+            resources=[f"arn:{Aws.PARTITION}:dynamodb:{stack.region}:{stack.account}:table/"
+                       f"{workers_table_name(self.namespace)}"],
+            conditions={"ForAllValues:StringEquals": {
+                "dynamodb:LeadingKeys": [PAUSE_RECORDS_PARTITION]}}))
+        role.add_to_principal_policy(iam.PolicyStatement(
+            sid="ReapplyLambdaConsumerPauses", actions=["lambda:UpdateEventSourceMapping"],
+            resources=[f"{lambda_arn}:event-source-mapping:*"],
+            conditions={"ArnLike": {"lambda:FunctionArn": [
+                f"{lambda_arn}:function:{lambda_consumer_prefix(self.namespace)}*"]}}))
+        key.grant_decrypt(role)
+        policy = role.node.find_child("DefaultPolicy")
+        acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:lambda:"
+                            f"{stack.region}:{stack.account}:event-source-mapping:*]",
+                    "A mapping's ARN is its UUID, made at deploy time; the condition (ArnLike "
+                    "lambda:FunctionArn) limits it to mappings invoking the namespace's consumer "
+                    "functions, which the queue alarm only disables again while their channel's "
+                    "pause record says paused.")
 
     def _watchers(self, key: kms.IKey) -> None:
         account = Stack.of(self).account

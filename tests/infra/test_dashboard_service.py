@@ -16,8 +16,9 @@ from aws_cdk import aws_certificatemanager as acm
 from aws_cdk.assertions import Match
 from cdk_nag import AwsSolutionsChecks
 
+from messenger.jobs.controls import PAUSE_PARTITION
 from stacks.config import MessengerConfig
-from stacks.dashboard_service import CognitoLogin, OidcLogin
+from stacks.dashboard_service import PAUSE_RECORDS_PARTITION, CognitoLogin, OidcLogin
 from stacks.platform_stack import PlatformStack
 from tests.infra.conftest import ACCOUNT, REGION
 from tests.infra.synthesized import Synthesized, synthesize
@@ -183,8 +184,15 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     every_action = {a for s in statements for a in _actions(s)}
     assert not any(a.endswith("*") and a != "kms:GenerateDataKey*" for a in every_action), \
         every_action
+    # A pause's record (its source of truth): put and deleted in its partition only
+    assert _actions(by_sid["RecordPauses"]) == ["dynamodb:DeleteItem", "dynamodb:PutItem"]
+    assert "table/dcog-messenger-workers" in json.dumps(by_sid["RecordPauses"])
+    assert by_sid["RecordPauses"]["Condition"] == {"ForAllValues:StringEquals": {
+        "dynamodb:LeadingKeys": [PAUSE_PARTITION]}}
+    assert [s for s in statements if "dynamodb:DeleteItem" in _actions(s)] == \
+        [by_sid["RecordPauses"]]
     for forbidden in ("sqs:DeleteQueue", "sqs:PurgeQueue", "sqs:SetQueueAttributes",
-                      "dynamodb:DeleteItem", "dynamodb:UpdateItem", "s3:PutObject",
+                      "dynamodb:UpdateItem", "s3:PutObject",
                       "s3:DeleteObject", "sns:Publish", "iam:PassRole"):
         assert forbidden not in every_action
     # '*' only for the actions that have no resource types
@@ -193,3 +201,7 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
                        "lambda:ListEventSourceMappings",
                        "xray:PutTraceSegments", "xray:PutTelemetryRecords"}, starred
     assert "arn:aws:sqs:*" not in text
+
+
+def test_the_grants_name_the_pause_records_partition_the_library_writes() -> None:
+    assert PAUSE_RECORDS_PARTITION == PAUSE_PARTITION

@@ -8,6 +8,7 @@ import pytest
 
 from examples.cdk import EXAMPLE_CONSUMERS
 from examples.channels import example_channels
+from messenger.jobs.controls import PAUSE_PARTITION
 from messenger.tools.emr import CODE_PREFIX, emr_package_files
 from stacks.bundle import spark_job_scripts
 from stacks.emr_pipeline import DATA_PREFIX
@@ -239,6 +240,7 @@ def test_no_iam_statement_allows_every_action(assembly: CloudAssembly) -> None:
     # Resource "*" only where IAM has no resource scope for the action (acknowledged in nag).
     unscoped_allowed = {
         "tag:GetResources", "sns:ListSubscriptions", "cloudwatch:GetMetricData", "sqs:ListQueues",
+        "lambda:ListEventSourceMappings",  # no resource types (the pause's mappings)
         "sns:Unsubscribe",  # no resource types in IAM (docs/ops-reports.md)
         "ecr:GetAuthorizationToken", "xray:PutTraceSegments", "xray:PutTelemetryRecords",
         "xray:GetSamplingRules", "xray:GetSamplingTargets",
@@ -310,16 +312,25 @@ def test_ops_permissions_are_limited_to_the_namespace(assembly: CloudAssembly) -
                if "secretsmanager:GetSecretValue" in as_list(s["Action"])]
     assert secrets and all("messenger/slack-webhook-" in json.dumps(s["Resource"])
                            for s in secrets)
-    # The queue alarm only reads: queue names, tags, metrics, its secret, its logs and traces.
+    # The queue alarm reads queue names, tags, metrics, its secret, its logs and traces; the
+    # only writes put back what a deploy undid of a pause: a paused queue's tag, a consumer
+    # mapping disabled again, after reading the pause records (their partition only).
     (alarm_policy,) = [r for k, r in resources.items()
                        if k.startswith("OpsQueueAlarmRoleDefaultPolicy")]
-    actions = {a for s in alarm_policy["Properties"]["PolicyDocument"]["Statement"]
-               for a in as_list(s["Action"])}
+    alarm_statements = alarm_policy["Properties"]["PolicyDocument"]["Statement"]
+    actions = {a for s in alarm_statements for a in as_list(s["Action"])}
     assert {a.split(":")[0] for a in actions} == {
-        "sqs", "tag", "cloudwatch", "secretsmanager", "logs", "xray"
+        "sqs", "tag", "cloudwatch", "secretsmanager", "logs", "xray", "dynamodb", "lambda", "kms"
     }
-    assert {a for a in actions if a.startswith(("sqs:", "sns:"))} == {"sqs:ListQueues"}
-    assert not any("Delete" in a for a in actions)
+    assert {a for a in actions if a.startswith(("sqs:", "sns:"))} == {
+        "sqs:ListQueues", "sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags",
+        "sqs:TagQueue"}
+    assert {a for a in actions if a.startswith("dynamodb:")} == {"dynamodb:Query"}
+    assert not any("Delete" in a or "Untag" in a for a in actions)
+    by_sid = {s.get("Sid"): s for s in alarm_statements}
+    assert by_sid["ReadPauseRecords"]["Condition"] == {"ForAllValues:StringEquals": {
+        "dynamodb:LeadingKeys": [PAUSE_PARTITION]}}
+    assert "lambda:FunctionArn" in json.dumps(by_sid["ReapplyLambdaConsumerPauses"]["Condition"])
 
 
 # -- dashboard and pipeline --------------------------------------------------------------------
