@@ -573,7 +573,8 @@ class Consumer:
                     self.settings.retry_budget_seconds, f"resolving channel {self.spec.name!r}",
                 )
                 if self.status is not None:
-                    self.status.start()
+                    self.status.start(
+                        writer_process=self.runtime.status_writer == "process")
                 if self.idempotency is not None:  # a missing table stops the start, once
                     self.idempotency.ensure()
             except BaseException as error:  # raised on the main thread

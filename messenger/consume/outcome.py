@@ -286,7 +286,7 @@ class OutcomePolicy:
         if tracker is None or claims is None:
             return
         from messenger.jobs.status import StatusRecord
-        tracker.store.record(StatusRecord(
+        tracker.record(StatusRecord(
             message.message_id, event, claims.channel, at=at,
             consumer_id=tracker.consumer_id, receive_count=delivery.receive_count,
             error=note, actor="scheduler"))

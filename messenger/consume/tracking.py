@@ -3,8 +3,10 @@
 The consumer emits the same lifecycle events whether tracking is on or off (they always go to the
 JSON log); with `track_status` on, `StatusTracker.track` also turns the message events into status
 records, keyed by the producer's message id, so that `messenger status <id>` shows QUEUED (the
-producer) through COMPLETED in one timeline. Writing happens in the store's background thread; a
-store that fails is logged and counted there, never a reason to fail or hold up a message.
+producer) through COMPLETED in one timeline. Writing happens in the store's background thread, or,
+for a Fargate consumer with ConsumerSettings.status_writer 'process', in a writer process of its
+own (`messenger.jobs.status_writer`): the consumer then only hands records over a pipe. A store
+that fails is logged and counted there, never a reason to fail or hold up a message.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from messenger.consume.lifecycle import LifecycleEvent
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
+
+if TYPE_CHECKING:
+    from messenger.jobs.status_writer import StatusWriterProcess
 
 logger = logging.getLogger("messenger.consumer")
 
@@ -91,24 +96,54 @@ class StatusTracker:
     def __init__(self, store: StatusStore, consumer: str | None = None) -> None:
         self.store = store
         self.consumer_id = consumer or consumer_id()
+        #: The writer process in front of `store` (start(writer_process=True)), else None.
+        self.writer: StatusWriterProcess | None = None
 
-    def start(self) -> None:
+    def start(self, writer_process: bool = False) -> None:
         """Create (auto) or check (verify) the status table; a failure is only logged: records
-        are retried by the writer, and messages never wait for them."""
+        are retried by the writer, and messages never wait for them. writer_process: write from
+        a child process (the Fargate runtime; False: from a thread, as Lambda does, which flushes
+        at the end of each invocation); one that cannot start is logged, and the thread used."""
+        if writer_process:
+            from messenger.jobs.status_writer import StatusWriterProcess
+
+            writer = StatusWriterProcess(self.store)
+            try:
+                writer.spawn()
+            except OSError as error:
+                logger.error("the status writer process did not start (%s: %s); writing status "
+                             "records in this process", type(error).__name__, error)
+            else:
+                self.writer = writer
         try:
-            self.store.prepare()
+            if self.writer is None:
+                self.store.prepare()
+            else:  # the writer process makes its client; this process's is made if it dies
+                self.store.ensure_table()
         except Exception as error:
             logger.warning("status table %s not ready: %s: %s", self.store.table,
                            type(error).__name__, error)
+        if self.writer is not None:
+            self.writer.wait_ready()
+
+    def record(self, record: StatusRecord) -> None:
+        """Queue a record for writing (the writer process's, else the store's thread)."""
+        if self.writer is not None:
+            self.writer.record(record)
+        else:
+            self.store.record(record)
 
     def track(self, event: LifecycleEvent) -> None:
         record = status_record(event, self.consumer_id)
         if record is not None:
-            self.store.record(record)
+            self.record(record)
 
     def close(self, timeout: float | None = None) -> None:
         """Write what is buffered (at shutdown), within `timeout` seconds (None: no limit)."""
         try:
-            self.store.close(timeout=timeout)
+            if self.writer is not None:
+                self.writer.close(timeout=timeout)
+            else:
+                self.store.close(timeout=timeout)
         except Exception as error:
             logger.warning("closing the status store failed: %s: %s", type(error).__name__, error)

@@ -205,6 +205,9 @@ class StatusStats:
     requests: int = 0
     #: Items put (a message's records written together share one: see the module doc).
     items: int = 0
+    #: CPU seconds the writer process has used so far (`messenger.jobs.status_writer`; 0.0
+    #: when the store writes from a thread of its own process).
+    writer_cpu_seconds: float = 0.0
 
 
 class StatusStore:
@@ -234,7 +237,7 @@ class StatusStore:
         self._pending: dict[str, list[Any]] = {}
         self._settled = 0  # messages in _pending whose last event is not UNSETTLED
         self._writing = 0  # records of the request in flight
-        self._max_buffer = max_buffer
+        self.max_buffer = max_buffer
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = threading.Event()
@@ -246,10 +249,12 @@ class StatusStore:
         """Create the table with TTL (auto) or check that it exists (verify)."""
         ensure_table(self.clients, self.settings, self.table, "status", "message_id", "sk")
 
-    def prepare(self) -> None:
-        """Ensure the table and make the writer's client now (a consumer's start-up), so that
-        the first write does not load botocore's DynamoDB model beside running handlers."""
-        self.ensure_table()
+    def prepare(self, check_table: bool = True) -> None:
+        """Ensure the table (unless `check_table` is False: done elsewhere) and make the
+        writer's client now (a consumer's start-up), so that the first write does not load
+        botocore's DynamoDB model beside running handlers."""
+        if check_table:
+            self.ensure_table()
         self._writer_client()
         self._ready = True
 
@@ -262,7 +267,7 @@ class StatusStore:
         """Queue a record for writing; never blocks on the network, never raises."""
         with self._lock:
             self.stats.recorded += 1
-            if len(self._buffer) >= self._max_buffer:
+            if len(self._buffer) >= self.max_buffer:
                 self.stats.dropped += 1
                 return
             self._buffer.append(record)

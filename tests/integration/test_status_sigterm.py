@@ -1,6 +1,7 @@
 """Status tracking at shutdown: a real `messenger consume` process, stopped with SIGTERM in the
 middle of a backlog, leaves every status event it logged in the status table (the final flush
-runs within the shutdown timeout)."""
+runs within the shutdown timeout), whether its records are written by a thread of the consumer
+(the default) or by a writer process (MESSENGER_STATUS_WRITER=process)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def logged_events(log: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(120)
-def test_sigterm_loses_nothing_from_the_timeline(settings, clients, tmp_path):
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_sigterm_loses_nothing_from_the_timeline(settings, clients, tmp_path, writer):
     # Given a tracked backlog of 60 jobs and a consumer process working on it
     store = StatusStore(clients, settings)
     store.ensure_table()
@@ -54,7 +56,7 @@ def test_sigterm_loses_nothing_from_the_timeline(settings, clients, tmp_path):
     env = {**os.environ, "MESSENGER_NAMESPACE": settings.namespace,
            "MESSENGER_CONCURRENCY": "4", "MESSENGER_SHUTDOWN_TIMEOUT": str(SHUTDOWN_TIMEOUT),
            "MESSENGER_HEALTH_FILE": str(tmp_path / "health.json"),
-           "MESSENGER_LOG_HOLD_SECONDS": "0"}
+           "MESSENGER_LOG_HOLD_SECONDS": "0", "MESSENGER_STATUS_WRITER": writer}
     with open(log, "w") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "messenger", "consume",
@@ -78,6 +80,8 @@ def test_sigterm_loses_nothing_from_the_timeline(settings, clients, tmp_path):
     # Then it exits 0 within the shutdown timeout (plus the final flush's floor and start-up
     # of nothing: the process is already running)
     assert code == 0, log.read_text()[-3000:]
+    # (a writer process that died would have been replaced by the consumer's thread: it did not)
+    assert "writing status records in this process" not in log.read_text()
     assert took < SHUTDOWN_TIMEOUT + 5, took
     # and every status event it logged is in its job's timeline (the log leaves 'received' out
     # at INFO), a completed job's whole: RECEIVED, STARTED, COMPLETED
