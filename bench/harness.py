@@ -56,7 +56,8 @@ def backlog(namespace: str, channel: str, messages: int, pad: int = 0) -> str:
 
 def listening_consumer(cls: type, settings: Any, clients: Any,
                        concurrency: int) -> tuple[Any, Any]:
-    """A consumer of `cls` (its health file in a new temporary folder) running `run` on a daemon
+    """A consumer of `cls` (its health file in a new temporary folder; other settings from the
+    environment, MESSENGER_CONCURRENCY excepted) running `run` on a daemon
     thread, returned once it listens (LISTENING: provisioning and start-up are behind it), with
     that thread: stop it with `request_shutdown()` and join the thread."""
     import os
@@ -67,10 +68,34 @@ def listening_consumer(cls: type, settings: Any, clients: Any,
     from messenger.consume.consumer import ConsumerSettings, ConsumerState
 
     health = os.path.join(tempfile.mkdtemp(), "health.json")
-    consumer = cls(settings=settings, clients=clients,
-                   runtime=ConsumerSettings(concurrency=concurrency, health_file=health))
+    # the environment's other settings apply (MESSENGER_STATUS_WRITER, ...), as in a deployment
+    runtime = ConsumerSettings.from_env(concurrency=concurrency, health_file=health)
+    consumer = cls(settings=settings, clients=clients, runtime=runtime)
     thread = threading.Thread(target=consumer.run, daemon=True)
     thread.start()
     while consumer.state in (None, ConsumerState.INITIALIZING, ConsumerState.INITIALIZED):
         time.sleep(0.001)
     return consumer, thread
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) process `pid` has used so far; None where /proc is not."""
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of every CPU since boot (/proc/stat), None without it: the
+    busy share of a span is the difference of two readings' busy over their total's."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(t) for t in stat.readline().split()[1:]]
+    except OSError:
+        return None
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # idle, iowait

@@ -12,7 +12,12 @@ LISTENING until every message is handled; the status store is then closed (flush
 requests are counted. `throughput_ratio` is the median of the rounds' ratios (a burst of another
 process's load hits one round, not the figure); `pooled_ratio` divides the sides' totals;
 `cpu_ratio` is the median ratio of the consumer process's CPU time for the same messages
-(off / on): the machine's other load moves it far less.
+(off / on): the machine's other load moves it far less. With MESSENGER_STATUS_WRITER=process
+the writer is a child process: `cpu_ratio_with_writer` adds its CPU to the consumer's, and its
+BatchWriteItem calls are counted by the store (they are not on this process's clients). Each side
+also reports the local DynamoDB server's CPU per message and the machine's busy share (median of
+rounds, /proc/stat): where every core is busy, the server's work for the status writes takes CPU
+from the consumer and the SQS server too, which AWS's DynamoDB would not.
 
 Runs against child-process moto servers (they do not share this process's GIL), DynamoDB on a
 server of its own as on AWS, where the status table's writes take no CPU from SQS's answers (on
@@ -36,8 +41,9 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.consume import CountingConsumer  # noqa: E402
-from bench.harness import listening_consumer  # noqa: E402
+from bench.harness import listening_consumer, machine_busy, process_cpu_seconds  # noqa: E402
 from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
+from messenger.consume.settings import ConsumerSettings  # noqa: E402
 from messenger.produce.producer import Producer  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
 from messenger.tools.local import endpoint_from_env, start_local_process  # noqa: E402
@@ -92,17 +98,26 @@ def push(cls: type[Producer], settings: Settings, count: int) -> dict[str, int]:
     return {op: n for op, n in counter.counts.items() if op.startswith("dynamodb.")}
 
 
-def consume(cls: type[CountingConsumer], settings: Settings, count: int) -> dict[str, Any]:
-    """Drain `count` messages with a fresh consumer; its figures (see `combine`)."""
+def consume(cls: type[CountingConsumer], settings: Settings, count: int,
+            dynamodb_pid: int | None = None) -> dict[str, Any]:
+    """Drain `count` messages with a fresh consumer; its figures (see `combine`).
+    dynamodb_pid: the local DynamoDB server's process, whose CPU is counted too."""
     clients = ClientFactory(settings.region)
     counter = RequestCounter().attach(clients)
     consumer, thread = listening_consumer(cls, settings, clients, CONCURRENCY)
+    writer = consumer.status.writer if consumer.status is not None else None
+    # the writer process's and the DynamoDB server's CPU over the same span
+    others = {"writer": writer.pid if writer is not None else None, "dynamodb": dynamodb_pid}
+    before = {name: process_cpu_seconds(pid) for name, pid in others.items() if pid}
+    busy = machine_busy()
     started, cpu = time.perf_counter(), time.process_time()
     deadline = time.monotonic() + 600
     while consumer.handled < count and time.monotonic() < deadline:
         time.sleep(0.005)
     elapsed = time.perf_counter() - started
     cpu = time.process_time() - cpu
+    after = {name: process_cpu_seconds(others[name]) for name in before}
+    busy_after = machine_busy()
     consumer.request_shutdown()
     thread.join(60)  # closes the status store: every record written or counted as failed
     dynamodb = {op: n for op, n in counter.counts.items() if op.startswith("dynamodb.")}
@@ -113,11 +128,22 @@ def consume(cls: type[CountingConsumer], settings: Settings, count: int) -> dict
         "requests": counter.total,
         "dynamodb": dynamodb,
     }
+    for name, value in after.items():
+        if value is not None and before[name] is not None:
+            result[f"{name}_cpu_seconds"] = value - before[name]
+    if busy is not None and busy_after is not None:
+        result["machine_busy"] = (busy_after[0] - busy[0]) / max(1, busy_after[1] - busy[1])
     if consumer.status is not None:
         stats = consumer.status.store.stats
         result["status_records"] = {"recorded": stats.recorded, "written": stats.written,
                                     "failed": stats.failed, "dropped": stats.dropped,
                                     "items": stats.items}
+        if writer is not None:
+            # its requests are not on this process's clients: the store counts every call
+            # (the process's, and this process's after a fail-over)
+            dynamodb["dynamodb.BatchWriteItem"] = stats.requests
+            result["requests"] += stats.requests - counter.counts.get(
+                "dynamodb.BatchWriteItem", 0)
     return result
 
 
@@ -140,12 +166,19 @@ def combine(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "batch_writes": dynamodb["dynamodb.BatchWriteItem"],
         "dynamodb_requests": sum(dynamodb.values()),
     }
+    for name in ("writer", "dynamodb"):  # other processes' CPU for the same messages
+        spent = [r[f"{name}_cpu_seconds"] for r in rounds if f"{name}_cpu_seconds" in r]
+        if spent:
+            combined[f"{name}_process_cpu_ms_per_message"] = round(sum(spent) / handled * 1000, 4)
+    busy = [r["machine_busy"] for r in rounds if "machine_busy" in r]
+    if busy:
+        combined["machine_busy_median"] = round(statistics.median(busy), 3)
     if records:
         combined["status_records"] = dict(records)
     return combined
 
 
-def measure(settings: Settings) -> dict[str, Any]:
+def measure(settings: Settings, dynamodb_pid: int | None = None) -> dict[str, Any]:
     # One backlog at a time (moto's ReceiveMessage slows down with the messages it holds), off and
     # on alternating.
     size = MESSAGES // ROUNDS
@@ -156,7 +189,7 @@ def measure(settings: Settings) -> dict[str, Any]:
         producer_dynamodb.update(push(TrackedProducer, settings, size))
         sides = [(UntrackedConsumer, off_rounds), (TrackedConsumer, on_rounds)]
         for cls, rounds in sides if number % 2 == 0 else reversed(sides):
-            rounds.append(consume(cls, settings, size))
+            rounds.append(consume(cls, settings, size, dynamodb_pid))
     off, on = combine(off_rounds), combine(on_rounds)
     total = size * ROUNDS
     per_message = on["dynamodb_requests"] / total
@@ -168,6 +201,9 @@ def measure(settings: Settings) -> dict[str, Any]:
     # what the throughput ratio tends to when the machine's other load leaves it a whole core
     cpu_ratios = [f["cpu_seconds"] / o["cpu_seconds"]
                   for f, o in zip(off_rounds, on_rounds, strict=True)]
+    # the same with the writer process's CPU added to the consumer's (its status writing)
+    writer_ratios = [f["cpu_seconds"] / (o["cpu_seconds"] + o.get("writer_cpu_seconds", 0.0))
+                     for f, o in zip(off_rounds, on_rounds, strict=True)]
     return {
         "messages": total,
         "rounds": ROUNDS,
@@ -177,6 +213,8 @@ def measure(settings: Settings) -> dict[str, Any]:
         "round_ratios": [round(r, 3) for r in ratios],
         "pooled_ratio": round(on["messages_per_second"] / off["messages_per_second"], 3),
         "cpu_ratio": round(statistics.median(cpu_ratios), 3),
+        "cpu_ratio_with_writer": round(statistics.median(writer_ratios), 3),
+        "status_writer": ConsumerSettings.from_env().status_writer,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "dynamodb_requests_per_message": round(per_message, 4),
         "batch_writes_per_message": round(on["batch_writes"] / total, 4),
@@ -207,7 +245,8 @@ def main() -> dict[str, Any]:
         if dynamodb is not None:
             os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = dynamodb.url
         try:
-            return measure(Settings.from_env(namespace=f"b{uuid.uuid4().hex[:6]}"))
+            return measure(Settings.from_env(namespace=f"b{uuid.uuid4().hex[:6]}"),
+                           dynamodb.process.pid if dynamodb is not None else None)
         finally:
             if dynamodb is not None:
                 dynamodb.stop()
