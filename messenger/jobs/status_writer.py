@@ -70,7 +70,10 @@ def _as_tuple(r: StatusRecord) -> tuple[Any, ...]:
 
 
 def _from_tuple(values: tuple[Any, ...]) -> StatusRecord:
-    fields = dict(zip(_FIELDS, values, strict=True))
+    # no zip(strict=): messenger/jobs ships to EMR nodes' Python 3.9 (tests/unit/test_emr_python)
+    if len(values) != len(_FIELDS):
+        raise ValueError(f"a status record has {len(_FIELDS)} fields, got {len(values)}")
+    fields = dict(zip(_FIELDS, values))
     fields["event"] = StatusEvent(fields["event"])
     return StatusRecord(**fields)
 
