@@ -122,6 +122,29 @@ def sqs_message(record: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+#: Seconds SQS's timestamps and this host's clock may differ by (counted against the message).
+CLOCK_SKEW_SECONDS = 2.0
+
+
+def seconds_since_receive(record: Mapping[str, Any], visibility_timeout: float) -> float:
+    """At least how long ago Lambda's poller received the record (never less than it was).
+
+    Lambda receives first and invokes later (a batching window of up to 5 minutes, invocations
+    retried when throttled), and SQS counts its 12 hours in flight from the receive: a retry
+    delay computed from the invocation's start could ask for more than SQS allows, and the
+    ChangeMessageVisibility fails. The record does not say when this receive happened; two
+    bounds do: its first receive (ApproximateFirstReceiveTimestamp, epoch ms; this receive's
+    own on a first delivery), and the visibility timeout (a record still ours was received
+    less than that long ago). The tighter of the two, with the clock skew added."""
+    by_timeout = float(visibility_timeout)
+    first = (record.get("attributes") or {}).get("ApproximateFirstReceiveTimestamp")
+    try:
+        by_first = time.time() - int(str(first)) / 1000 + CLOCK_SKEW_SECONDS
+    except (TypeError, ValueError):
+        return by_timeout
+    return max(0.0, min(by_timeout, by_first))
+
+
 def sqs_event(
     messages: Sequence[Mapping[str, Any]], queue_arn: str, region: str
 ) -> dict[str, Any]:
@@ -347,8 +370,9 @@ class _Batch:
         if mailbox is None:
             return None
         now = time.monotonic()
+        held = seconds_since_receive(record, self.consumer.visibility_timeout)
         return Delivery(sqs_message(record), now, now + self.consumer.visibility_timeout,
-                        mailbox=mailbox)
+                        mailbox=mailbox, handed_out_after=now - held)
 
     # -- one record -------------------------------------------------------------------------
     def handle_record(self, by_id: dict[str, Delivery], record: Any) -> None:

@@ -122,6 +122,9 @@ class Delivery:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: The mailbox (queue) it came from: it is deleted, extended, retried and dead-lettered there.
     mailbox: Mailbox | None = field(default=None, repr=False)
+    #: SQS handed it out no earlier than this (monotonic; None: `received_at`). Its 12 hours in
+    #: flight count from that moment: a retry delay past them is refused.
+    handed_out_after: float | None = None
 
     # What SQS said about the delivery, read from `raw` once: a message's id and receive count
     # go into each of its events.

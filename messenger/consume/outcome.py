@@ -192,8 +192,10 @@ class OutcomePolicy:
 
     def retry_delay(self, delivery: Delivery) -> int:
         """Seconds a message waits after failing its current attempt: the backoff delay,
-        capped so that it stays within SQS's 12 hours in flight since its receive."""
-        held = time.monotonic() - delivery.received_at
+        capped so that it stays within SQS's 12 hours in flight since its receive (counted
+        from the earliest moment SQS can have handed it out)."""
+        handed_out = delivery.handed_out_after
+        held = time.monotonic() - (delivery.received_at if handed_out is None else handed_out)
         delay = self.consumer.retry_policy.delay(delivery.receive_count)
         return max(0, min(delay, int(MAX_RETRY_DELAY_SECONDS - held) - 1))
 

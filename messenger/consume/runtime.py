@@ -480,7 +480,8 @@ class Runtime:
         # (counted as up to 1 s, never before the poll began).
         now = time.monotonic()
         leased_at = max(polled_at, now - 1.0)
-        return [Delivery(m, now, leased_at + self.visibility, mailbox=mailbox) for m in raw]
+        return [Delivery(m, now, leased_at + self.visibility, mailbox=mailbox,
+                         handed_out_after=polled_at) for m in raw]
 
     def _dispatch(self, deliveries: list[Delivery], inline: bool = True) -> None:
         """Hold a poll's messages and queue them for the workers; with `inline`, run them on

@@ -429,6 +429,7 @@ def _take(
                 to_dead_letter.append(message)
                 continue
             message.mark_received(visibility_timeout=visibility_timeout)
+            message.messenger_received_ms = now  # SQS's 12 hours in flight count from here
             index.handles[message.receipt_handle] = message
             if visibility_timeout:
                 index.relocate(message, now)
@@ -467,7 +468,11 @@ def _change_message_visibility(
         if message is None:
             raise ReceiptHandleIsInvalid
         now = _now_ms()
-        if now + int(visibility_timeout) * 1000 - message.sent_timestamp > 43200 * 1000:
+        # AWS: at most 12 hours in flight since the receive ("a total visibility timeout of
+        # 12 hours"); stock moto counted from the send, refusing a valid extension of a message
+        # that waited in the queue
+        received = getattr(message, "messenger_received_ms", message.sent_timestamp)
+        if now + int(visibility_timeout) * 1000 - received > 43200 * 1000:
             raise InvalidParameterValue(
                 f"Value {visibility_timeout} for parameter VisibilityTimeout is invalid. Reason: "
                 "Total VisibilityTimeout for the message is beyond the limit [43200 seconds]"

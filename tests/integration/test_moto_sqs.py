@@ -401,6 +401,24 @@ def test_long_poll_wakes_when_a_lease_lapses(endpoint):
     ] == [("only", "2")]
 
 
+def test_twelve_hours_in_flight_count_from_the_receive_not_the_send(endpoint):
+    # Given a message that waited 2 s in its queue before its receive (SQS: "a total
+    # visibility timeout of 12 hours" since the receive; stock moto counted from the send)
+    sqs = client("sqs", endpoint)
+    url = sqs.create_queue(QueueName=f"twelve-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="waited")
+    time.sleep(2)
+    [message] = sqs.receive_message(QueueUrl=url, VisibilityTimeout=30)["Messages"]
+    # When its lease is extended to 1 s short of 12 hours from its receive, Then SQS takes it
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"],
+                                  VisibilityTimeout=43_199)
+    # And past 12 hours from the receive it is refused
+    with pytest.raises(ClientError) as refused:
+        sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"],
+                                      VisibilityTimeout=43_200)
+    assert "beyond the limit [43200 seconds]" in str(refused.value)
+
+
 def test_other_moto_versions_are_left_alone(monkeypatch, caplog):
     # Given a moto release the index was not written for
     import moto

@@ -88,6 +88,8 @@ class Case:
     earlier_receives: int = 0
     consumer: type[TableJobs] = TableJobs
     tracing: str = "off"
+    #: Seconds between the receive and the Lambda invocation (Lambda's batching window).
+    batching_window: float = 0.0
     # the verdict
     event: str = "completed"
     reason: str | None = None
@@ -105,7 +107,7 @@ CASES = {
         body={"fail": True}, earlier_receives=1, event="retried", delay=60,
         failed_as="ValueError"),
     "a retry delay over 12 hours is capped within SQS's 12 hours in flight": Case(
-        body={"fail": True}, consumer=HalfDayJobs, event="retried",
+        body={"fail": True}, consumer=HalfDayJobs, event="retried", batching_window=2.0,
         delay_at_least=MAX_RETRY_DELAY_SECONDS - 60, failed_as="ValueError"),
     "last attempt failed: dead-lettered with its cause": Case(
         body={"fail": True}, push={"max_attempts": 1}, event="dead_lettered",
@@ -177,6 +179,7 @@ class Harness:
         source = LocalEventSource(self.sqs, url, REGION)
         messages = source.receive(10, wait_seconds=5)
         assert len(messages) == 1
+        time.sleep(case.batching_window)  # received now, invoked later (its 12 hours run)
 
         class Context:
             deadline = time.monotonic() + 30
