@@ -72,6 +72,7 @@ class Gated(Recording):
         if kind == "warm":
             time.sleep(self.warm_seconds)
         elif kind == "gated":
+            self.gated_at = time.time()
             self.gated_started.set()
             assert self.gate.wait(30)
         super().handler(message)
@@ -169,11 +170,17 @@ def test_a_pool_busy_with_long_handlers_leaves_new_messages_to_another_consumer(
     # When messages arrive while its worker is busy (before it is expected to free up)
     producer = producer_for(settings, Long.channel)
     sent = [producer.push({"kind": "after", "n": n}) for n in range(5)]
-    # Then the other consumer handles them all, and the busy one received none of them
+    # Then the other consumer handles them all, and the busy one received none of them before
+    # its worker was expected to free up (3 s after the gated message started, less the lead:
+    # at most half of prefetch_wait). Where the other one takes longer than that (a loaded
+    # machine), the busy one may then fetch for its worker and, that worker still blocked,
+    # give the message back: the previous test's case, not a failure of this one.
     wait_until(lambda: sorted(b.consumer.ids()) == sorted(sent), timeout=20)
-    received = a.consumer.ids("received")
-    assert len(received) == 2 and not set(received) & set(sent), received
-    assert not a.consumer.named("released")
+    expected_free = a.consumer.gated_at + Long.warm_seconds - 1.0
+    early = [e.message_id for e in a.consumer.named("received")
+             if e.message_id in sent and e.at < expected_free]
+    assert not early, a.consumer.history()
+    assert len(a.consumer.ids("received")) >= 2  # the warm message and the gated one
     a.consumer.gate.set()
     a.stop()
     b.stop()
