@@ -215,8 +215,8 @@ QUIET_LOGGERS = ("botocore", "boto3", "urllib3", "s3transfer")
 EXIT_MESSENGER_ERROR = 2
 EXIT_AWS_ERROR = 3
 #: Commands whose calls run on the library's settings, not `CommandRuntime`'s retry budget: those
-#: that serve until stopped, and `schedules` (to move to `CommandRuntime`).
-LIBRARY_BUDGET_COMMANDS = frozenset({"local", "api", "consume", "dashboard", "schedules"})
+#: that serve until stopped.
+LIBRARY_BUDGET_COMMANDS = frozenset({"local", "api", "consume", "dashboard"})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,8 +6,9 @@
     messenger schedules cancel 3f2a... --as ada  # who cancelled it, on the job's timeline
 
 `cancel` exits 2 with one line when the id is unknown, already fired or already cancelled (a
-fired schedule deletes itself: `ActionAfterCompletion=DELETE`). A view over
-`messenger.jobs.schedule_store`; recurring schedules are the CDK app's (`stack.add_schedule`).
+fired schedule deletes itself: `ActionAfterCompletion=DELETE`). Its calls retry within the
+command's budget (`messenger.tools.runtime`). A view over `messenger.jobs.schedule_store`;
+recurring schedules are the CDK app's (`stack.add_schedule`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from messenger.aws import ClientFactory
 from messenger.jobs.schedule_store import ScheduledJob, ScheduleStore
-from messenger.settings import Settings
 from messenger.tools.controls import default_actor
+from messenger.tools.runtime import CommandRuntime
 
 
 def _when(due: datetime | None, now: datetime) -> str:
@@ -50,8 +50,8 @@ def render(channel: str, jobs: list[ScheduledJob], now: datetime | None = None) 
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
-    store = ScheduleStore(ClientFactory(settings.region), settings)
+    runtime = CommandRuntime.from_env()
+    store = ScheduleStore(runtime.clients, runtime.settings)
     if args.schedules_command == "list":
         jobs = store.list(args.channel)
         if args.json:
