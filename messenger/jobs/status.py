@@ -60,7 +60,10 @@ class StatusEvent(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 to
     REQUEUED = "REQUEUED"
     #: Deleted from its DLQ by an operator (`actor`): the job will not run.
     DELETED = "DELETED"
-    #: Stopped while running by an operator (`actor`, `messenger cancel`): dead-lettered next.
+    #: Cancelled by an operator (`actor`): a running job stopped (`messenger cancel`), then
+    #: dead-lettered; or a scheduled job whose schedule was deleted before it was due
+    #: (`messenger schedules cancel`, the dashboard): it never reached SQS, nothing is
+    #: dead-lettered.
     CANCELLED = "CANCELLED"
 
     def __str__(self) -> str:
