@@ -5,6 +5,8 @@ so the test knows what was processed, how often, even when the process is killed
 $RELIABILITY_THROTTLE (0..1) throttles that share of the process's SendMessage(Batch),
 ReceiveMessage, DeleteMessage(Batch) and ChangeMessageVisibility(Batch) requests with the real
 SQS throttling error (tests.faults.Throttle); the counts go to $RELIABILITY_FAULTS at exit.
+$RELIABILITY_WAIT_SECONDS (0..20) is the consumer's long poll (ConsumerSettings.wait_time_seconds;
+default 20), for a test that waits until a poll in flight has answered.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ class LedgerConsumer(Consumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.runtime = replace(self.runtime, retry_delay=self.retry_delay)
+        if os.environ.get("RELIABILITY_WAIT_SECONDS"):
+            self.runtime = replace(self.runtime,
+                                   wait_time_seconds=int(os.environ["RELIABILITY_WAIT_SECONDS"]))
         self.throttle: Throttle | None = None
         rate = float(os.environ.get("RELIABILITY_THROTTLE") or 0)
         if rate:

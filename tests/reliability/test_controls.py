@@ -15,13 +15,16 @@ from messenger.operations.snapshot import snapshot
 from messenger.ops.pauses import reapply_pauses
 from tests.reliability.apps import CHANNEL
 
+#: The paused consumer's long poll (seconds): the one in flight when it pauses ends this soon.
+LONG_POLL = 1
+
 
 @pytest.mark.timeout(120)
 def test_a_paused_channel_is_not_consumed_until_resumed(
     harness, producer_class, settings, clients, report,
 ) -> None:
-    # Given a consumer of the channel, listening
-    consumer = harness.start("LedgerConsumer")
+    # Given a consumer of the channel, listening with 1 s long polls
+    consumer = harness.start("LedgerConsumer", RELIABILITY_WAIT_SECONDS=str(LONG_POLL))
     consumer.wait_listening()
     # When an operator pauses the channel
     done = pause(clients, settings, CHANNEL, actor="ada@example.com")
@@ -36,8 +39,8 @@ def test_a_paused_channel_is_not_consumed_until_resumed(
         sqs.untag_queue(QueueUrl=sqs.get_queue_url(QueueName=queue)["QueueUrl"],
                         TagKeys=[TAG_PAUSED])
     # Then what is pushed meanwhile waits in the queue (its long poll in flight may still take
-    # what comes in its last seconds: the jobs go in after it answered)
-    time.sleep(21)
+    # what comes in its last second: the jobs go in after it answered, with seconds to spare)
+    time.sleep(LONG_POLL + 4)
     producer = producer_class(settings=settings)
     jobs = [producer.push({"n": n}) for n in range(3)]
     time.sleep(4)
