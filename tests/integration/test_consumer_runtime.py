@@ -100,11 +100,13 @@ def running(settings: Settings, clients: ClientFactory, runtime: ConsumerSetting
             ) -> Iterator[Callable[..., Running]]:
     started: list[Running] = []
 
-    def start(cls: type[Consumer], **runtime_changes: Any) -> Running:
+    def start(cls: type[Consumer], settings_changes: dict[str, Any] | None = None,
+              **runtime_changes: Any) -> Running:
+        """settings_changes: Settings fields that differ from the test's `settings`."""
         from dataclasses import replace
 
-        consumer = cls(settings=settings, clients=clients,
-                       runtime=replace(runtime, **runtime_changes))
+        consumer = cls(settings=settings.with_changes(**(settings_changes or {})),
+                       clients=clients, runtime=replace(runtime, **runtime_changes))
         run = Running(consumer)
         started.append(run)
         return run
