@@ -64,6 +64,10 @@ class AlarmStopped(MessengerError):
     """The queue alarm stopped before it checked every queue (its report says which)."""
 
 
+class PauseNotReapplied(MessengerError):
+    """A pause that a deploy undid could not be put back: that channel may be consuming."""
+
+
 class InvalidEvent(MessengerError, ValueError):
     """A Lambda event does not have the expected shape."""
 
@@ -117,17 +121,31 @@ class QueueAlarmOutcome:
             "AlarmStopped": int(self.report.stopped is not None),
             "MalformedThresholdTags": len(self.report.bad_tags),
             "PausesReapplied": len(self.report.pauses_reapplied),
+            "PauseErrors": len(self.report.pause_errors),
         }
 
     def raise_for_failure(self) -> None:
-        """Fail the invocation when the run stopped early, or when there was something to
-        report and it was not delivered (after the report was logged and posted)."""
+        """Fail the invocation when the run stopped early, when a pause could not be put back
+        (a paused channel may be consuming), or when there was something to report and it was
+        not delivered (after the report was logged and posted)."""
         if self.report.stopped:
             raise AlarmStopped(
                 f"queue alarm stopped early: {self.report.stopped} "
                 f"({len(self.report.not_checked)} queues not checked, "
                 f"{len(self.report.problems)} over threshold; report "
                 f"{'posted' if self.posted else 'NOT posted'}, full report in the log)"
+            )
+        if self.report.pause_errors:
+            raise PauseNotReapplied(
+                f"the queue alarm could not put back {len(self.report.pause_errors)} "
+                f"pause(s) a deploy undid: {self.report.pause_errors[0]}"
+                f"{' …' if len(self.report.pause_errors) > 1 else ''} (report "
+                f"{'posted' if self.posted else 'NOT posted'}, full report in the log)"
+            )
+        if self.report.pauses_reapplied and not self.posted:
+            raise ReportNotDelivered(
+                f"the queue alarm put back {len(self.report.pauses_reapplied)} pause(s) a "
+                f"deploy undid and could not post that to Slack; it is in the log"
             )
         if self.report.problems and not self.posted:
             raise ReportNotDelivered(

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+from botocore.exceptions import ClientError
+
 from messenger.jobs.controls import TAG_PAUSED, PauseRecords
 from messenger.jobs.workers import list_workers
 from messenger.operations.pause import pause, resume
 from messenger.ops.pauses import reapply_pauses
-from messenger.ops.queue_alarm import run_queue_alarm
+from messenger.ops.queue_alarm import PauseNotReapplied, run_queue_alarm
 from messenger.ops.report import queue_alarm_messages
 from messenger.ops.settings import OpsSettings
 from tests.integration.test_dashboard_controls import lambda_consumer
@@ -95,3 +98,30 @@ def test_the_queue_alarm_puts_a_pause_back_and_says_so(settings, clients):
     # And the DLQ pass (every 12 hours) does not touch pauses
     dlq = run_queue_alarm({"scope": "dlq"}, clients, ops, Posts(), now=datetime.now(UTC))
     assert dlq.report.pauses_reapplied == ()
+
+
+def test_a_pause_the_alarm_cannot_put_back_fails_its_invocation(settings, clients):
+    # Given a paused channel whose tag a deploy removed, and SQS refusing the alarm's TagQueue
+    queue = channel(settings, clients).queue
+    sqs = clients.client("sqs")
+    assert pause(clients, settings, "orders", actor="ada@example.com").ok
+    sqs.untag_queue(QueueUrl=queue.url, TagKeys=[TAG_PAUSED])
+
+    def refuse(**_: object) -> None:
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "not allowed"}},
+                          "TagQueue")
+
+    sqs.meta.events.register("before-call.sqs.TagQueue", refuse)
+    posts = Posts()
+    ops = OpsSettings(slack_webhook_secret="unused", namespace=settings.namespace)
+    # When the queue alarm runs
+    outcome = run_queue_alarm({"scope": "source"}, clients, ops, posts, now=datetime.now(UTC))
+    sqs.meta.events.unregister("before-call.sqs.TagQueue", refuse)
+    # Then its report names the pause it could not put back, and the invocation fails (the
+    # ops alarm wakes someone: that channel may be consuming), after the report was posted
+    [error] = outcome.summary()["pause_errors"]
+    assert queue.name in error and "AccessDenied" in error
+    assert outcome.metrics()["PauseErrors"] == 1
+    assert outcome.posted and "not put back" in str(posts.messages)
+    with pytest.raises(PauseNotReapplied, match="could not put back 1 pause"):
+        outcome.raise_for_failure()

@@ -124,7 +124,7 @@ def test_no_problem_no_post(
 
     assert result == {"scope": "source", "checked": 1, "problems": [], "critical": [],
                       "stopped": None, "not_checked": [], "malformed_threshold_tags": [],
-                      "posted": False}
+                      "pauses_reapplied": [], "pause_errors": [], "posted": False}
     assert webhook.requests == 0
 
 
