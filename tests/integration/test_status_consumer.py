@@ -93,8 +93,10 @@ def test_a_dead_status_store_neither_fails_nor_loses_a_message(settings, clients
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             assert self.status is not None
-            self.status.store = StatusStore(
-                ClientFactory("us-east-1", endpoint_url="http://127.0.0.1:9"), settings)
+            # (each call gives up retrying after 1 s, not the factory's default 20 s: within
+            # the 10 s shutdown every record is tried and counted, on a loaded machine too)
+            self.status.store = StatusStore(ClientFactory(
+                "us-east-1", endpoint_url="http://127.0.0.1:9", call_budget=1.0), settings)
 
     run = running(DeadStore, concurrency=3)
     wait_until(lambda: len(run.consumer.done) == 3, timeout=30)
