@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,39 @@ from messenger.tools.local import LOCAL_CREDENTIALS, LocalProcess, reset, start_
 for _name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
     os.environ.pop(_name, None)
 os.environ.update(LOCAL_CREDENTIALS)
+
+
+# `make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`): the suite waits
+# on processes, queues and timers far more than it computes, so workers overlap the waits. Tests
+# that share an expensive once-per-session fixture run on one worker, so it is made once:
+# the CDK synths (every tests/infra file), Chromium, the podman image, the Spark sessions and the
+# module-scoped moto fixtures. Every other test goes to whichever worker is free; each worker has
+# its own moto server (`local_endpoint`).
+XDIST_GROUPS = {
+    "tests/infra/": "cdk-synth",
+    "tests/integration/test_consumer_container.py": "podman",
+    "tests/integration/test_consumer_image.py": "podman",
+    "tests/integration/test_spark.py": "spark",
+    "tests/integration/test_emr_spark.py": "spark",
+    "tests/integration/test_moto_sqs.py": "moto-sqs",
+    "tests/integration/test_moto_tagging.py": "moto-tagging",
+}
+XDIST_FIXTURE_GROUPS = {"browser": "browser"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(str(config.rootpath))
+    for item in items:
+        path = Path(str(item.path)).relative_to(root).as_posix()
+        group = next((name for prefix, name in XDIST_GROUPS.items() if path.startswith(prefix)),
+                     None)
+        group = group or next(
+            (name for fixture, name in XDIST_FIXTURE_GROUPS.items()
+             if fixture in item.fixturenames),
+            None,
+        )
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_report_header() -> str:

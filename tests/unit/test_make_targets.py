@@ -24,7 +24,10 @@ def _pytest_line(*make_args: str) -> str:
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_test_passes_args_to_pytest() -> None:
-    assert _pytest_line().rstrip() == ".venv/bin/python -m pytest"
+    assert _pytest_line().rstrip() == ".venv/bin/python -m pytest -n 4 --dist loadgroup"
     assert _pytest_line("ARGS=tests/unit -x -k 'a or b'") == (
-        ".venv/bin/python -m pytest tests/unit -x -k 'a or b'"
+        ".venv/bin/python -m pytest -n 4 --dist loadgroup tests/unit -x -k 'a or b'"
+    )
+    assert _pytest_line("TEST_WORKERS=0").rstrip() == (
+        ".venv/bin/python -m pytest -n 0 --dist loadgroup"
     )
