@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NODE_STAMP := node_modules/.installed
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 
-.PHONY: test test-other-botocore demo bench lint synth clean consumer-image consumer-image-engine \
+.PHONY: test test-timing test-other-botocore demo bench lint synth clean consumer-image consumer-image-engine \
 	emr-env browser
 
 $(STAMP): requirements.txt pyproject.toml
@@ -30,6 +30,21 @@ TEST_WORKERS ?= 4
 
 test: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(ARGS)
+
+# The timing-dependent tests RUNS times (default 20), every core kept busy by a spinning
+# process beside the workers (tests/stress.py prints JSON: each failing test and in how many runs).
+RUNS ?= 20
+TIMING_TESTS := tests/unit/test_prefetch.py tests/unit/test_consumer.py \
+	tests/integration/test_prefetch.py tests/integration/test_leases.py \
+	tests/integration/test_consumer_process.py tests/integration/test_consumer_runtime.py \
+	tests/integration/test_outcome_table.py tests/integration/test_retry_budget.py \
+	tests/integration/test_status_sigterm.py tests/integration/test_status_writer.py \
+	tests/integration/test_cli_errors.py tests/integration/test_job_failures.py \
+	tests/integration/test_task_protection.py tests/reliability/test_kill.py \
+	tests/reliability/test_controls.py
+
+test-timing: $(STAMP) $(NODE_STAMP)
+	$(BIN)/python -m tests.stress --runs $(RUNS) -- -n $(TEST_WORKERS) --dist loadgroup $(TIMING_TESTS)
 
 # The retry-budget tests and the integration tests that exercise the wire (producer, offload,
 # consumer, requeue) again on another botocore than the pinned one: boto3 allows any 1.44.x, and
