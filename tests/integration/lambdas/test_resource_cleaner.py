@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
 from botocore.exceptions import ClientError
+from slack_sdk.http_retry.builtin_interval_calculators import FixedValueRetryIntervalCalculator
 
 from messenger.channel import ChannelSpec
 from messenger.errors import InvalidSettings
@@ -540,7 +541,10 @@ def test_nothing_is_deleted_when_the_plan_cannot_be_posted(
     webhook.retry_after, webhook.hang = 100, slack == "hang"
     context = FakeContext(75.0)
     remaining = lambda: context.get_remaining_time_in_millis() / 1000  # noqa: E731
-    notifier = SlackNotifier(lambda: webhook.url, timeout=1, remaining=remaining)
+    # (1 s per attempt, 0.1 s between attempts: the default backoff's 0.5-3 s waits would
+    # only add time, the attempts are what is tested)
+    notifier = SlackNotifier(lambda: webhook.url, timeout=1, remaining=remaining,
+                             retry_interval=FixedValueRetryIntervalCalculator(0.1))
     # When the cleaner runs
     with caplog.at_level(logging.INFO):
         outcome = run_resource_cleaner(lambda_env.clients, lambda_env.ops, notifier, now=now,
