@@ -177,11 +177,15 @@ def test_a_delivery_whose_key_runs_elsewhere_goes_back_to_the_queue_not_failed(
 
 
 class QuickOrders(ByOrder):
-    """ByOrder with a 2 s processing timeout: shorter than the 5 s retry budget of the tests'
-    settings, within which the idempotency store's calls retry a throttled answer."""
+    """ByOrder with a 2 s processing timeout: shorter than the retry budget within which the
+    idempotency store's calls retry a throttled answer (the tests give it BUDGET)."""
 
     channel = "idem_quick"
     processing_timeout = 2
+
+
+#: QuickOrders' retry budget (seconds) in the tests: 1.5 s past its processing timeout.
+BUDGET = 3.5
 
 
 def test_a_throttled_claim_is_retried_later_never_dead_lettered_as_a_timeout(
@@ -191,9 +195,9 @@ def test_a_throttled_claim_is_retried_later_never_dead_lettered_as_a_timeout(
     # Given an idempotent consumer whose DynamoDB PutItem (the claim) is throttled every time
     throttle = Throttle(1.0, {"PutItem"})
     with injected(clients, "before-send.dynamodb.PutItem", throttle):
-        run = running(QuickOrders, retry_delay=30)
+        run = running(QuickOrders, {"retry_budget_seconds": BUDGET}, retry_delay=30)
         producer_for(settings, "idem_quick").push({"order": "T-1"})
-        # When its claim spends the whole retry budget (5 s, past the 2 s processing timeout)
+        # When its claim spends the whole retry budget (3.5 s, past the 2 s processing timeout)
         retried = wait_until(lambda: run.consumer.named("retried"), timeout=30)
     # Then the message waits for its retry: not dead-lettered, not failed, handler not run
     assert throttle.injected > 1
@@ -210,7 +214,7 @@ def test_a_throttled_completion_record_deletes_the_message_all_the_same(
     # Given an idempotent consumer whose DynamoDB UpdateItem (the COMPLETED record) is throttled
     throttle = Throttle(1.0, {"UpdateItem"})
     with injected(clients, "before-send.dynamodb.UpdateItem", throttle):
-        run = running(QuickOrders)
+        run = running(QuickOrders, {"retry_budget_seconds": BUDGET})
         producer_for(settings, "idem_quick").push({"order": "T-2"})
         # When the handler completed and the record cannot be written within the budget
         completed = wait_until(lambda: run.consumer.named("completed"), timeout=30)
