@@ -86,10 +86,12 @@ def test_the_writer_holds_a_running_jobs_records_for_the_ones_that_follow(settin
 
 
 def test_a_failing_status_store_never_fails_the_push(settings, clients):
-    # The status table lives on a dead endpoint; the queue on the real one.
+    # The status table lives on a dead endpoint; the queue on the real one. (Each call to it
+    # gives up retrying after 1 s: the factory's default, 20 s and up to 5 attempts with
+    # backoff, made this test take 4-10 s.)
     producer = TrackedOrders(settings=settings, clients=clients)
-    producer.status = StatusStore(ClientFactory("us-east-1", endpoint_url="http://127.0.0.1:9"),
-                                  settings)
+    producer.status = StatusStore(ClientFactory("us-east-1", endpoint_url="http://127.0.0.1:9",
+                                                call_budget=1.0), settings)
     message_id = producer.push({"n": 1})
     producer.status.close()
     assert message_id and producer.status.stats.failed == 1
