@@ -26,7 +26,8 @@ def dlq_depth(sqs, url: str) -> int:
 
 
 def peek(sqs, url: str, expected: int) -> dict[str, dict]:
-    """The queue's messages by message id, left in place (visible again after 1 s)."""
+    """The queue's messages by message id, left in place (hidden 1 s while read, then made
+    visible again at once; one whose second ran out meanwhile is visible already)."""
     seen: dict[str, dict] = {}
     for _ in range(expected + 2):
         response = sqs.receive_message(
@@ -36,7 +37,11 @@ def peek(sqs, url: str, expected: int) -> dict[str, dict]:
             seen[message_id_of(raw)] = raw
         if len(seen) >= expected:
             break
-    time.sleep(1.1)
+    handles = [raw["ReceiptHandle"] for raw in seen.values()]
+    for first in range(0, len(handles), 10):
+        sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
+            {"Id": str(n), "ReceiptHandle": handle, "VisibilityTimeout": 0}
+            for n, handle in enumerate(handles[first : first + 10])])
     return seen
 
 
