@@ -1,7 +1,9 @@
 """The dashboard served for a test: `served(settings, clients)` runs the real app under uvicorn on
 a free loopback port in a thread (real HTTP, real Host headers) and stops it after the block;
 `start_chromium()` the headless browser of the browser tests (Debian's chromium and
-chromium-driver: `make browser`), or BrowserUnavailable with the one-line reason.
+chromium-driver: `make browser`), or BrowserUnavailable with the one-line reason;
+`signed_in(browser, ..., claims)` the dashboard deployed-style with the browser signed in as
+those claims (the load balancer's header, made by `alb_key_server`).
 """
 
 from __future__ import annotations
@@ -166,3 +168,24 @@ def alb_key_server() -> Iterator[AlbSigner]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def signed_in(browser: Any, settings: Settings, clients: ClientFactory, claims: dict[str, Any],
+              refresh: float = 5.0) -> Iterator[str]:
+    """The dashboard deployed-style (operators: group 'ops' of claim 'custom:groups'), the
+    browser sending the load balancer's signed header for these claims on every request (over
+    CDP, removed after the block): its URL."""
+    from messenger.tools.dashboard.auth import AlbIdentity
+
+    with alb_key_server() as signer:
+        identity = AlbIdentity("eu-west-1", ALB_ARN, CLIENT_ID, frozenset({"ops"}),
+                               groups_claim="custom:groups", key_url=signer.key_url)
+        browser.execute_cdp_cmd("Network.enable", {})
+        browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {
+            "x-amzn-oidc-data": signer.token(claims, expires_in=900)}})
+        try:
+            with served(settings, clients, refresh=refresh, identity=identity) as dash:
+                yield dash.url
+        finally:
+            browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})

@@ -134,6 +134,8 @@ def test_an_operator_cancels_a_running_job_from_its_page(settings, clients, sign
         asked = operator.post(dash.url + "/channels/orders/cancel-job", timeout=30,
                               data={"token": token, "ids": "job-7"})
         assert "cancelled by ada@example.com" in asked.text
+        # (beside "Yes, cancel", the way back says it keeps the job running)
+        assert '<a href="/job?id=job-7" id="cancel">No, let it run</a>' in asked.text
         done = operator.post(dash.url + "/channels/orders/cancel-job", timeout=30,
                              data={"token": token, "ids": "job-7", "confirmed": "yes"})
         assert "cancel of job-7 requested by ada@example.com" in done.text

@@ -8,13 +8,11 @@ who on the job's timeline. With MESSENGER_UPDATE_SCREENSHOT=1 the screenshots go
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
 from messenger import Producer
-from tests.dashboard import ALB_ARN, CLIENT_ID, alb_key_server, served
+from tests.dashboard import signed_in
 from tests.integration.test_dashboard_features_browser import shot
 from tests.integration.test_dlq_workbench import channel
 from tests.reliability.apps import CHANNEL
@@ -27,22 +25,9 @@ OPERATOR = {"sub": "o", "email": "ada@example.com", "custom:groups": "ops"}
 PAUSE_TAG = "messenger:paused"
 
 
-@contextmanager
-def as_operator(browser, settings, clients, refresh: float = 5.0) -> Iterator[str]:
+def as_operator(browser, settings, clients, refresh: float = 5.0):
     """The dashboard deployed-style, the browser sending an operator's signed header: its URL."""
-    from messenger.tools.dashboard.auth import AlbIdentity
-
-    with alb_key_server() as signer:
-        identity = AlbIdentity("eu-west-1", ALB_ARN, CLIENT_ID, frozenset({"ops"}),
-                               groups_claim="custom:groups", key_url=signer.key_url)
-        browser.execute_cdp_cmd("Network.enable", {})
-        browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {
-            "x-amzn-oidc-data": signer.token(OPERATOR, expires_in=900)}})
-        try:
-            with served(settings, clients, refresh=refresh, identity=identity) as dash:
-                yield dash.url
-        finally:
-            browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})
+    return signed_in(browser, settings, clients, OPERATOR, refresh)
 
 
 def paused_lines(browser) -> list[str]:
