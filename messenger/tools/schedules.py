@@ -20,6 +20,7 @@ from typing import Any
 
 from messenger.jobs.schedule_store import ScheduledJob, ScheduleStore
 from messenger.tools.controls import default_actor
+from messenger.tools.format import due_text
 from messenger.tools.runtime import CommandRuntime
 
 
@@ -27,8 +28,8 @@ def _when(due: datetime | None, now: datetime) -> str:
     if due is None:
         return "-"
     seconds = int((due - now).total_seconds())
-    if seconds < 0:
-        return "due now"
+    if seconds < 1:
+        return due_text(seconds)
     for size, unit in ((86_400, "d"), (3600, "h"), (60, "m")):
         if seconds >= size:
             return f"in {seconds // size}{unit}"
@@ -40,11 +41,11 @@ def render(channel: str, jobs: list[ScheduledJob], now: datetime | None = None) 
     now = now or datetime.now(timezone.utc)
     if not jobs:
         return f"no scheduled jobs on {channel}"
-    lines = [f"{'job id':<40} {'due (UTC)':<20} {'':>9} {'to':<7}"]
+    lines = [f"{'job id':<40} {'due (UTC)':<20} {'':>11} {'to':<6}"]
     for job in jobs:
         due = f"{job.due:%Y-%m-%d %H:%M:%S}" if job.due else "-"
         kind = "topic" if job.target.endswith(":publish") else "queue"
-        lines.append(f"{job.job_id[:40]:<40} {due:<20} {_when(job.due, now):>9} {kind:<7}")
+        lines.append(f"{job.job_id[:40]:<40} {due:<20} {_when(job.due, now):>11} {kind:<6}")
     lines.append(f"{len(jobs)} scheduled job(s) on {channel}")
     return "\n".join(lines)
 

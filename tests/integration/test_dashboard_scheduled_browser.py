@@ -3,7 +3,9 @@ test_dashboard_features_browser.py): two jobs waiting in EventBridge Scheduler (
 listed with their due time in UTC and the local time on hover; the local operator cancels one
 through the page's checkbox, button and confirmation: the page says so, the list and Scheduler
 no longer have it, its page shows CANCELLED by the operator; a viewer signed in through the load
-balancer's header sees the list and no Cancel control. With MESSENGER_UPDATE_SCREENSHOT=1 the
+balancer's header sees the list and no Cancel control. The list updates by itself: a job
+scheduled after the page opened appears, one cancelled elsewhere or fired goes, and the boxes the
+operator ticked stay ticked for the Cancel form. With MESSENGER_UPDATE_SCREENSHOT=1 the
 screenshot goes to docs/ (docs/dashboard.md shows it)."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 
 from messenger import Producer
 from messenger.channel import schedule_group_name
+from messenger.jobs.schedule_store import ScheduleStore
 from messenger.jobs.schedules import schedule_name
 from tests.dashboard import served, signed_in
 from tests.integration.test_dashboard_features_browser import shot
@@ -36,6 +39,13 @@ AWKWARD_ID = 'reports/2030<b>"q1"</b>&#1'
 class Nightly(Producer):
     channel = "nightly"
     track_status = True
+
+
+class OrderedNightly(Producer):
+    """nightly's ordered (FIFO) side: any at= is a Scheduler schedule, seconds ahead too."""
+
+    channel = "nightly"
+    ordered = True
 
 
 def due_in(hours: int) -> datetime:
@@ -179,3 +189,76 @@ def test_a_viewer_sees_scheduled_jobs_and_no_cancel(settings, clients, browser):
         assert browser.find_elements(By.NAME, "ids") == []
         assert browser.find_elements(By.ID, "cancel-selected") == []
     assert schedules_left(clients, settings) == [schedule_name("nightly", job)]
+
+
+#: The job ids listed, and those ticked, read in one script (atomic: a live update replaces the
+#: rows between two Selenium calls).
+LISTED = ("return Array.from(document.querySelectorAll('#scheduled-jobs tr[data-job]'))"
+          ".map(function (row) { return row.dataset.job; });")
+TICKED = ("return Array.from(document.querySelectorAll('#scheduled-jobs input[name=ids]:checked'))"
+          ".map(function (box) { return box.value; });")
+
+
+def tick(browser, job_id: str) -> None:
+    """Click the job's box as the operator does, again if a live update replaced the row
+    between finding the box and clicking it (the click then never happened)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def click(b) -> bool:
+        row_of(b, job_id).find_element("name", "ids").click()
+        return True
+
+    WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(click)
+
+
+def test_the_list_updates_by_itself_and_keeps_the_ticks(settings, clients, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    wait = WebDriverWait(browser, 30)
+    producer = Nightly(settings=settings, clients=clients)
+    with served(settings, clients, refresh=1) as dash:
+        # Given the operator on nightly's scheduled jobs, none yet
+        browser.get(dash.url + "/channels/nightly/scheduled")
+        assert browser.execute_script(LISTED) == []
+        assert browser.find_elements(By.ID, "cancel-selected") == []
+        browser.execute_script("window.notReloaded = true;"
+                               "window.shownList = document.getElementById('scheduled-jobs');")
+        # Then an update that finds the list unchanged leaves it alone (nothing the operator
+        # points at is replaced)
+        wait.until(lambda b: b.find_element(By.CLASS_NAME, "live-stamp").text.startswith(
+            "updated "))
+        assert browser.execute_script(
+            "return document.getElementById('scheduled-jobs') === window.shownList;")
+        # When jobs are scheduled after the page opened: in 2 and 3 hours, and one (ordered:
+        # Scheduler's) in 25 s
+        kept, other = producer.push({"n": 1}, at=due_in(3)), producer.push({"n": 2}, at=due_in(2))
+        soon = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=25)
+        firing = OrderedNightly(settings=settings, clients=clients).push({"n": 3}, at=soon)
+        # Then they appear, soonest first, with the Cancel button
+        wait.until(lambda b: b.execute_script(LISTED) == [firing, other, kept])
+        assert browser.find_element(By.ID, "cancel-selected").is_displayed()
+        # When the operator ticks one, and another job is scheduled meanwhile
+        tick(browser, kept)
+        newer = producer.push({"n": 4}, at=due_in(1))
+        wait.until(lambda b: newer in b.execute_script(LISTED))
+        # Then the tick stays through the update
+        assert browser.execute_script(TICKED) == [kept]
+        # When one is cancelled elsewhere (the library, as `messenger schedules cancel`) and the
+        # ordered one fires (the local endpoint's Scheduler, at its time)
+        ScheduleStore(clients, settings).cancel(other, "nightly", actor="ada")
+        WebDriverWait(browser, 60).until(lambda b: b.execute_script(LISTED) == [newer, kept])
+        # Then both are gone without a reload, and the tick is still there
+        assert browser.execute_script("return window.notReloaded === true;")
+        assert browser.execute_script(TICKED) == [kept]
+        # When the operator cancels the selection, confirmed
+        browser.find_element(By.ID, "cancel-selected").click()
+        question = wait.until(lambda b: b.find_element(By.ID, "question"))
+        # Then exactly the ticked job was asked about, and only it is cancelled
+        assert [li.text for li in browser.find_elements(By.CSS_SELECTOR, "main ul li")] == [kept]
+        assert "Cancel 1 scheduled job(s) of nightly" in question.text
+        browser.find_element(By.ID, "confirm").click()
+        outcome = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, "#outcome li"))
+        assert outcome.get_attribute("data-cancelled") == "yes"
+    assert schedules_left(clients, settings) == [schedule_name("nightly", newer)]

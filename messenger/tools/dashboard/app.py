@@ -62,7 +62,7 @@ from messenger.tools.dashboard.auth import (
     Unauthenticated,
 )
 from messenger.tools.dashboard.charts import chart
-from messenger.tools.format import duration_text
+from messenger.tools.format import due_text, duration_text
 
 HERE = Path(__file__).parent
 #: Dead letters a channel page lists at first, and at most (one scan holds them all briefly).
@@ -227,6 +227,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
     """The ASGI app (routes, templates, static assets, error pages, host check)."""
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     templates.env.filters["age"] = duration_text
+    templates.env.filters["due_in"] = due_text
     templates.env.filters["clock"] = lambda at: time.strftime("%Y-%m-%d %H:%M:%S",
                                                               time.gmtime(at))
     templates.env.filters["utc"] = _utc
@@ -331,11 +332,16 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
                       charts=[chart(found, s) for s in found.series.values()],
                       windows=list(WINDOWS))
 
-    def scheduled(request: Request) -> Response:
+    def scheduled(request: Request, part: str = "scheduled.html") -> Response:
         """The channel's one-time jobs waiting in EventBridge Scheduler, soonest first."""
         name = request.path_params["channel"]
         jobs = ScheduleStore(dashboard.clients, dashboard.settings).list(name)
-        return render(request, "scheduled.html", channel=name, jobs=jobs, now=time.time())
+        return render(request, part, channel=name, jobs=jobs, now=time.time())
+
+    def scheduled_jobs(request: Request) -> Response:
+        """The scheduled page's list and Cancel button (dashboard.js replaces them every
+        --refresh s, keeping the boxes the operator ticked)."""
+        return scheduled(request, "scheduled_jobs.html")
 
     def finder(request: Request) -> Response:
         params = request.query_params
@@ -449,6 +455,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             Route("/fragment/channels", channel_rows),
             Route("/fragment/channels/{channel}/counts", channel_counts),
             Route("/fragment/channels/{channel}/workers", channel_workers),
+            Route("/fragment/channels/{channel}/scheduled", scheduled_jobs),
             Route("/fragment/job", job_timeline),
             Route("/job", lookup),
             Route("/search", finder),
@@ -476,7 +483,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
 
 #: Templates that are parts of a page (live updates): they carry no paused-channel banner.
 FRAGMENTS = frozenset({"channel_rows.html", "channel_workers.html", "timeline.html",
-                       "job_live.html"})
+                       "job_live.html", "scheduled_jobs.html"})
 
 
 def _running(timeline: list[Any]) -> str:

@@ -1,7 +1,11 @@
 // Live updates: every element with data-live="<fragment URL>" (the overview's rows, a channel's
-// queue counts and workers, a job's status timeline) is replaced from its URL every
-// data-refresh seconds, without reloading the page; the nearest ".live-stamp" (or #updated) says
-// when, or that an update failed. Times are shown in UTC; hovering one shows the local time.
+// queue counts and workers, a job's status timeline, a channel's scheduled jobs) is replaced
+// from its URL every data-refresh seconds, without reloading the page; the nearest ".live-stamp"
+// (or #updated) says when, or that an update failed. A part whose content did not change is
+// left alone (the first update too: the page rendered the same part), and a box the operator
+// ticked in one that did stays ticked while the new part still has it (same name and value), so
+// a form around a live list keeps its selection. Times are shown in UTC; hovering one shows the
+// local time.
 // The "select all" box ticks every letter's box. Actions need no script: each is a form and a
 // confirmation page rendered by the server.
 (function () {
@@ -12,6 +16,26 @@
       var when = new Date(node.getAttribute("datetime"));
       if (!isNaN(when.getTime())) { node.title = "local time: " + when.toLocaleString(); }
     });
+  }
+
+  // A copy of the part without the blank text at its ends (the page's template puts a line
+  // break around the part it includes), for comparing two versions of it.
+  function trimmed(part) {
+    var copy = part.cloneNode(true);
+    [copy.firstChild, copy.lastChild].forEach(function (node) {
+      if (node && node.nodeType === Node.TEXT_NODE && !node.data.trim()) {
+        copy.removeChild(node);
+      }
+    });
+    return copy;
+  }
+
+  function ticked(element) {
+    var boxes = {};
+    element.querySelectorAll("input[type=checkbox]").forEach(function (box) {
+      if (box.checked) { boxes[box.name + "\n" + box.value] = true; }
+    });
+    return boxes;
   }
 
   function live(element) {
@@ -25,8 +49,16 @@
           return response.text();
         })
         .then(function (html) {
-          element.innerHTML = html;
-          localTimes(element);
+          var fresh = element.cloneNode(false);
+          fresh.innerHTML = html;
+          localTimes(fresh);
+          if (!trimmed(fresh).isEqualNode(trimmed(element))) {
+            var kept = ticked(element);
+            fresh.querySelectorAll("input[type=checkbox]").forEach(function (box) {
+              if (kept[box.name + "\n" + box.value]) { box.checked = true; }
+            });
+            element.replaceChildren.apply(element, Array.from(fresh.childNodes));
+          }
           if (stamp) {
             stamp.textContent = "updated " + new Date().toLocaleTimeString();
             stamp.className = stamp.className.replace(" stale", "");
