@@ -40,6 +40,11 @@ DELETE_RETRY_SECONDS = 1.0
 #: is out (`DeleteBatcher.went_idle`): a receive that brings messages answers sooner (SQS: tens of
 #: ms), so on a backlog the batch still fills up; at the tail of a drain the deletes go early.
 IDLE_DELETE_SECONDS = 0.05
+#: After a poll that brought some messages but fewer than it asked for (a trickle: a message now
+#: and then), a delete batch waits this long from its first entry (at most the linger) once the
+#: consumer holds nothing else: the next messages' deletes usually join it (at 10 msg/s, one
+#: batch per 2-3 messages instead of one per message), and a drain's tail waits no longer.
+TRICKLE_DELETE_SECONDS = 0.2
 #: Longest dead-letter reason kept in the attribute.
 MAX_REASON_LENGTH = 1024
 #: The system attributes a delivery reads (`Delivery`, `Delivery.decode`); SQS sends only these.
@@ -384,7 +389,8 @@ class DeleteBatcher:
     seconds, or on `flush()` (shutdown; an ordered channel before each poll), or early at the
     tail of a drain (`went_idle`: the runtime holds no other message, so no entry can join
     before its next poll brings some; waiting out the linger would only delay the last
-    deletes). Once `start()`ed,
+    deletes; after a trickle of messages, the next one's delete usually joins within
+    TRICKLE_DELETE_SECONDS). Once `start()`ed,
     batches go out on the batcher's own thread: a worker that finishes a message never waits
     for a delete, and a throttled delete delays nothing else. Entries SQS deleted are reported
     through `on_deleted`, entries it refused (or a call that failed) through `on_failure`; when
@@ -484,19 +490,26 @@ class DeleteBatcher:
                 self._wake_due = False
                 self._cond.notify_all()
 
-    def went_idle(self, short_poll: bool) -> None:
-        """The runtime holds no message besides those pending here. After a short poll (fewer
-        messages than it asked for: the queue is running dry) the pending entries go out now;
-        else after IDLE_DELETE_SECONDS, if by then the runtime still holds nothing (`idle`): on
-        a backlog its next poll has brought messages sooner, and the batch keeps filling up."""
+    def went_idle(self, dry: bool, trickle: bool = False) -> None:
+        """The runtime holds no message besides those pending here. After a poll that brought
+        nothing (`dry`: the queue ran dry) the pending entries go out now; after one that
+        brought fewer messages than it asked for (`trickle`), TRICKLE_DELETE_SECONDS (at most
+        the linger) after the first of them; else (a full poll) after IDLE_DELETE_SECONDS. Past
+        `trickle`'s and the full poll's wait they go out if the runtime still holds nothing
+        (`idle`): else the next messages came in meanwhile, and the batch keeps filling up."""
         with self._lock:
             if not self._pending:
                 return
             now = time.monotonic()
-            self._idle_due = now if short_poll else now + IDLE_DELETE_SECONDS
+            if dry:
+                self._idle_due = now
+            elif trickle:
+                self._idle_due = self._oldest + min(self.linger, TRICKLE_DELETE_SECONDS)
+            else:
+                self._idle_due = now + IDLE_DELETE_SECONDS
             self._wake_due = False
             self._cond.notify_all()
-        if self._thread is None and short_poll:
+        if self._thread is None and dry:
             self.flush()
 
     def _wait(self, now: float) -> float:

@@ -127,9 +127,12 @@ class Runtime:
         self._deleting: dict[str, Delivery] = {}
         self._stuck: dict[int, float] = {}  # handler threads past their timeout → since
         self._last_poll_empty = False
-        #: The last poll brought fewer messages than it asked for: the queue is running dry, so
-        #: once nothing is held the pending deletes go out at once (`DeleteBatcher.went_idle`).
-        self._last_poll_short = False
+        #: What the last poll brought, for the pending deletes once nothing is held
+        #: (`DeleteBatcher.went_idle`): nothing (the queue ran dry: they go out at once); some,
+        #: fewer than it asked for (a trickle: they wait up to TRICKLE_DELETE_SECONDS for the
+        #: next messages' deletes to join them); a full poll (a backlog: IDLE_DELETE_SECONDS).
+        self._last_poll_dry = False
+        self._last_poll_trickle = False
         self._progress = 0
         self._work = WorkQueue()
         #: The thread that polls; another one after a rescue (`rescue_receiver`).
@@ -356,7 +359,8 @@ class Runtime:
             deliveries = self.fetch(count, wait_seconds)
             with self._lock:
                 self.prefetch.observe_poll(time.monotonic() - began, count, len(deliveries))
-            self._last_poll_short = len(deliveries) < count
+            self._last_poll_dry = not deliveries
+            self._last_poll_trickle = 0 < len(deliveries) < count
         except Exception as error:
             if not is_transient(error):  # queue gone, access denied: let ECS see it
                 self.fail(error)
@@ -679,7 +683,7 @@ class Runtime:
                     self.stopping.is_set():
                 self._cond.notify_all()
         if idle:  # no other message to batch the pending deletes with until the next poll's
-            self.deleter.went_idle(self._last_poll_short)
+            self.deleter.went_idle(self._last_poll_dry, self._last_poll_trickle)
         if idle or self.stopping.is_set():  # else the state stays PROCESSING
             self.refresh_state()
 

@@ -647,7 +647,7 @@ def test_the_deleter_is_woken_once_per_batch_while_a_poll_runs_and_owes_no_wake(
 
 
 def test_the_deleter_sends_the_tail_of_a_drain_without_waiting_out_its_linger():
-    from messenger.consume.mailbox import DeleteBatcher
+    from messenger.consume.mailbox import TRICKLE_DELETE_SECONDS, DeleteBatcher
 
     sent: list[list[str]] = []
 
@@ -673,29 +673,39 @@ def test_the_deleter_sends_the_tail_of_a_drain_without_waiting_out_its_linger():
     try:
         # The runtime holds nothing else and its last poll came back short: sent at once
         tail = added(3)
-        batcher.went_idle(short_poll=True)
+        batcher.went_idle(dry=True)
         wait_for_length(sent, 1, timeout=5)
         assert sent == [tail]
         # Nothing pending: going idle sends no empty batch
-        batcher.went_idle(short_poll=True)
+        batcher.went_idle(dry=True)
         # Idle after a full poll: sent after IDLE_DELETE_SECONDS if still nothing is held...
         last = added(2)
-        batcher.went_idle(short_poll=False)
+        batcher.went_idle(dry=False)
         wait_for_length(sent, 2, timeout=5)
         assert sent == [tail, last]
         # ...but not when the next poll's messages came in meanwhile (a backlog): the batch
         # keeps filling up (here until it is full)
         first = added(4)
         holds_nothing[0] = False
-        batcher.went_idle(short_poll=False)
+        batcher.went_idle(dry=False)
         time.sleep(0.3)
         assert len(sent) == 2
         rest = added(6)
         wait_for_length(sent, 3, timeout=5)
         assert sent[2] == first + rest
+        # After a trickle (a poll brought some, fewer than asked), idle: the next message's
+        # delete joins the batch within TRICKLE_DELETE_SECONDS of the first, then it goes out
+        holds_nothing[0] = True
+        trickle = added(1)
+        batcher.went_idle(dry=False, trickle=True)
+        time.sleep(TRICKLE_DELETE_SECONDS / 4)
+        trickle += added(1)
+        batcher.went_idle(dry=False, trickle=True)
+        wait_for_length(sent, 4, timeout=5)
+        assert sent[3] == trickle
     finally:
         batcher.close()
-    assert len(sent) == 3
+    assert len(sent) == 4
 
 
 def test_health_file_follows_running_states_lazily_and_other_states_at_once(tmp_path):
