@@ -7,6 +7,17 @@ The quantities are multiplied by `messenger.ops.prices` (us-east-1 list prices, 
 its AWS page) and scaled to a million jobs. One-off requests (provisioning, a consumer's
 startup) are left out: they do not grow with the jobs.
 
+What a consumer process sends whatever its jobs is listed apart (`per_process`), and each
+scenario's `at_volume` is its bill without it, what a job costs once a process has handled many:
+- its worker registry entry (`messenger.jobs.workers`): a PutItem when it changes, at most every
+  CHANGE_WRITE_SECONDS (its counts change while it works) and at least every worker interval,
+  the DeleteItem at a clean exit, and the control watcher's Query of the same table
+  (`messenger.consume.controls`, once per `control_interval`); per hour of a process, not per job;
+- receives that brought no message: here the long poll left open at the exit (the peers, which
+  stop inside their last batch, send none), on an idle queue one per 20 s.
+The fleet counts the registry's and the control watcher's requests per hour of each task
+(REGISTRY_WRITES_PER_SECOND, the busiest case, and the control interval), not per job.
+
 Measured on the local endpoint, each with a handler that does nothing (the platform's own cost):
 - plain: `push_many`, one `Consumer` (concurrency 10) draining the backlog.
 - job: the same with every job feature on: status tracking (producer and consumer), dedup on
@@ -21,7 +32,9 @@ Measured on the local endpoint, each with a handler that does nothing (the platf
   aws-sqs-consumer (batch_size=10, its cheapest; bench/requirements.txt).
 
 Consumers at 10 and 1,000 jobs/s (`fleet`):
-- 1,000 jobs/s: every receive is full (the backlog drains above); the producer uses push_many.
+- 1,000 jobs/s: every receive is full (the backlog drains above, `at_volume`: the long poll left
+  open at the exit apart; each peer drains as many jobs as messenger's, the warm-up's included,
+  so the last, partial batch weighs the same); the producer uses push_many.
 - 10 jobs/s: measured with single pushes every 0.1 s for PACED_SECONDS while the consumer runs
   (receives carry what arrived since the last one), for messenger and both peers.
 - Fargate (messenger, boto3 loop, aws-sqs-consumer): tasks of 0.25 vCPU and 0.5 GB (the stack's
@@ -35,7 +48,8 @@ Consumers at 10 and 1,000 jobs/s (`fleet`):
   the millisecond). Idle pollers' empty receives are left out (they are the same for both).
 
 Goal: the job channel costs at most 1.5x the plain channel; the plain channel less than every
-peer. Small runs (BENCH_MESSAGES, default 200): the machine is shared. Prints JSON.
+peer. Small runs (BENCH_MESSAGES, default 200; BENCH_PACED_SECONDS, default 15): the machine is
+shared. Prints JSON.
 """
 
 from __future__ import annotations
@@ -56,8 +70,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.consume import CountingConsumer  # noqa: E402
 from bench.harness import listening_consumer  # noqa: E402
 from messenger.aws import ClientFactory  # noqa: E402
-from messenger.channel import DEFAULT_RETENTION_SECONDS, ChannelSpec, MessageFilter  # noqa: E402
+from messenger.channel import (  # noqa: E402
+    DEFAULT_RETENTION_SECONDS,
+    DEFAULT_VISIBILITY_TIMEOUT,
+    ChannelSpec,
+    MessageFilter,
+    workers_table_name,
+)
 from messenger.consume.consumer import ConsumerSettings  # noqa: E402
+from messenger.consume.controls import control_interval  # noqa: E402
+from messenger.jobs.workers import CHANGE_WRITE_SECONDS  # noqa: E402
 from messenger.offload import lifecycle_days  # noqa: E402
 from messenger.ops.cost import WireMeter  # noqa: E402
 from messenger.ops.prices import GB, PRICES_CHECKED, Usage, price_table  # noqa: E402
@@ -83,6 +105,12 @@ FARGATE_UTILIZATION = 0.7
 LAMBDA_GB = 0.25
 DAYS_PER_MONTH = 30.4
 JOB_GOAL = 1.5
+#: A busy consumer process's registry writes per second: its counts change all the time, so its
+#: entry is written every CHANGE_WRITE_SECONDS (each under 1 KB: one write unit).
+REGISTRY_WRITES_PER_SECOND = 1 / CHANGE_WRITE_SECONDS
+#: Its control watcher's Query per second (one item at most: half a read unit, eventually
+#: consistent), at the channel's default lease.
+CONTROL_READS_PER_SECOND = 1 / control_interval(DEFAULT_VISIBILITY_TIMEOUT)
 
 
 def body(n: int) -> dict[str, Any]:
@@ -102,6 +130,63 @@ def since(meter: WireMeter, mark: tuple[dict[str, float], dict[str, int]]
 
 def marked(meter: WireMeter) -> tuple[dict[str, float], dict[str, int]]:
     return dict(meter.usage), dict(meter.requests)
+
+
+class PerProcess:
+    """What a consumer sends whatever its jobs: its worker registry's requests (a second
+    `WireMeter` fed only those, told apart by their table) and its receives that brought no
+    message (counted from their responses; each one request)."""
+
+    def __init__(self, registry_table: str | None = None) -> None:
+        self.registry_table = registry_table
+        self.registry = WireMeter()
+        self.receives = 0
+        self.fed = 0  # receives that brought messages
+        self._lock = threading.Lock()
+        self._mine = threading.local()  # a call's before-send and after-call share its thread
+
+    def attach(self, register: Callable[[str, Callable[..., Any]], None]) -> PerProcess:
+        register("before-send", self._before_send)
+        register("after-call", self._after_call)
+        return self
+
+    def _before_send(self, request: Any = None, event_name: str = "", **kwargs: Any) -> None:
+        self._mine.registry = False
+        if event_name.startswith("before-send.sqs.ReceiveMessage"):
+            with self._lock:
+                self.receives += 1
+        elif event_name.startswith("before-send.dynamodb.") and self.registry_table:
+            try:
+                table = json.loads(getattr(request, "body", b"") or b"{}").get("TableName")
+            except (ValueError, AttributeError):
+                table = None
+            if table == self.registry_table:
+                self._mine.registry = True
+                self.registry.before_send(request=request, event_name=event_name, **kwargs)
+
+    def _after_call(self, event_name: str = "", parsed: Any = None, **kwargs: Any) -> None:
+        if event_name.startswith("after-call.sqs.ReceiveMessage"):
+            if (parsed or {}).get("Messages"):
+                with self._lock:
+                    self.fed += 1
+        elif getattr(self._mine, "registry", False):
+            self._mine.registry = False
+            self.registry.after_call(event_name=event_name, parsed=parsed, **kwargs)
+
+    def found(self) -> dict[str, Any]:
+        """usage and requests by operation ('sqs.ReceiveMessage' the receives that brought no
+        message, one left open at the exit included)."""
+        empty = self.receives - self.fed
+        usage = Usage(self.registry.usage).plus([{"sqs.request": empty}] if empty else [])
+        requests = dict(self.registry.requests)
+        if empty:
+            requests["sqs.ReceiveMessage"] = empty
+        return {"usage": usage, "requests": requests}
+
+
+def minus(usage: Usage, other: Usage) -> Usage:
+    return Usage({k: v - other.get(k, 0.0) for k, v in usage.items()
+                  if v - other.get(k, 0.0) > 1e-12})
 
 
 def priced(usage_per_million: Usage) -> dict[str, Any]:
@@ -148,6 +233,7 @@ def drain(cls: type[CountingConsumer], settings: Settings, count: int,
 
     clients.register("after-call.sqs.DeleteMessageBatch", count_deleted)
     consumer, thread = listening_consumer(cls, settings, clients, CONCURRENCY)
+    per_process = PerProcess(workers_table_name(settings.namespace)).attach(clients.register)
     mark, cpu, wall = marked(meter), time.process_time(), time.perf_counter()
     if feed is not None:
         feed()
@@ -160,7 +246,7 @@ def drain(cls: type[CountingConsumer], settings: Settings, count: int,
     usage, requests = since(meter, mark)
     assert consumer.handled >= count, (cls.channel, consumer.handled, count)
     return {"usage": usage, "requests": requests, "cpu_seconds": cpu, "wall_seconds": wall,
-            "handled": consumer.handled}
+            "handled": consumer.handled, "per_process": per_process.found()}
 
 
 def consumer_class(channel: str, **features: Any) -> type[CountingConsumer]:
@@ -179,10 +265,22 @@ def scenario(jobs: int, produced: tuple[Usage, dict], drained: list[dict[str, An
     for d in drained:
         for op, n in d["requests"].items():
             requests[op] = requests.get(op, 0) + n / handled
+    fixed_usage = Usage().plus([d["per_process"]["usage"] for d in drained]).scaled(1 / handled)
+    fixed: dict[str, int] = {}
+    for d in drained:
+        for op, n in d["per_process"]["requests"].items():
+            fixed[op] = fixed.get(op, 0) + n
+    steady = {op: n - fixed.get(op, 0) / handled for op, n in requests.items()}
     found = {"jobs": jobs,
              "requests_per_job": round(sum(requests.values()), 4),
              "by_operation_per_job": {k: round(v, 4) for k, v in sorted(requests.items())},
              "dollars_per_million": priced(usage.scaled(MILLION)),
+             "per_process": {"requests": dict(sorted(fixed.items())), "processes": len(drained)},
+             "at_volume": {
+                 "requests_per_job": round(sum(steady.values()), 4),
+                 "by_operation_per_job": {k: round(v, 4) for k, v in sorted(steady.items())
+                                          if round(v, 4)},
+                 "dollars_per_million": priced(minus(usage, fixed_usage).scaled(MILLION))},
              "consumer_cpu_us_per_job": round(
                  1e6 * sum(d["cpu_seconds"] for d in drained) / handled, 1)}
     if note:
@@ -270,6 +368,7 @@ def boto3_loop(queue_url: str, count: int, feed: Callable[[], None] | None = Non
 
     sqs = boto3.session.Session(region_name="us-east-1").client("sqs")
     meter = WireMeter().attach_client(sqs)
+    per_process = PerProcess().attach(sqs.meta.events.register)
     handled = 0
     cpu, wall = time.process_time(), time.perf_counter()
     feeder = _start(feed)
@@ -281,7 +380,8 @@ def boto3_loop(queue_url: str, count: int, feed: Callable[[], None] | None = Non
             handled += 1
     _join(feeder)
     return {"usage": meter.usage, "requests": meter.requests, "handled": handled,
-            "cpu_seconds": time.process_time() - cpu, "wall_seconds": time.perf_counter() - wall}
+            "cpu_seconds": time.process_time() - cpu, "wall_seconds": time.perf_counter() - wall,
+            "per_process": per_process.found()}
 
 
 def aws_sqs_consumer(queue_url: str, count: int, feed: Callable[[], None] | None = None
@@ -292,6 +392,7 @@ def aws_sqs_consumer(queue_url: str, count: int, feed: Callable[[], None] | None
 
     sqs = boto3.session.Session(region_name="us-east-1").client("sqs")
     meter = WireMeter().attach_client(sqs)
+    per_process = PerProcess().attach(sqs.meta.events.register)
     handled = [0]
 
     class Drain(Consumer):
@@ -307,7 +408,8 @@ def aws_sqs_consumer(queue_url: str, count: int, feed: Callable[[], None] | None
     consumer.start()
     _join(feeder)
     return {"usage": meter.usage, "requests": meter.requests, "handled": handled[0],
-            "cpu_seconds": time.process_time() - cpu, "wall_seconds": time.perf_counter() - wall}
+            "cpu_seconds": time.process_time() - cpu, "wall_seconds": time.perf_counter() - wall,
+            "per_process": per_process.found()}
 
 
 def _start(feed: Callable[[], None] | None) -> threading.Thread | None:
@@ -418,12 +520,25 @@ def lambda_durations(settings: Settings) -> dict[str, Any]:
 
 
 # -- the fleet: consumers at 10 and 1,000 jobs/s ----------------------------------------------
+def fargate_tasks(cpu_seconds_per_job: float, rate: float) -> int:
+    """Enough 0.25 vCPU tasks for the CPU, at least one."""
+    return max(1, math.ceil(rate * cpu_seconds_per_job / (TASK_VCPU * FARGATE_UTILIZATION)))
+
+
 def fargate(cpu_seconds_per_job: float, rate: float) -> Usage:
-    """Fargate task-hours per million jobs: enough 0.25 vCPU tasks for the CPU, at least one."""
-    tasks = max(1, math.ceil(rate * cpu_seconds_per_job / (TASK_VCPU * FARGATE_UTILIZATION)))
+    """Fargate task-hours per million jobs."""
+    tasks = fargate_tasks(cpu_seconds_per_job, rate)
     hours = MILLION / rate / 3600
     return Usage({"fargate.vcpu_hour": tasks * TASK_VCPU * hours,
                   "fargate.gb_hour": tasks * TASK_GB * hours})
+
+
+def registry(cpu_seconds_per_job: float, rate: float) -> Usage:
+    """Messenger's tasks' worker registry writes and control reads per million jobs (per hour
+    of each task, not per job: `PerProcess`)."""
+    seconds = fargate_tasks(cpu_seconds_per_job, rate) * MILLION / rate
+    return Usage({"dynamodb.write_unit": seconds * REGISTRY_WRITES_PER_SECOND,
+                  "dynamodb.read_unit": seconds * CONTROL_READS_PER_SECOND * 0.5})
 
 
 def lambda_consumer(batch_seconds: float, batch: int) -> Usage:
@@ -441,11 +556,13 @@ def fleet(settings: Settings, plain_run: dict[str, Any], durations: dict[str, An
     producers = {1000: plain_run["produced"][0].scaled(1 / MESSAGES)}
     drains: dict[str, dict[int, dict[str, Any]]] = {"messenger": {}, "boto3_loop": {},
                                                      "aws_sqs_consumer": {}}
+    # as many jobs for each (messenger's warm-up push included): the same last, partial batch
     drains["messenger"][1000] = plain_run["drained"] | {"jobs": MESSAGES + 1}
-    url = backlog(settings, "d_loop", MESSAGES)
-    drains["boto3_loop"][1000] = boto3_loop(url, MESSAGES) | {"jobs": MESSAGES}
-    url = backlog(settings, "d_peer", MESSAGES)
-    drains["aws_sqs_consumer"][1000] = aws_sqs_consumer(url, MESSAGES) | {"jobs": MESSAGES}
+    url = backlog(settings, "d_loop", MESSAGES + 1)
+    drains["boto3_loop"][1000] = boto3_loop(url, MESSAGES + 1) | {"jobs": MESSAGES + 1}
+    url = backlog(settings, "d_peer", MESSAGES + 1)
+    drains["aws_sqs_consumer"][1000] = aws_sqs_consumer(url, MESSAGES + 1) | {
+        "jobs": MESSAGES + 1}
 
     jobs = int(PACED_RATE * PACED_SECONDS)
     paced_bills: list[Usage] = []
@@ -466,15 +583,23 @@ def fleet(settings: Settings, plain_run: dict[str, Any], durations: dict[str, An
     for name, by_rate in drains.items():
         for rate in RATES:
             run = by_rate[rate]
-            per_job = run["usage"].scaled(1 / run["jobs"])
+            fixed = run["per_process"]
+            per_job = minus(run["usage"], fixed["usage"]).scaled(1 / run["jobs"])
             cpu = run["cpu_seconds"] / run["jobs"]
             usage = producers[rate].plus([per_job]).scaled(MILLION).plus([fargate(cpu, rate)])
+            if name == "messenger":
+                usage = usage.plus([registry(cpu, rate)])
+            requests = {op: n - fixed["requests"].get(op, 0) for op, n in run["requests"].items()}
             options[f"{name}.fargate.{rate}_per_s"] = {
                 "dollars_per_million": priced(usage),
-                "consumer_requests_per_job": round(sum(run["requests"].values()) / run["jobs"],
-                                                   4),
+                "consumer_requests_per_job": round(sum(requests.values()) / run["jobs"], 4),
+                "consumer_by_operation_per_job": {
+                    op: round(n / run["jobs"], 4) for op, n in sorted(requests.items()) if n},
+                "per_process_requests": fixed["requests"],
                 "consumer_cpu_us_per_job": round(1e6 * cpu, 1),
-                "measured": "requests and CPU (this machine); task count modeled"}
+                "tasks": fargate_tasks(cpu, rate),
+                "measured": "requests and CPU (this machine); task count modeled; messenger's "
+                            "registry and control requests modeled per task-hour"}
     for name in ("messenger", "powertools"):
         for rate, batch in ((10, 1), (1000, 10)):
             seconds = durations[f"{name}.batch_{batch}_ms_median"] / 1000
@@ -493,18 +618,21 @@ PEER_OPTIONS = {"boto3_loop.fargate": "messenger.fargate",
                 "powertools.lambda": "messenger.lambda"}
 
 
-def cheaper_than_peers(plain_total: float, peers: dict[str, Any], fleet_figures: dict[str, Any]
-                       ) -> dict[str, bool]:
-    """Whether messenger's plain channel costs less than each peer: on the backlog, and at each
-    rate on the same runtime."""
-    found = {f"{name}.backlog": plain_total < p["dollars_per_million"]["total"]
+def versus_peers(plain: dict[str, Any], peers: dict[str, Any], fleet_figures: dict[str, Any]
+                 ) -> dict[str, dict[str, Any]]:
+    """Messenger's plain channel against each peer, dollars per million jobs (mine, theirs):
+    on the backlog (`at_volume`: per-process requests apart), and at each rate on the same
+    runtime; `cheaper` when mine is less."""
+    pairs = {f"{name}.backlog": (plain["at_volume"]["dollars_per_million"]["total"],
+                                 p["at_volume"]["dollars_per_million"]["total"])
              for name, p in peers.items()}
     for peer, ours in PEER_OPTIONS.items():
         for rate in RATES:
-            theirs = fleet_figures[f"{peer}.{rate}_per_s"]["dollars_per_million"]["total"]
-            mine = fleet_figures[f"{ours}.{rate}_per_s"]["dollars_per_million"]["total"]
-            found[f"{peer}.{rate}_per_s"] = mine < theirs
-    return found
+            pairs[f"{peer}.{rate}_per_s"] = (
+                fleet_figures[f"{ours}.{rate}_per_s"]["dollars_per_million"]["total"],
+                fleet_figures[f"{peer}.{rate}_per_s"]["dollars_per_million"]["total"])
+    return {key: {"messenger": mine, "peer": theirs, "cheaper": mine < theirs,
+                  "same": mine == theirs} for key, (mine, theirs) in pairs.items()}
 
 
 def main() -> dict[str, Any]:
@@ -538,9 +666,9 @@ def main() -> dict[str, Any]:
         results["job_over_plain"] = round(job_total / plain_total, 3)
         results["job_goal"] = JOB_GOAL
         results["job_meets_goal"] = job_total <= JOB_GOAL * plain_total
-        results["plain_cheaper_than_peer"] = cheaper_than_peers(plain_total, peers,
-                                                                results["fleet"])
-        results["plain_meets_goal"] = all(results["plain_cheaper_than_peer"].values())
+        results["plain_versus_peers"] = versus_peers(results["plain"], peers, results["fleet"])
+        results["plain_meets_goal"] = all(v["cheaper"]
+                                          for v in results["plain_versus_peers"].values())
         results["load_average"] = {"start": round(load[0], 2), "end": round(load[-1], 2)}
         results["price_table"] = price_table()
         return results
