@@ -61,6 +61,11 @@ _FREE_CONTROL = frozenset({"DescribeTable", "CreateTable", "DescribeTimeToLive",
                            "UpdateTimeToLive", "ListTables", "TagResource", "ListTagsOfResource"})
 
 
+#: Where `WireMeter.remember_params` leaves a call's billed parameters in its context.
+_PARAMS_KEY = "messenger_billed_params"
+_BILLED_PARAMS = ("QueueUrl", "ConsistentRead")
+
+
 class WireMeter:
     """Bills every request a ClientFactory's clients (or a plain boto3 client) send.
 
@@ -77,15 +82,25 @@ class WireMeter:
         self._lock = threading.Lock()
 
     def attach(self, factory: ClientFactory) -> WireMeter:
+        factory.register("before-parameter-build", self.remember_params)
         factory.register("before-send", self.before_send)
         factory.register("after-call", self.after_call)
         return self
 
     def attach_client(self, client: Any) -> WireMeter:
         """Meter one boto3 client made elsewhere (a peer's own)."""
+        client.meta.events.register("before-parameter-build", self.remember_params)
         client.meta.events.register("before-send", self.before_send)
         client.meta.events.register("after-call", self.after_call)
         return self
+
+    @staticmethod
+    def remember_params(params: Any = None, context: Any = None, **_: Any) -> None:
+        """What `after_call` bills by (a receive's queue, a read's consistency): botocore's
+        after-call event carries the call's context, not its parameters."""
+        if isinstance(context, dict) and isinstance(params, dict):
+            context[_PARAMS_KEY] = {name: params[name] for name in _BILLED_PARAMS
+                                    if name in params}
 
     def before_send(self, request: Any = None, event_name: str = "", **_: Any) -> None:
         service, operation = event_name.split(".")[1:3]
@@ -122,9 +137,10 @@ class WireMeter:
         elif service == "lambda" and operation == "Invoke":
             usage.add("lambda.request")
 
-    def after_call(self, http_response: Any = None, model: Any = None,
-                   params: Any = None, event_name: str = "", **_: Any) -> None:
+    def after_call(self, http_response: Any = None, context: Any = None,
+                   event_name: str = "", **_: Any) -> None:
         service, operation = event_name.split(".")[1:3]
+        params = context.get(_PARAMS_KEY) if isinstance(context, dict) else None
         if not ((service == "sqs" and operation == "ReceiveMessage")
                 or (service == "dynamodb" and operation in _DYNAMODB_READS)):
             return  # never touch another response's body: S3's is a stream its caller reads

@@ -115,3 +115,29 @@ def test_bad_input_is_one_line_and_exit_2(settings, clients, capsys, monkeypatch
         assert cli.main(args) == 2
         err = capsys.readouterr().err
         assert said in err and err.strip().count("\n") == 0, err
+
+
+def test_the_wire_meter_bills_what_botocore_really_passes_its_events(clients, endpoint):
+    # Given real clients on the local endpoint, metered: a FIFO queue holding a 100 KiB message
+    # and a table with one item (botocore's after-call event carries the call's context, not
+    # its parameters: a meter reading parameters there billed every receive as standard and
+    # every read as eventually consistent)
+    meter = WireMeter().attach(clients)
+    sqs, dynamodb = clients.client("sqs"), clients.client("dynamodb")
+    url = sqs.create_queue(QueueName="metered.fifo", Attributes={
+        "FifoQueue": "true", "ContentBasedDeduplication": "true"})["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="x" * 100 * 1024, MessageGroupId="g")
+    dynamodb.create_table(TableName="metered", BillingMode="PAY_PER_REQUEST",
+                          KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+                          AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}])
+    dynamodb.put_item(TableName="metered", Item={"id": {"S": "1"}})
+    before = dict(meter.usage)
+    # When the message is received and the item read strongly consistent
+    [message] = sqs.receive_message(QueueUrl=url)["Messages"]
+    dynamodb.get_item(TableName="metered", Key={"id": {"S": "1"}}, ConsistentRead=True)
+    # Then the receive is billed as FIFO requests, one per started 64 KiB of its answer (at
+    # least 2 for 100 KiB), and the read as one whole read unit
+    added = {key: meter.usage.get(key, 0) - before.get(key, 0) for key in meter.usage}
+    assert len(message["Body"]) == 100 * 1024
+    assert added.get("sqs.fifo_request", 0) >= 2 and added.get("sqs.request", 0) == 0
+    assert added["dynamodb.read_unit"] == 1.0

@@ -69,8 +69,10 @@ def test_the_wire_meter_bills_a_fixed_set_of_requests() -> None:
     _send(meter, "sqs.SendMessageBatch", {**url, "Entries": [{"MessageBody": "x"}] * 10})
     _send(meter, "sqs.SendMessage", {**url, "MessageBody": "x" * 100 * 1024})
     _send(meter, "sqs.ReceiveMessage", url)
+    receive: dict = {}  # botocore's request context: the same dict at both events
+    meter.remember_params(params=url, context=receive)
     meter.after_call(http_response=SimpleNamespace(content=b"x" * 200 * 1024),
-                     params=url, event_name="after-call.sqs.ReceiveMessage")
+                     context=receive, event_name="after-call.sqs.ReceiveMessage")
     fifo = {"QueueUrl": "http://localhost/000000000000/orders.fifo", "MessageBody": "x"}
     _send(meter, "sqs.SendMessage", fifo)
     for _ in range(3):
@@ -78,8 +80,10 @@ def test_the_wire_meter_bills_a_fixed_set_of_requests() -> None:
     _send(meter, "dynamodb.BatchWriteItem", {"RequestItems": {"t": [
         {"PutRequest": {"Item": {"id": {"S": str(n)}}}} for n in range(25)]}})
     _send(meter, "dynamodb.GetItem", {"TableName": "t"})
+    read: dict = {}
+    meter.remember_params(params={"TableName": "t", "ConsistentRead": True}, context=read)
     meter.after_call(http_response=SimpleNamespace(content=b"{}"),
-                     params={"ConsistentRead": True}, event_name="after-call.dynamodb.GetItem")
+                     context=read, event_name="after-call.dynamodb.GetItem")
     for _ in range(2):
         meter.before_send(request=SimpleNamespace(body=b"", headers={
             "Content-Length": str(600 * 1024)}), event_name="before-send.s3.PutObject")
