@@ -51,7 +51,7 @@ from messenger.channel import (
 )
 from stacks.bundle import IGNORE_CODE, REPO_ROOT, staging_root
 from stacks.foundation import Foundation
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, acknowledge_wildcard_resource
 
 #: The partition of the pause records in the worker registry's table
 #: (`messenger.jobs.controls.PAUSE_PARTITION`; tests/infra check they agree).
@@ -352,26 +352,31 @@ class DashboardService(Construct):
                     "lambda:ListEventSourceMappings (pause finds a queue's mappings) and X-Ray's "
                     "trace writes have no resource types, so IAM grants them on * only; they "
                     "read, never change.")
-        acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:lambda:"
-                            f"{stack.region}:{stack.account}:event-source-mapping:*]",
-                    "A mapping's ARN is its UUID, made at deploy time; the statement's condition "
-                    "(ArnLike lambda:FunctionArn) limits it to mappings invoking the namespace's "
-                    "consumer functions ('<namespace->messenger-consumer-*'), which pause and "
-                    "resume only enable or disable.")
-        acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:scheduler:"
-                            f"{stack.region}:{stack.account}:schedule/"
-                            f"{schedule_group_name(self.namespace)}/*]",
-                    "Scheduled jobs are schedules created at run time in the namespace's own "
-                    "schedule group; an operator's cancel deletes one of them.")
-        acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:"
-                            f"{stack.region}:{stack.account}:{prefix}*]",
-                    "The namespace's queues are made by channel stacks and at run time; the "
-                    "prefix is the namespace, and the only write is SendMessage (requeue).")
+        acknowledge_wildcard_resource(
+            policy, f"{lambda_arn}:event-source-mapping:*",
+            "A mapping's ARN is its UUID, made at deploy time; the statement's condition "
+            "(ArnLike lambda:FunctionArn) limits it to mappings invoking the namespace's "
+            "consumer functions ('<namespace->messenger-consumer-*'), which pause and "
+            "resume only enable or disable.")
+        # (acknowledge_wildcard_resource: an environment-agnostic stack's region and account
+        # are tokens, which cdk-nag prints as <AWS::Region> and <AWS::AccountId>)
+        def arn(service: str) -> str:
+            return f"arn:{Aws.PARTITION}:{service}:{stack.region}:{stack.account}"
+
+        acknowledge_wildcard_resource(
+            policy, f"{arn('scheduler')}:schedule/"
+                    f"{schedule_group_name(self.namespace)}/*",
+            "Scheduled jobs are schedules created at run time in the namespace's own "
+            "schedule group; an operator's cancel deletes one of them.")
+        acknowledge_wildcard_resource(
+            policy, f"{arn('sqs')}:{prefix}*",
+            "The namespace's queues are made by channel stacks and at run time; the "
+            "prefix is the namespace, and the only write is SendMessage (requeue).")
         for dlq in dlqs:
-            acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:sqs:"
-                                f"{stack.region}:{stack.account}:{dlq.rsplit(':', 1)[1]}]",
-                        "Receive and delete are limited to the namespace's dead-letter queues "
-                        "(names ending -dlq): the operators' requeue and delete.")
+            acknowledge_wildcard_resource(
+                policy, f"{arn('sqs')}:{dlq.rsplit(':', 1)[1]}",
+                "Receive and delete are limited to the namespace's dead-letter queues "
+                "(names ending -dlq): the operators' requeue and delete.")
 
 
 def _image_context() -> str:

@@ -160,12 +160,12 @@ class OpsFunctions(Construct):
                 f"{lambda_arn}:function:{lambda_consumer_prefix(self.namespace)}*"]}}))
         key.grant_decrypt(role)
         policy = role.node.find_child("DefaultPolicy")
-        acknowledge(policy, f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:lambda:"
-                            f"{stack.region}:{stack.account}:event-source-mapping:*]",
-                    "A mapping's ARN is its UUID, made at deploy time; the condition (ArnLike "
-                    "lambda:FunctionArn) limits it to mappings invoking the namespace's consumer "
-                    "functions, which the queue alarm only disables again while their channel's "
-                    "pause record says paused.")
+        acknowledge_wildcard_resource(
+            policy, f"{lambda_arn}:event-source-mapping:*",
+            "A mapping's ARN is its UUID, made at deploy time; the condition (ArnLike "
+            "lambda:FunctionArn) limits it to mappings invoking the namespace's consumer "
+            "functions, which the queue alarm only disables again while their channel's "
+            "pause record says paused.")
 
     def _watchers(self, key: kms.IKey) -> None:
         account = Stack.of(self).account
