@@ -77,7 +77,8 @@ class ConsumerProcess:
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         found = []
-        for line in self.log_path.read_text().splitlines():
+        # complete lines only: the consumer may be writing the last one as it is read
+        for line in self.log_path.read_text().split("\n")[:-1]:
             if line.startswith("{"):
                 event = json.loads(line)
                 if name is None or event.get("event") == name:
