@@ -134,14 +134,20 @@ def test_a_message_fetched_for_a_worker_that_stays_busy_is_released_for_another_
                 "prefetch_expired"]
 
     assert wait_until_or_false(expired, timeout=15), a.consumer.history()
-    [released] = [e for e in a.consumer.named("released")]
-    assert released.fields["ok"] and released.message_id in sent
     # and another consumer gets every message while the first is still blocked
     b = start(Other, "b", concurrency=2)
     wait_until(lambda: sorted(b.consumer.ids()) == sorted(sent), timeout=20)
     assert not a.consumer.gate.is_set()
-    [again] = [m for m in b.consumer.handled if m.message_id == released.message_id]
-    assert again.receive_count == 2
+    # (one release, or up to one per receive in flight: on a loaded machine a slow answer let
+    # a second receive go out for the same worker, as on a backlog, and each message fetched
+    # was given back the same way)
+    released = a.consumer.named("released")
+    assert 1 <= len(released) <= 3, a.consumer.history()
+    for event in released:
+        assert event.fields["ok"] and event.fields["reason"] == "prefetch_expired"
+        assert event.message_id in sent
+        [again] = [m for m in b.consumer.handled if m.message_id == event.message_id]
+        assert again.receive_count == 2
     a.consumer.gate.set()
     wait_until(lambda: len(a.consumer.handled) == 5)
     a.stop()
