@@ -17,6 +17,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.busy < 0:
         parser.error(f"--busy must be 0 or more, got {args.busy}")
     args.logs.mkdir(parents=True, exist_ok=True)
+    # a SIGTERM (a stopped run) unwinds as an exit: the pytest run and the spinners end with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(args.busy)]
     for spinner in spinners:
         spinner.start()
