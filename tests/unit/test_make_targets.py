@@ -3,6 +3,7 @@ show), and runs every test without them."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,9 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _pytest_line(*make_args: str) -> str:
     # -n prints the recipe without running it; -o keeps the set-up steps out of the listing
+    # (a make that runs this test hands its command-line variables, e.g. ARGS, down through
+    # MAKEFLAGS: the dry run gets only its own)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "ARGS", "TEST_WORKERS")}
     dry = subprocess.run(
         ["make", "-n", "-o", ".venv/.installed", "-o", "node_modules/.installed", "test",
-         *make_args], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True,
+         *make_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30, check=True,
     )
     (line,) = [line for line in dry.stdout.splitlines() if " -m pytest" in line]
     return line
