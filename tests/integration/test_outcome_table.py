@@ -221,7 +221,11 @@ def test_both_runtimes_give_the_same_verdict(harness: Harness, runtime: str, nam
         attribute = dead["MessageAttributes"][DEAD_LETTER_REASON_ATTRIBUTE]["StringValue"]
         assert attribute.startswith(case.reason)
     if case.delay is not None:
-        assert verdict.fields["delay"] == case.delay
+        # (on a loaded machine the Fargate runtime may give a fetched message back unrun when
+        # no worker took it within prefetch_wait; received again, it is one receive further on,
+        # and the backoff, counted in receives, doubles once per such release)
+        released = [e for e in consumer.events if e.name == "released"]
+        assert verdict.fields["delay"] == case.delay * 2 ** len(released), consumer.events
     if case.delay_at_least is not None:
         # (capped: SQS refuses a visibility past 12 hours since the receive)
         assert case.delay_at_least <= verdict.fields["delay"] < MAX_RETRY_DELAY_SECONDS
