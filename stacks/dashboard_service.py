@@ -358,23 +358,19 @@ class DashboardService(Construct):
             "(ArnLike lambda:FunctionArn) limits it to mappings invoking the namespace's "
             "consumer functions ('<namespace->messenger-consumer-*'), which pause and "
             "resume only enable or disable.")
-        # (acknowledge_wildcard_resource: an environment-agnostic stack's region and account
-        # are tokens, which cdk-nag prints as <AWS::Region> and <AWS::AccountId>)
-        def arn(service: str) -> str:
-            return f"arn:{Aws.PARTITION}:{service}:{stack.region}:{stack.account}"
-
+        # (the resources as granted: acknowledge_wildcard_resource prints a region or account
+        # token as cdk-nag does, <AWS::Region> and <AWS::AccountId>)
         acknowledge_wildcard_resource(
-            policy, f"{arn('scheduler')}:schedule/"
-                    f"{schedule_group_name(self.namespace)}/*",
+            policy, schedules,
             "Scheduled jobs are schedules created at run time in the namespace's own "
             "schedule group; an operator's cancel deletes one of them.")
         acknowledge_wildcard_resource(
-            policy, f"{arn('sqs')}:{prefix}*",
+            policy, queues,
             "The namespace's queues are made by channel stacks and at run time; the "
             "prefix is the namespace, and the only write is SendMessage (requeue).")
         for dlq in dlqs:
             acknowledge_wildcard_resource(
-                policy, f"{arn('sqs')}:{dlq.rsplit(':', 1)[1]}",
+                policy, dlq,
                 "Receive and delete are limited to the namespace's dead-letter queues "
                 "(names ending -dlq): the operators' requeue and delete.")
 
