@@ -126,12 +126,14 @@ class StatusTracker:
         if self.writer is not None:
             self.writer.wait_ready()
 
+    @property
+    def _sink(self) -> StatusStore | StatusWriterProcess:
+        """Where records go: the writer process when there is one, else the store's thread."""
+        return self.store if self.writer is None else self.writer
+
     def record(self, record: StatusRecord) -> None:
         """Queue a record for writing (the writer process's, else the store's thread)."""
-        if self.writer is not None:
-            self.writer.record(record)
-        else:
-            self.store.record(record)
+        self._sink.record(record)
 
     def track(self, event: LifecycleEvent) -> None:
         record = status_record(event, self.consumer_id)
@@ -141,9 +143,6 @@ class StatusTracker:
     def close(self, timeout: float | None = None) -> None:
         """Write what is buffered (at shutdown), within `timeout` seconds (None: no limit)."""
         try:
-            if self.writer is not None:
-                self.writer.close(timeout=timeout)
-            else:
-                self.store.close(timeout=timeout)
+            self._sink.close(timeout=timeout)
         except Exception as error:
             logger.warning("closing the status store failed: %s: %s", type(error).__name__, error)
