@@ -21,7 +21,6 @@ import json
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -200,6 +199,16 @@ def records_of_item(item: dict[str, Any]) -> list[StatusRecord]:
 
 
 @dataclass
+class _Pending:
+    """A message's buffered records (StatusStore): when the first was recorded, whether the
+    last is settled (not in UNSETTLED), the records in the order they were recorded."""
+
+    first_at: float
+    settled: bool
+    records: list[StatusRecord]
+
+
+@dataclass
 class StatusStats:
     recorded: int = 0
     written: int = 0
@@ -234,10 +243,11 @@ class StatusStore:
         self.retention_seconds = retention_seconds
         self.flush_interval = flush_interval
         self.stats = StatusStats()
-        self._buffer: deque[StatusRecord] = deque()
-        #: message id -> [time of its first buffered record, its last event], in the order of
-        #: their first records
-        self._pending: dict[str, list[Any]] = {}
+        #: message id -> _Pending (its buffered records), in the order of their first records:
+        #: a request takes whole messages, so taking one costs the records it takes, not the
+        #: buffer's (a buffer that grew while DynamoDB was slow drains as fast as a short one)
+        self._pending: dict[str, _Pending] = {}
+        self._buffered = 0  # records in _pending
         self._settled = 0  # messages in _pending whose last event is not UNSETTLED
         self._writing = 0  # records of the request in flight
         self.max_buffer = max_buffer
@@ -270,18 +280,19 @@ class StatusStore:
         """Queue a record for writing; never blocks on the network, never raises."""
         with self._lock:
             self.stats.recorded += 1
-            if len(self._buffer) >= self.max_buffer:
+            if self._buffered >= self.max_buffer:
                 self.stats.dropped += 1
                 return
-            self._buffer.append(record)
+            self._buffered += 1
             entry = self._pending.get(record.message_id)
             settled = record.event not in UNSETTLED
             if entry is None:
-                self._pending[record.message_id] = [record.at, record.event]
+                self._pending[record.message_id] = _Pending(record.at, settled, [record])
                 self._settled += settled
             else:
-                self._settled += settled - (entry[1] not in UNSETTLED)
-                entry[1] = record.event
+                self._settled += settled - entry.settled
+                entry.settled = settled
+                entry.records.append(record)
             full = self._settled >= DYNAMODB_MAX_BATCH
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -307,13 +318,13 @@ class StatusStore:
         records one item when it ends within that interval."""
         while True:
             with self._lock:
-                if not self._buffer:
+                if not self._pending:
                     return
                 cutoff = time.time() - self.flush_interval if full_batches_only else None
                 if (
                     cutoff is not None
                     and self._settled < DYNAMODB_MAX_BATCH
-                    and self._buffer[0].at > cutoff
+                    and next(iter(self._pending.values())).first_at > cutoff
                 ):
                     return
                 batch = self._take(DYNAMODB_MAX_BATCH, cutoff)
@@ -328,21 +339,18 @@ class StatusStore:
     def _take(self, messages: int, cutoff: float | None) -> list[StatusRecord]:
         """Remove and return every buffered record of the first `messages` messages that are
         settled or whose first record is older than `cutoff` (None: of any message)."""
-        chosen: set[str] = set()
-        for message_id, (first_at, last_event) in self._pending.items():
+        chosen: list[str] = []
+        batch: list[StatusRecord] = []
+        for message_id, entry in self._pending.items():
             if len(chosen) == messages:
                 break
-            settled = last_event not in UNSETTLED
-            if settled or cutoff is None or first_at <= cutoff:
-                chosen.add(message_id)
-                self._settled -= settled
+            if entry.settled or cutoff is None or entry.first_at <= cutoff:
+                chosen.append(message_id)
+                batch.extend(entry.records)
+                self._settled -= entry.settled
         for message_id in chosen:
             del self._pending[message_id]
-        if not self._pending:
-            batch, self._buffer = list(self._buffer), deque()
-            return batch
-        batch = [r for r in self._buffer if r.message_id in chosen]
-        self._buffer = deque(r for r in self._buffer if r.message_id not in chosen)
+        self._buffered -= len(batch)
         return batch
 
     def _write(self, batch: list[StatusRecord]) -> None:
@@ -384,7 +392,7 @@ class StatusStore:
         thread.join(timeout=None if timeout is None else max(0.0, timeout))
         if thread.is_alive():
             with self._lock:
-                left = len(self._buffer) + self._writing
+                left = self._buffered + self._writing
             logger.warning("status store: the final flush did not end within %.1f s; %d "
                            "record(s) not written yet", timeout, left)
 

@@ -85,6 +85,44 @@ def test_the_writer_holds_a_running_jobs_records_for_the_ones_that_follow(settin
     store.close()
 
 
+def test_a_backlog_is_written_whole_jobs_at_a_time_oldest_first(settings, clients):
+    # Given 60 jobs' records interleaved as a busy consumer's are (every RECEIVED, then every
+    # STARTED, then every COMPLETED), no timer flush in between
+    store = StatusStore(clients, settings, flush_interval=30)
+    store.prepare()
+    sent: list[list[str]] = []
+    clients.register(  # every client of the factory, the writer's included
+        "provide-client-params.dynamodb.BatchWriteItem",
+        lambda params, **_: sent.append([r["PutRequest"]["Item"]["message_id"]["S"]
+                                         for r in params["RequestItems"][store.table]]))
+    events = (StatusEvent.RECEIVED, StatusEvent.STARTED, StatusEvent.COMPLETED)
+    for event in events:
+        for n in range(60):
+            store.record(StatusRecord(f"job{n:02}", event, "orders"))
+    store.close()
+    # Then each request carries 25 whole jobs (10 in the last), in the order they came
+    assert sent == [[f"job{n:02}" for n in range(start, min(start + 25, 60))]
+                    for start in (0, 25, 50)]
+    assert (store.stats.written, store.stats.items, store.stats.dropped) == (180, 60, 0)
+    assert [r.event for r in store.timeline("job59")] == list(events)
+
+
+def test_a_full_buffer_drops_and_counts_the_new_records(settings, clients):
+    # Given a buffer of 50 records and 60 jobs received, then 10 of them completed, before any
+    # write (none is due: nothing settled, no timer flush)
+    store = StatusStore(clients, settings, flush_interval=30, max_buffer=50)
+    store.prepare()
+    for n in range(60):
+        store.record(StatusRecord(f"job{n:02}", StatusEvent.RECEIVED, "orders"))
+    for n in range(10):
+        store.record(StatusRecord(f"job{n:02}", StatusEvent.COMPLETED, "orders"))
+    store.close()
+    # Then the first 50 records are written, the 20 beyond the bound dropped and counted
+    assert (store.stats.recorded, store.stats.written, store.stats.dropped) == (70, 50, 20)
+    assert [r.event for r in store.timeline("job00")] == [StatusEvent.RECEIVED]
+    assert store.timeline("job55") == []
+
+
 def test_a_failing_status_store_never_fails_the_push(settings, clients):
     # The status table lives on a dead endpoint; the queue on the real one. (Each call to it
     # gives up retrying after 1 s: the factory's default, 20 s and up to 5 attempts with
