@@ -17,6 +17,18 @@ leaves them hidden until that timeout, never gone. What a scan could not see is 
 behind the scan's own messages of their group (SQS returns no more of a message group while some of
 its messages are in flight: a scan sees about 10 per group per run).
 
+A read over several DLQs (a prioritized channel's levels; `read_channels` for several channels)
+scans them at once, at most MAX_CONCURRENT_SCANS at a time: each scan ends with a receive that
+waits WaitTimeSeconds=1 and comes back empty (a long poll: SQS answers from all its servers, not
+a sample), so N DLQs take about one such wait instead of N. The result is the same as one DLQ
+after the other: letters in the order of the sources, each source's in SQS's order; the scan of
+every source releases what it held, also when another's fails or the read is interrupted (the
+others stop after their current request); the first failure in source order is raised; each
+request keeps its retry budget. A read with a `limit` scans its DLQs one after the other: which
+letters it returns from a DLQ depends on how many the DLQs before it held, known only once they
+are read to their end (read at once, each could take up to `limit`, receiving and hiding more
+than the limit, or return a mix that depends on timing).
+
 A dead letter is named by its SQS MessageId (exactly one message), or by its messenger
 `message_id` (what `push` returned, what `messenger status` takes) when that names one letter: two
 dead letters can carry the same `message_id` (a job dead-lettered, requeued and dead-lettered
@@ -32,10 +44,13 @@ after a line that says so (`NOT_UTF8`).
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from messenger.aws import ClientFactory, call_with_budget
 from messenger.channel import FIFO_SUFFIX, MAX_BATCH_ENTRIES, ROUTING_KEY_ATTRIBUTE
@@ -67,6 +82,11 @@ NOT_UTF8 = "(offloaded body is not UTF-8: {size} bytes, undecodable ones shown a
 #: A scan's hold grows by this many seconds per message it expects to read (10,000 read in
 #: about 60 s on the local endpoint, fewer on SQS): the hold outlasts the scan.
 SCAN_SECONDS_PER_MESSAGE = 0.01
+#: DLQs (or channels, `read_channels`) read at once: each scan ends with a 1 s long poll that
+#: comes back empty, so N sources take about one poll instead of N. Each thread holds one HTTP
+#: connection of the client's pool (50) while it polls.
+MAX_CONCURRENT_SCANS = 4
+T = TypeVar("T")
 # (`DeadLetterWorkbench.list` shadows the builtin inside the class.)
 Received = list[dict[str, Any]]
 Timeline = list[StatusRecord]
@@ -221,12 +241,16 @@ class _Source:
 
 @dataclass
 class _Scan:
-    """The messages a scan holds, per source, until `release`."""
+    """The messages a scan holds, per source (in the sources' order), until `release`; the
+    sources' scans may run at once (`lock` guards the counts and `remaining`)."""
 
     held: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     not_seen: int = 0
     fifo_blocked: int = 0
     stopped_at_limit: bool = False
+    remaining: set[str] = field(default_factory=set)  # SQS MessageIds wanted, not yet held
+    stop: threading.Event = field(default_factory=threading.Event)  # another source failed
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class DeadLetterWorkbench:
@@ -416,41 +440,62 @@ class DeadLetterWorkbench:
     def _scan(self, scan: _Scan, limit: int | None, until_seen: set[str] | None = None) -> None:
         """Receive and hold every reachable message of each DLQ (stop at `limit`, or once every
         SQS MessageId of `until_seen` is held: a messenger message id may name several, so
-        it reads on); count what could not be seen."""
-        remaining = set(until_seen or ())
-        for source in self.sources:
-            held = scan.held.setdefault(source.dlq.name, [])
-            # Hold long enough for the whole scan (~SCAN_SECONDS_PER_MESSAGE each): a hold that
-            # lapses mid-scan hands messages out twice (then the scan stops and says so).
-            visible, _ = self._counts(source)
-            hold = min(43_200, self.visibility_timeout + int(visible * SCAN_SECONDS_PER_MESSAGE))
-            ids: set[str] = set()
-            while True:
-                total = sum(len(m) for m in scan.held.values())
-                if limit is not None and total >= limit:
-                    scan.stopped_at_limit = True
+        it reads on); count what could not be seen. Without a limit the DLQs are scanned at
+        once (the module doc says why a limit reads them in turn)."""
+        for source in self.sources:  # held in the sources' order, whichever scan ends first
+            scan.held.setdefault(source.dlq.name, [])
+        scan.remaining = set(until_seen or ())
+        if limit is not None or len(self.sources) == 1:
+            for source in self.sources:
+                if not self._scan_source(scan, source, limit, until_seen is not None):
                     return
-                if until_seen is not None and not remaining:
-                    return
-                count = MAX_BATCH_ENTRIES if limit is None else min(MAX_BATCH_ENTRIES,
-                                                                     limit - total)
-                messages = self._receive(source, count, hold)
-                fresh = [m for m in messages if m["MessageId"] not in ids]
-                if not messages:
-                    break
-                for message in messages:
-                    if message["MessageId"] in ids:  # its hold lapsed during a long scan
-                        held[:] = [m for m in held if m["MessageId"] != message["MessageId"]]
-                    ids.add(message["MessageId"])
-                    held.append(message)
-                    remaining.discard(message["MessageId"])
-                if not fresh:
-                    break  # only messages seen before: the whole queue has been read
-            visible, invisible = self._counts(source)
+            return
+        run_concurrently([partial(self._scan_source, scan, source, None, until_seen is not None)
+                          for source in self.sources], scan.stop)
+
+    def _scan_source(self, scan: _Scan, source: _Source, limit: int | None,
+                     until_seen: bool) -> bool:
+        """Scan one DLQ into `scan`; False when the read should go no further (at `limit`,
+        every wanted id held, or `scan.stop` set)."""
+        held = scan.held[source.dlq.name]
+        # Hold long enough for the whole scan (~SCAN_SECONDS_PER_MESSAGE each): a hold that
+        # lapses mid-scan hands messages out twice (then the scan stops and says so).
+        visible, _ = self._counts(source)
+        hold = min(43_200, self.visibility_timeout + int(visible * SCAN_SECONDS_PER_MESSAGE))
+        ids: set[str] = set()
+        while True:
+            if scan.stop.is_set():
+                return False
+            # With a limit the sources are read in turn: no other scan adds to the total.
+            total = sum(len(m) for m in scan.held.values())
+            if limit is not None and total >= limit:
+                scan.stopped_at_limit = True
+                return False
+            with scan.lock:
+                if until_seen and not scan.remaining:
+                    return False
+            count = MAX_BATCH_ENTRIES if limit is None else min(MAX_BATCH_ENTRIES,
+                                                                 limit - total)
+            messages = self._receive(source, count, hold)
+            fresh = [m for m in messages if m["MessageId"] not in ids]
+            if not messages:
+                break
+            for message in messages:
+                if message["MessageId"] in ids:  # its hold lapsed during a long scan
+                    held[:] = [m for m in held if m["MessageId"] != message["MessageId"]]
+                ids.add(message["MessageId"])
+                held.append(message)
+                with scan.lock:
+                    scan.remaining.discard(message["MessageId"])
+            if not fresh:
+                break  # only messages seen before: the whole queue has been read
+        visible, invisible = self._counts(source)
+        with scan.lock:
             # Held by this scan: counted as invisible by SQS.
             scan.not_seen += visible + max(0, invisible - len(held))
             if source.ordered:
                 scan.fifo_blocked += visible
+        return True
 
     def _receive(self, source: _Source, count: int, hold: int) -> Received:
         response = self._call(lambda: self.sqs.receive_message(
@@ -472,15 +517,23 @@ class DeadLetterWorkbench:
             attributes.get("ApproximateNumberOfMessagesDelayed", 0))
 
     def _release(self, scan: _Scan) -> None:
-        """Make every held message visible again at once (visibility 0)."""
+        """Make every held message visible again at once (visibility 0): every source's, also
+        when releasing another's fails (the first failure is raised after)."""
+        failures: list[Exception] = []
         for source in self.sources:
             held = scan.held.get(source.dlq.name, [])
             for start in range(0, len(held), MAX_BATCH_ENTRIES):
                 chunk = held[start : start + MAX_BATCH_ENTRIES]
-                self._batch("change_message_visibility_batch", source.dlq,
-                            [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"],
-                              "VisibilityTimeout": 0} for i, m in enumerate(chunk)],
-                            "releasing messages of")
+                try:
+                    self._batch("change_message_visibility_batch", source.dlq,
+                                [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"],
+                                  "VisibilityTimeout": 0} for i, m in enumerate(chunk)],
+                                "releasing messages of")
+                except Exception as failure:  # left to its hold's end; release the rest
+                    failures.append(failure)
+                    break
+        if failures:
+            raise failures[0]
 
     def _batch(self, operation: str, queue: QueueRef, entries: Received, what: str) -> Any:
         """One batch call (`operation`) on `queue` within the retry budget."""
@@ -533,6 +586,36 @@ class DeadLetterWorkbench:
         last = errors[-1]
         text = f"{last.error_class}: {last.error}" if last.error_class else last.error
         return replace(letter, last_error=text)
+
+
+def read_channels(channels: Sequence[str], read: Callable[[str], T]) -> list[T]:
+    """`read(channel)` for each channel (a workbench's list or show), at most
+    MAX_CONCURRENT_SCANS at once; the results in the channels' order. Each read releases what
+    it held; when one raises, the others still run to their end and the first failure in the
+    channels' order is raised (catch what a channel may answer, e.g. ChannelNotFound, in
+    `read`)."""
+    return run_concurrently([partial(read, channel) for channel in channels])
+
+
+def run_concurrently(tasks: Sequence[Callable[[], T]],
+                     stop: threading.Event | None = None) -> list[T]:
+    """Run `tasks` on at most MAX_CONCURRENT_SCANS threads; their results in their order. When
+    one fails, or the caller is interrupted (KeyboardInterrupt), `stop` is set (tasks that check
+    it end after their current request) and every task is waited for before the first failure
+    in the tasks' order is raised: what a task holds is released by its caller after."""
+    if len(tasks) <= 1:
+        return [task() for task in tasks]
+    stop = stop or threading.Event()
+    pool = ThreadPoolExecutor(min(MAX_CONCURRENT_SCANS, len(tasks)),
+                              thread_name_prefix="messenger-dlq-scan")
+    futures: list[Future[T]] = []
+    try:
+        futures = [pool.submit(task) for task in tasks]
+        wait(futures, return_when=FIRST_EXCEPTION)
+    finally:
+        stop.set()  # after a failure or an interrupt: the others end after their request
+        pool.shutdown(wait=True)  # every task ends before what it held is released
+    return [future.result() for future in futures]
 
 
 def _message_id(message: dict[str, Any]) -> str | None:
