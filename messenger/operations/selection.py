@@ -11,9 +11,10 @@ returns is exactly what an action would then name, by SQS MessageId: the action 
 through `DeadLetterWorkbench.requeue`/`delete`, which check again that each one is still there.
 
 A search reads up to `per_channel` letters of each channel whose DLQs hold any (found with one
-queue snapshot of the namespace; and, for a job id, the status timeline): its cost is bounded
-and counted. Letters in flight elsewhere at that moment are not seen. An offloaded body is not
-fetched from S3 to be searched (counted in `offloaded_skipped`).
+queue snapshot of the namespace; and, for a job id, the status timeline), several channels at
+once (`read_channels`): its cost is bounded and counted. Letters in flight elsewhere at that
+moment are not seen. An offloaded body is not fetched from S3 to be searched (counted in
+`offloaded_skipped`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from typing import Any
 from messenger.aws import ClientFactory, RequestCounter
 from messenger.errors import ChannelNotFound, InvalidSettings
 from messenger.jobs.status import StatusRecord, StatusStore
-from messenger.operations.deadletters import DeadLetter, DeadLetterListing, DeadLetterWorkbench
+from messenger.operations.deadletters import (
+    DeadLetter,
+    DeadLetterListing,
+    DeadLetterWorkbench,
+    read_channels,
+)
 from messenger.operations.snapshot import snapshot
 from messenger.settings import Settings
 
@@ -271,13 +277,18 @@ def search(clients: ClientFactory, settings: Settings, query: SearchQuery,
         channels = sorted({row.channel for row in rows})
         result.channels = channels[:MAX_CHANNELS]
         holding = {row.channel for row in rows if row.dlq_depth}
-        for name in result.channels:
-            if name not in holding:
-                continue
+        opened = [name for name in result.channels if name in holding]
+
+        def read(name: str) -> DeadLetterListing | None:
             try:
-                listing = DeadLetterWorkbench(name, settings, clients).list(limit=per_channel)
+                return DeadLetterWorkbench(name, settings, clients).list(limit=per_channel)
             except ChannelNotFound:
-                continue  # a channel without a DLQ
+                return None  # a channel without a DLQ
+
+        # The channels are read at once (each ends with a 1 s long poll), listed in their order.
+        for name, listing in zip(opened, read_channels(opened, read), strict=True):
+            if listing is None:
+                continue
             result.scanned += len(listing.letters)
             if listing.stopped_at_limit:
                 result.truncated.append(name)

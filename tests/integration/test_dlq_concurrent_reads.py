@@ -19,6 +19,7 @@ from botocore.exceptions import ClientError
 from messenger import Message
 from messenger.aws import ClientFactory
 from messenger.operations.deadletters import DeadLetterWorkbench
+from messenger.operations.selection import SearchQuery, search
 from tests.faults import injected
 from tests.integration.test_dlq_workbench import channel, counts, dead_letter
 
@@ -192,3 +193,23 @@ def test_an_interrupted_read_releases_what_every_scan_held(settings, clients):
     sqs = clients.client("sqs")
     assert [counts(sqs, level.dlq.url) for level in levels] == [(2, 0)] * 3
 
+
+def test_a_search_reads_the_channels_at_once(settings, clients):
+    # Given three channels with 2 letters each
+    sqs = clients.client("sqs")
+    for name in ("alpha", "beta", "gamma"):
+        resources = channel(settings, clients, name=name)
+        for n in range(2):
+            dead_letter(sqs, resources.dlq.url, Message({"text": f"card declined {n}"},
+                                                        message_id=f"{name}-{n}"))
+    # When every channel is searched (a factory of the search's own, as the dashboard's)
+    own = ClientFactory(clients.region, clients.endpoint_url)
+    with recorded(own) as receives:
+        result = search(own, settings, SearchQuery(text="declined"))
+    # Then the channels' last long polls were in flight together, and the letters are in the
+    # channels' order
+    last = list(receives.last_polls().values())
+    assert len(last) == 3 and all(call.received == 0 for call in last)
+    assert overlap(last), receives.calls
+    assert [(name, x.id) for name, x in result.letters] == [
+        (name, f"{name}-{n}") for name in ("alpha", "beta", "gamma") for n in range(2)]

@@ -41,7 +41,7 @@ from messenger.jobs.controls import CancelRequests
 from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
 from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import list_workers
-from messenger.operations.deadletters import DeadLetterWorkbench
+from messenger.operations.deadletters import DeadLetterWorkbench, read_channels
 from messenger.operations.history import WINDOWS, channel_history
 from messenger.operations.pause import pause, paused_channels, resume
 from messenger.operations.selection import (
@@ -296,15 +296,23 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         store = StatusStore(dashboard.clients, dashboard.settings)
         timeline = store.timeline(letter_id) if store.exists() else []
         channels = [name] if name else list(dict.fromkeys(r.channel for r in timeline))
-        searched = []
-        for candidate in channels:
+
+        def shown(candidate: str) -> tuple[Any, Any, Any] | None:
             try:
-                found, body, records = dashboard.workbench(candidate).show(letter_id)
+                return dashboard.workbench(candidate).show(letter_id)
             except (ChannelNotFound, DeadLetterNotFound):
                 if name:
                     raise
+                return None
+
+        # Every channel at once (each read ends with a 1 s long poll); the first in the
+        # timeline's order that holds the letter is shown.
+        searched = []
+        for candidate, shown_letter in zip(channels, read_channels(channels, shown), strict=True):
+            if shown_letter is None:
                 searched.append(candidate)
                 continue
+            found, body, records = shown_letter
             return render(request, "letter.html", channel=candidate, letter=found, body=body,
                           timeline=records)
         if not timeline:
