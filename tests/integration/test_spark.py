@@ -1,8 +1,11 @@
 """messenger.spark and the price-drop job in real Spark local mode, publishing to the moto server.
 
-One SparkSession for the module. Its JVM (and so every Python worker) starts with a dead
-AWS_ENDPOINT_URL and no MESSENGER_NAMESPACE: every test that publishes proves that the endpoint
-and settings reach the executors explicitly, from the driver.
+One SparkSession for the test process (`spark`, session-scoped: its JVM takes 15-20 s to start on
+2 busy cores, so a pytest-xdist worker starts it once, whichever of this module's tests it runs,
+and keeps it while it runs other files' tests between them). Its JVM (and so every Python worker)
+starts with a dead AWS_ENDPOINT_URL and no MESSENGER_NAMESPACE: every test that publishes proves
+that the endpoint and settings reach the executors explicitly, from the driver. This module is
+pickled by value (cloudpickle), so the executors get its producer classes without importing it.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class AuditProducer(MultiProducer):
     channel = "audit"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark(local_endpoint: LocalProcess) -> Iterator[SparkSession]:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # test classes, on executors
     saved = {name: os.environ.get(name) for name in ("AWS_ENDPOINT_URL", "MESSENGER_NAMESPACE")}
