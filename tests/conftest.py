@@ -13,6 +13,7 @@ from messenger.aws import ClientFactory
 from messenger.produce.producer import _BaseProducer
 from messenger.settings import Settings
 from messenger.tools.local import LOCAL_CREDENTIALS, LocalProcess, reset, start_local_process
+from tests.xdist_groups import PathGroupScheduling, group_of, misplaced
 
 # Never reach real AWS from a test, whatever the developer's shell has.
 for _name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
@@ -20,44 +21,42 @@ for _name in ("AWS_PROFILE", "AWS_ENDPOINT_URL"):
 os.environ.update(LOCAL_CREDENTIALS)
 
 
-# `make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`): the suite waits
-# on processes, queues and timers far more than it computes, so workers overlap the waits. Tests
-# that share an expensive once-per-session fixture run on one worker, so it is made once:
-# the CDK synths (every tests/infra file), Chromium, the podman image, the Spark sessions and the
-# module-scoped moto fixtures. Every other test goes to whichever worker is free; each worker has
-# its own moto server (`local_endpoint`).
-XDIST_GROUPS = {
-    "tests/infra/": "cdk-synth",
-    "tests/integration/test_consumer_container.py": "podman",
-    "tests/integration/test_consumer_image.py": "podman",
-    "tests/integration/test_spark.py": "spark",
-    "tests/integration/test_emr_spark.py": "spark",
-    "tests/integration/test_moto_sqs.py": "moto-sqs",
-    "tests/integration/test_moto_tagging.py": "moto-tagging",
-}
-XDIST_FIXTURE_GROUPS = {"browser": "browser"}
+#: Per test: the group session fixtures it uses from outside their group (tests/xdist_groups.py).
+MISPLACED = pytest.StashKey[list[str]]()
 
 
 # tryfirst: pytest-xdist's worker reads the xdist_group marks in its own
-# pytest_collection_modifyitems (it appends `@group` to each node id, which `--dist loadgroup`
-# schedules by); it is registered after this conftest, so without tryfirst it runs first, sees
-# no marks, and every test is scheduled on its own. NB: with pytest 9.2 and pytest-xdist 3.8 the
-# suffix is lost anyway (xdist writes `item._nodeid`, which pytest 9.2's node ids no longer
-# read: pytest-xdist issue 1386), so until one of them changes the groups are not kept together.
+# pytest_collection_modifyitems; it is registered after this conftest, so without tryfirst it
+# runs first and sees no marks. With pytest 9.2 and pytest-xdist 3.8 the marks do not keep a group
+# on one worker (pytest-xdist issue #1386): `pytest_xdist_make_scheduler` below does.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its xdist group (tests/xdist_groups.py)."""
     root = Path(str(config.rootpath))
     for item in items:
         path = Path(str(item.path)).relative_to(root).as_posix()
-        group = next((name for prefix, name in XDIST_GROUPS.items() if path.startswith(prefix)),
-                     None)
-        group = group or next(
-            (name for fixture, name in XDIST_FIXTURE_GROUPS.items()
-             if fixture in item.fixturenames),
-            None,
-        )
+        item.stash[MISPLACED] = misplaced(path, item.fixturenames)
+        group = group_of(path)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that uses a group's session fixture from a file outside the group fails (at setup:
+    an error raised at collection is lost on an xdist worker): it would make the fixture again."""
+    if problems := item.stash.get(MISPLACED, []):
+        pytest.fail("\n".join(problems), pytrace=False)
+
+
+# optionalhook: the hook is pytest-xdist's, and `-p no:xdist` runs have no such hook.
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under `--dist loadgroup`, a scheduler that reads each test's group from its path: xdist's
+    own finds none with pytest 9.2 (pytest-xdist issue #1386; drop this once a released
+    pytest-xdist handles pytest 9.2). Other dist modes keep xdist's scheduler."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return PathGroupScheduling(config, log)
 
 
 def pytest_report_header() -> str:
