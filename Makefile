@@ -23,8 +23,8 @@ $(NODE_STAMP): package.json
 # Arguments for pytest: make test ARGS="tests/unit -x -q" (pytest's own PYTEST_ADDOPTS works too).
 ARGS ?=
 # The suite waits on processes, queues and timers far more than it computes: pytest-xdist
-# workers overlap the waits (4 on 2 cores: 9 min instead of 19). Tests that share a session
-# fixture (the CDK synths, Chromium, podman, Spark) stay on one worker (tests/conftest.py).
+# workers overlap the waits (4 on 2 cores: 7.5 min instead of 19). Tests that share a session
+# fixture (the CDK synths, Chromium, podman, Spark) stay on one worker (tests/xdist_groups.py).
 # TEST_WORKERS=0 runs every test in this process.
 TEST_WORKERS ?= 4
 
