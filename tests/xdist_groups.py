@@ -26,8 +26,8 @@ XDIST_GROUPS = {
     # The naming rule for the tests that drive Chromium (the session fixture `browser`).
     "tests/*_browser.py": "browser",
 }
-#: A test that uses one of these session fixtures must sit in a file of its group (the
-#: collection fails otherwise: tests/conftest.py), so the path rules above cannot silently rot.
+#: A test that uses one of these session fixtures must sit in a file of its group (it fails at
+#: setup otherwise: tests/conftest.py), so the path rules above cannot silently rot.
 XDIST_FIXTURE_GROUPS = {"browser": "browser"}
 
 
