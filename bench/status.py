@@ -47,7 +47,7 @@ from messenger.aws import ClientFactory, RequestCounter  # noqa: E402
 from messenger.consume.settings import ConsumerSettings  # noqa: E402
 from messenger.produce.producer import Producer  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
-from messenger.tools.local import start_local_process  # noqa: E402
+from messenger.tools.local import endpoint_from_env, start_local_process  # noqa: E402
 
 MESSAGES = int(os.environ.get("BENCH_MESSAGES", "32000"))
 #: Off and on alternate in rounds of MESSAGES / ROUNDS, so that a change in the machine's load (or
@@ -246,27 +246,25 @@ def measure(settings: Settings, dynamodb_pid: int | None = None) -> dict[str, An
 
 
 def main() -> dict[str, Any]:
-    if os.environ.get("AWS_ENDPOINT_URL"):  # LocalStack, AWS: nothing to start or place
-        return measure(Settings.from_env(namespace=f"b{uuid.uuid4().hex[:6]}"))
-    sqs = start_local_process()
-    dynamodb = start_local_process()
-    os.environ.update(sqs.env())
-    os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = dynamodb.url
     cores = sorted(os.sched_getaffinity(0))
-    if TASK_CPUS and len(cores) > TASK_CPUS:
-        # a task of TASK_CPUS vCPUs: this process (the consumers, their writer processes) on
-        # its cores, the AWS servers on the others
-        os.sched_setaffinity(0, cores[:TASK_CPUS])
-        for server in (sqs, dynamodb):
-            os.sched_setaffinity(server.process.pid, cores[TASK_CPUS:])
-    try:
-        result = measure(Settings.from_env(namespace=f"b{uuid.uuid4().hex[:6]}"),
-                         dynamodb.process.pid)
-        result["task_cpus"] = TASK_CPUS if TASK_CPUS and len(cores) > TASK_CPUS else None
-        return result
-    finally:
-        dynamodb.stop()
-        sqs.stop()
+    pinned = bool(TASK_CPUS) and len(cores) > TASK_CPUS and not os.environ.get("AWS_ENDPOINT_URL")
+    if pinned:  # the local AWS servers, started next, inherit the cores the task leaves
+        os.sched_setaffinity(0, cores[TASK_CPUS:])
+    with endpoint_from_env() as local:
+        dynamodb = start_local_process() if local else None
+        if pinned:  # a task of TASK_CPUS vCPUs: the consumers and their writer processes
+            os.sched_setaffinity(0, cores[:TASK_CPUS])
+        if dynamodb is not None:
+            os.environ["AWS_ENDPOINT_URL_DYNAMODB"] = dynamodb.url
+        try:
+            result = measure(Settings.from_env(namespace=f"b{uuid.uuid4().hex[:6]}"),
+                             dynamodb.process.pid if dynamodb is not None else None)
+            result["task_cpus"] = TASK_CPUS if pinned else None
+            return result
+        finally:
+            if dynamodb is not None:
+                dynamodb.stop()
+                del os.environ["AWS_ENDPOINT_URL_DYNAMODB"]
 
 
 if __name__ == "__main__":
