@@ -11,6 +11,7 @@ from messenger import ChannelSpec, Producer
 from messenger.aws import ClientFactory, RequestCounter
 from messenger.channel import status_table_name
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
+from tests.faults import injected
 
 
 class TrackedOrders(Producer):
@@ -91,15 +92,14 @@ def test_a_backlog_is_written_whole_jobs_at_a_time_oldest_first(settings, client
     store = StatusStore(clients, settings, flush_interval=30)
     store.prepare()
     sent: list[list[str]] = []
-    clients.register(  # every client of the factory, the writer's included
-        "provide-client-params.dynamodb.BatchWriteItem",
-        lambda params, **_: sent.append([r["PutRequest"]["Item"]["message_id"]["S"]
-                                         for r in params["RequestItems"][store.table]]))
     events = (StatusEvent.RECEIVED, StatusEvent.STARTED, StatusEvent.COMPLETED)
-    for event in events:
-        for n in range(60):
-            store.record(StatusRecord(f"job{n:02}", event, "orders"))
-    store.close()
+    with injected(clients, "provide-client-params.dynamodb.BatchWriteItem",  # the writer's too
+                  lambda params, **_: sent.append([r["PutRequest"]["Item"]["message_id"]["S"]
+                                                   for r in params["RequestItems"][store.table]])):
+        for event in events:
+            for n in range(60):
+                store.record(StatusRecord(f"job{n:02}", event, "orders"))
+        store.close()
     # Then each request carries 25 whole jobs (10 in the last), in the order they came
     assert sent == [[f"job{n:02}" for n in range(start, min(start + 25, 60))]
                     for start in (0, 25, 50)]
