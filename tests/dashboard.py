@@ -112,6 +112,10 @@ class AlbSigner:
     kid: str
     private_key: Any
     key_url: str
+    #: the paths asked of the key endpoint, in order
+    fetched: list[str]
+    #: cleared: the endpoint holds every answer until it is set again (a slow endpoint)
+    answering: Any
 
     def token(self, claims: dict[str, Any], *, signer: str = ALB_ARN, client: str = CLIENT_ID,
               kid: str | None = None, key: Any = None, alg: str = "ES256",
@@ -136,7 +140,8 @@ class AlbSigner:
 @contextmanager
 def alb_key_server() -> Iterator[AlbSigner]:
     """A local key endpoint serving one P-256 public key (PEM) at /<kid>, as
-    public-keys.auth.elb.<region>.amazonaws.com does; counts its requests (`served_keys`)."""
+    public-keys.auth.elb.<region>.amazonaws.com does; records the paths asked (`fetched`), and
+    holds its answers while `answering` (an Event, set) is cleared."""
     import threading
     import uuid
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -149,8 +154,14 @@ def alb_key_server() -> Iterator[AlbSigner]:
     pem = private.public_key().public_bytes(serialization.Encoding.PEM,
                                             serialization.PublicFormat.SubjectPublicKeyInfo)
 
+    fetched: list[str] = []
+    answering = threading.Event()
+    answering.set()
+
     class Keys(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            fetched.append(self.path)
+            answering.wait(60)
             found = self.path == f"/{kid}"
             self.send_response(200 if found else 404)
             self.end_headers()
@@ -164,8 +175,10 @@ def alb_key_server() -> Iterator[AlbSigner]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield AlbSigner(kid, private, f"http://127.0.0.1:{server.server_port}/{{kid}}")
+        yield AlbSigner(kid, private, f"http://127.0.0.1:{server.server_port}/{{kid}}", fetched,
+                        answering)
     finally:
+        answering.set()
         server.shutdown()
         server.server_close()
 

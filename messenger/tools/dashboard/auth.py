@@ -26,7 +26,8 @@ import re
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,12 +38,18 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 IDENTITY_HEADER = "x-amzn-oidc-data"
 #: Where a region's load balancers publish their public keys (by key id).
 ALB_KEY_URL = "https://public-keys.auth.elb.{region}.amazonaws.com/{kid}"
-#: Key ids are UUIDs: anything else never reaches the key URL.
-KID_PATTERN = re.compile(r"^[A-Za-z0-9-]{1,128}$")
+#: Key ids are UUIDs: anything else never reaches the key URL (matched whole: `fullmatch`, so
+#: no trailing newline slips through as `$` would let it).
+KID_PATTERN = re.compile(r"[A-Za-z0-9-]{1,128}")
 #: Clock skew tolerated on `exp` (seconds).
 LEEWAY_SECONDS = 30
 #: Seconds a key fetch may take.
 KEY_FETCH_TIMEOUT = 5.0
+#: Key ids the endpoint could not give are remembered this long (seconds), at most
+#: MISSING_KEYS_MAX of them (the oldest forgotten first): a run of tokens naming an unknown key
+#: makes one fetch, not one per request, and a slow key endpoint stalls one refusal, not all.
+MISSING_KEY_TTL = 300.0
+MISSING_KEYS_MAX = 1024
 #: Claims tried, in order, for the name an action is recorded under.
 NAME_CLAIMS = ("email", "preferred_username", "username", "cognito:username", "name", "sub")
 
@@ -57,12 +64,17 @@ class Role(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Identity:
-    """A signed-in user (or the local operator). name: what actions are recorded under."""
+    """A signed-in user (or the local operator). name: what actions are recorded under (an
+    e-mail address the provider says is not verified carries " (unverified)"). subject: the
+    provider's `sub`, the stable id. email: the `email` claim as given; email_verified: False
+    only when the provider says so (`email_verified` false), None when it says nothing."""
 
     name: str
     role: Role
     subject: str = ""
     groups: tuple[str, ...] = ()
+    email: str = ""
+    email_verified: bool | None = None
 
     @property
     def operator(self) -> bool:
@@ -101,6 +113,8 @@ class AlbIdentity:
     authenticates with (the token's `client`). operator_groups: groups whose members are
     operators (empty: everyone is a viewer). groups_claim: the claim holding the groups.
     key_url: the key endpoint, `{region}` and `{kid}` filled in (tests serve their own).
+    missing_key_ttl / missing_keys_max: how long, and how many, key ids the endpoint could not
+    give are remembered (refused without a fetch). clock: what that time is read from.
     """
 
     region: str
@@ -110,7 +124,14 @@ class AlbIdentity:
     groups_claim: str = "cognito:groups"
     key_url: str = ALB_KEY_URL
     leeway_seconds: int = LEEWAY_SECONDS
+    missing_key_ttl: float = MISSING_KEY_TTL
+    missing_keys_max: int = MISSING_KEYS_MAX
+    clock: Callable[[], float] = time.monotonic
     _keys: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: kid -> (clock time it may be asked again, why it failed); insertion order = age
+    _missing: OrderedDict[str, tuple[float, str]] = field(default_factory=OrderedDict,
+                                                          repr=False)
+    _fetching: dict[str, threading.Event] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -142,7 +163,7 @@ class AlbIdentity:
         if header.get("client") != self.client_id:
             raise Unauthenticated("identity token for another app client (audience)")
         kid = str(header.get("kid") or "")
-        if not KID_PATTERN.match(kid):
+        if not KID_PATTERN.fullmatch(kid):
             raise Unauthenticated("identity token without a valid key id")
         try:
             claims = jwt.decode(token, self._key(kid), algorithms=["ES256"],
@@ -157,13 +178,42 @@ class AlbIdentity:
         name = next((str(claims[c]) for c in NAME_CLAIMS if claims.get(c)), "")
         if not name:
             raise Unauthenticated("identity token names nobody (no sub)")
+        email = str(claims.get("email") or "")
+        verified = email_verified(claims)
+        if email and name == email and verified is False:
+            name = f"{email} (unverified)"
         return Identity(name, Role.OPERATOR if operator else Role.VIEWER,
-                        str(claims.get("sub") or ""), groups)
+                        str(claims.get("sub") or ""), groups, email=email,
+                        email_verified=verified)
 
     def _key(self, kid: str) -> Any:
-        with self._lock:
-            if kid in self._keys:
-                return self._keys[kid]
+        """The public key of `kid`: fetched once; a kid the endpoint could not give is refused
+        from memory for `missing_key_ttl` s; requests naming a kid being fetched wait for that
+        one fetch (KEY_FETCH_TIMEOUT) rather than making their own."""
+        while True:
+            with self._lock:
+                if kid in self._keys:
+                    return self._keys[kid]
+                missing = self._missing.get(kid)
+                if missing is not None:
+                    if self.clock() < missing[0]:
+                        raise Unauthenticated(missing[1])
+                    del self._missing[kid]
+                fetching = self._fetching.get(kid)
+                if fetching is None:
+                    fetching = self._fetching[kid] = threading.Event()
+                    break
+            if not fetching.wait(KEY_FETCH_TIMEOUT + 1):
+                raise Unauthenticated(f"the load balancer's key {kid!r} is still being fetched")
+        try:
+            key = self._fetch(kid)
+        finally:
+            with self._lock:
+                del self._fetching[kid]
+            fetching.set()
+        return key
+
+    def _fetch(self, kid: str) -> Any:
         url = self.key_url.format(region=self.region, kid=kid)
         started = time.monotonic()
         try:
@@ -171,9 +221,24 @@ class AlbIdentity:
                 pem = response.read(16_384)
             key = load_pem_public_key(pem)
         except (OSError, ValueError) as error:
-            raise Unauthenticated(f"the load balancer's key {kid!r} could not be read "
-                                  f"({type(error).__name__} after "
-                                  f"{time.monotonic() - started:.1f} s)") from None
+            why = (f"the load balancer's key {kid!r} could not be read "
+                   f"({type(error).__name__} after {time.monotonic() - started:.1f} s)")
+            with self._lock:
+                self._missing[kid] = (self.clock() + self.missing_key_ttl, why)
+                while len(self._missing) > self.missing_keys_max:
+                    self._missing.popitem(last=False)
+            raise Unauthenticated(why) from None
         with self._lock:
             self._keys[kid] = key
         return key
+
+
+def email_verified(claims: dict[str, Any]) -> bool | None:
+    """The `email_verified` claim: a JSON boolean, or the string "true"/"false" (Cognito's
+    userinfo sends strings); None when absent or anything else."""
+    value = claims.get("email_verified")
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return None
