@@ -163,6 +163,11 @@ def workers_table_name(namespace: str = "") -> str:
     return f"{namespace}-messenger-workers" if namespace else "messenger-workers"
 
 
+def audit_table_name(namespace: str = "") -> str:
+    """The dashboard's audit trail (`messenger.operations.audit`): '<namespace->messenger-audit'."""
+    return f"{namespace}-messenger-audit" if namespace else "messenger-audit"
+
+
 def lambda_consumer_prefix(namespace: str = "") -> str:
     """The start of every Lambda consumer function's name (`stacks.lambda_consumer`):
     '<namespace->messenger-consumer-'. The dashboard's pause may update only the event source
