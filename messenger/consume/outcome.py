@@ -10,11 +10,14 @@ every broker). In order:
    'attempts_exhausted: ...', without running the handler again.
 2. Decode (an offloaded body is read from S3 within the retry budget): an unreadable or invalid
    body, or a payload gone, is dead-lettered at once with its reason; S3 unreachable is a retry.
-3. A job the scheduler fired (marked with `SCHEDULED_HEADER`) is claimed once per job
+3. A job that carries an id (the scheduler fired it: `SCHEDULED_HEADER`; pushed with dedup on,
+   an HTTP Idempotency-Key's among them: `JOB_WINDOW_HEADER`) is claimed once per job id
    (`messenger.jobs.fired`), outside the processing timeout: claimed by another copy of it (a
-   retried firing) → deleted unrun, DUPLICATE ('duplicate_firing'); the table unavailable past
-   the retry budget → retried after the backoff delay. A claimed copy that is dead-lettered
-   gives its claim back, so a requeue of it runs.
+   retried firing, a send botocore retried) → deleted unrun, DUPLICATE ('duplicate_firing',
+   'duplicate_job'); cancelled (`messenger schedules cancel` marked it first) → deleted unrun,
+   CANCELLED ('cancelled_unrun', CANCELLED on a tracked job's timeline); the table unavailable
+   past the retry budget → retried after the backoff delay. A claimed copy that is
+   dead-lettered gives its claim back, so a requeue of it runs. A plain job makes no call.
 4. An idempotent consumer's key is claimed (`IdempotencyGuard.begin`) outside the handler's
    processing timeout: done already → DUPLICATE; running elsewhere → visible again when that
    run's claim expires; the table unavailable past the retry budget → retried after the backoff
@@ -51,8 +54,7 @@ from messenger.consume.lifecycle import LifecycleHooks
 from messenger.consume.mailbox import Delivery, Mailbox, ReceivedMessage, Stage, unreadable_reason
 from messenger.consume.watchdog import ProcessingTimeout, run_interruptibly
 from messenger.errors import MessageDecodeError, PayloadMissing
-from messenger.jobs.fired import fired_job_id
-from messenger.jobs.schedules import SCHEDULED_HEADER
+from messenger.jobs.fired import Cancelled, job_mark, received_job_mark
 from messenger.offload import PayloadStore
 from messenger.tracing import ProcessTrace
 
@@ -71,16 +73,18 @@ class Verdict(enum.Enum):
     KEPT = "kept"  # the DLQ forward failed: still in its queue, back when its lease ends
     TIMED_OUT = "timed_out"  # past its deadline, marked here: report and forward it
     TAKEN = "taken"  # another thread gave the verdict (the deadline watcher): nothing to do
+    CANCELLED = "cancelled"  # its job was cancelled before any copy claimed it: delete it unrun
 
     @property
     def deletes(self) -> bool:
         """The runtime deletes the message (Fargate's delete batch, Lambda's response)."""
-        return self in (Verdict.COMPLETED, Verdict.DUPLICATE)
+        return self in (Verdict.COMPLETED, Verdict.DUPLICATE, Verdict.CANCELLED)
 
     @property
     def finished(self) -> bool:
         """Gone from its queue for good (deleted or dead-lettered)."""
-        return self in (Verdict.COMPLETED, Verdict.DUPLICATE, Verdict.DEAD_LETTERED)
+        return self in (Verdict.COMPLETED, Verdict.DUPLICATE, Verdict.CANCELLED,
+                        Verdict.DEAD_LETTERED)
 
 
 def stopped_reason(receive_count: int, attempts: int) -> str:
@@ -114,15 +118,18 @@ class OutcomePolicy:
     to delete (Fargate: Stage.DELETING, leased until SQS confirms; Lambda: Stage.DONE).
     forward_failed: called when a dead-letter forward fails (Fargate stops the consumer when
     there is no DLQ to take an unreadable message); the verdict is KEPT either way.
+    clock: the monotonic clock deadlines are read on (the runtimes': `time.monotonic`; tests
+    move one of their own).
     """
 
     def __init__(self, consumer: RuntimeHost, store: PayloadStore,
                  done_stage: Stage = Stage.DONE, forward_failed: ForwardFailed | None = None,
-                 ) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.consumer = consumer
         self.store = store
         self.done_stage = done_stage
         self.forward_failed = forward_failed
+        self.clock = clock
 
     # -- one message -------------------------------------------------------------------------
     def run(self, delivery: Delivery, budget: float, limit: float | None = None) -> Verdict:
@@ -146,7 +153,7 @@ class OutcomePolicy:
             return self._failed(delivery, None, unreadable)
         delivery.message = message
         consumer.check_delay(message)
-        repeat = self._claim_firing(delivery, message, limit)
+        repeat = self._claim_job(delivery, message, limit)
         if repeat is not None:
             return repeat
         guard = consumer.idempotency
@@ -229,47 +236,62 @@ class OutcomePolicy:
             delivery.deadline = deadline
             return True
 
-    @staticmethod
-    def _past_deadline(delivery: Delivery, then: float | None) -> Verdict | None:
+    def _past_deadline(self, delivery: Delivery, then: float | None) -> Verdict | None:
         """After the handler: TIMED_OUT when it returned past its deadline (marked here), TAKEN
         when the deadline watcher marked it first, else None (its deadline becomes `then`: the
         idempotency store's calls come next)."""
         with delivery.lock:
             if delivery.stage is not Stage.RUNNING:
                 return Verdict.TAKEN
-            if delivery.deadline is not None and time.monotonic() >= delivery.deadline:
+            if delivery.deadline is not None and self.clock() >= delivery.deadline:
                 delivery.stage = Stage.TIMED_OUT
                 return Verdict.TIMED_OUT
             delivery.deadline = then
             return None
 
-    def _claim_firing(self, delivery: Delivery, message: ReceivedMessage, limit: float | None
-                      ) -> Verdict | None:
-        """Claim a job fired by the scheduler for this copy (`messenger.jobs.fired`): None to run
-        it (not fired, or ours), else the verdict of a repeat (DUPLICATE), of a table that
-        failed (RETRY) or TAKEN (timed out meanwhile). The claim's calls do not count against
-        the processing timeout (as the idempotency store's do not)."""
+    def _claim_job(self, delivery: Delivery, message: ReceivedMessage, limit: float | None
+                   ) -> Verdict | None:
+        """Claim a job that carries an id for this copy (`messenger.jobs.fired`): None to run it
+        (a plain job, or ours), else the verdict of a repeat (DUPLICATE), of a cancelled job
+        (CANCELLED), of a table that failed (RETRY) or TAKEN (timed out meanwhile). The
+        claim's calls do not count against the processing timeout (as the idempotency store's
+        do not)."""
         claims = self.consumer.firings
-        if claims is None or SCHEDULED_HEADER not in message.meta_headers:
+        mark = job_mark(message.meta_headers, message.message_id) if claims is not None \
+            else None
+        if claims is None or mark is None:
             return None
-        from messenger.jobs.status import StatusEvent  # a fired job's: loaded when one comes
+        from messenger.jobs.status import StatusEvent  # a marked job's: loaded when one comes
         self._set_deadline(delivery, limit)
         try:
-            other = claims.claim(message.message_id, delivery.sqs_message_id)
+            other = claims.claim(mark.job_id, delivery.sqs_message_id, mark.window)
         except Exception as error:  # neither run unclaimed nor dropped: tried again later
             return self._retry(delivery, error=error)
+        if isinstance(other, Cancelled):
+            if not delivery.claim(Stage.RUNNING, self.done_stage):
+                return Verdict.TAKEN
+            self._note_firing(delivery, message, StatusEvent.CANCELLED, time.time(),
+                              f"cancelled by {other.by or 'unknown'}: deleted unrun",
+                              actor=other.by or "unknown")
+            self.consumer.emit("cancelled_unrun", delivery.log_id,
+                               duration=delivery.running_for(), fields={
+                                   "receive_count": delivery.receive_count, "by": other.by,
+                                   "cancelled_at": other.at})
+            return Verdict.CANCELLED
         if other is not None:
             if not delivery.claim(Stage.RUNNING, self.done_stage):
                 return Verdict.TAKEN
+            what = "a retried firing" if mark.fired else "another copy of the job"
             self._note_firing(delivery, message, StatusEvent.DUPLICATE, time.time(),
-                              f"a retried firing: SQS message {other.sqs_message_id} runs it")
-            self.consumer.emit("duplicate_firing", delivery.log_id,
-                               duration=delivery.running_for(), fields={
+                              f"{what}: SQS message {other.sqs_message_id} runs it",
+                              actor="scheduler" if mark.fired else "consumer")
+            self.consumer.emit("duplicate_firing" if mark.fired else "duplicate_job",
+                               delivery.log_id, duration=delivery.running_for(), fields={
                                    "receive_count": delivery.receive_count,
                                    "claimed_by": other.sqs_message_id,
                                    "claimed_at": other.claimed_at})
             return Verdict.DUPLICATE
-        if delivery.receive_count == 1:  # Scheduler sent it to SQS: nothing else says QUEUED
+        if mark.fired and delivery.receive_count == 1:  # Scheduler sent it: nothing says QUEUED
             sent = delivery.raw.get("Attributes", {}).get("SentTimestamp")
             self._note_firing(delivery, message, StatusEvent.QUEUED,
                               float(sent) / 1000.0 if sent else time.time())
@@ -280,10 +302,12 @@ class OutcomePolicy:
         return None
 
     def _note_firing(self, delivery: Delivery, message: ReceivedMessage, event: StatusEvent,
-                     at: float, note: str = "") -> None:
-        """A tracked channel's record of a fired job, by 'scheduler': QUEUED at the time SQS
-        took it from Scheduler (SentTimestamp; it sorts before RECEIVED), or a repeat's
-        DUPLICATE. Written by the status store's writer; a failure there is only logged."""
+                     at: float, note: str = "", actor: str = "scheduler") -> None:
+        """A tracked channel's record of a job that carries an id: a fired job's QUEUED by
+        'scheduler' at the time SQS took it from Scheduler (SentTimestamp; it sorts before
+        RECEIVED), a repeat's DUPLICATE ('scheduler' for a retried firing, 'consumer' for
+        another copy of a pushed job), a cancelled job's CANCELLED, by who cancelled it.
+        Written by the status store's writer; a failure there is only logged."""
         tracker, claims = self.consumer.status, self.consumer.firings
         if tracker is None or claims is None:
             return
@@ -291,7 +315,7 @@ class OutcomePolicy:
         tracker.record(StatusRecord(
             message.message_id, event, claims.channel, at=at,
             consumer_id=tracker.consumer_id, receive_count=delivery.receive_count,
-            error=note, actor="scheduler"))
+            error=note, actor=actor))
 
     def _settle(self, key: str, delivery: Delivery, error: BaseException | None) -> None:
         """Record the idempotent handler's end: COMPLETED, or its claim deleted (`error`)."""
@@ -392,12 +416,12 @@ class OutcomePolicy:
         return Verdict.DEAD_LETTERED
 
     def _release_firing(self, delivery: Delivery) -> None:
-        """A dead-lettered copy of a fired job gives its claim back (only its own): a requeue
-        of the job is then a run of its own, not a repeat."""
+        """A dead-lettered copy of a job that carries an id gives its claim back (only its
+        own): a requeue of the job is then a run of its own, not a repeat."""
         claims = self.consumer.firings
-        job_id = fired_job_id(delivery.raw) if claims is not None else None
-        if claims is not None and job_id is not None:
-            claims.release(job_id, delivery.sqs_message_id)
+        mark = received_job_mark(delivery.raw) if claims is not None else None
+        if claims is not None and mark is not None:
+            claims.release(mark.job_id, delivery.sqs_message_id)
 
     @staticmethod
     def _mailbox(delivery: Delivery) -> Mailbox:

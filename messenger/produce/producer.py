@@ -18,8 +18,9 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
 
 from messenger.aws import ClientFactory, call_with_budget, error_code
@@ -54,6 +55,7 @@ from messenger.jobs.dedup import (
     check_lease,
     check_window,
 )
+from messenger.jobs.fired import JOB_WINDOW_HEADER
 from messenger.jobs.schedules import Delivery, plan_delivery
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.message import (
@@ -74,7 +76,7 @@ from messenger.produce.checks import (
     utf8_text,
 )
 from messenger.produce.push import PreparedItem, PushedId, PushFailure, PushItem, PushManyResult
-from messenger.produce.scheduled import ScheduledSends
+from messenger.produce.scheduled import ScheduledSends, check_offload_due, needs_offload
 from messenger.produce.transport import EntryFailure, OutgoingMessage, QueueTarget, TopicTarget
 from messenger.provision import Provisioner, is_missing_resource
 from messenger.schema import SCHEMA_VERSION_ATTRIBUTE, BodySchema
@@ -251,7 +253,7 @@ class _BaseProducer:
 
     def _push(self, item: PushItem, trace: ProducerTrace | None,
               when: Delivery | None = None) -> PushedId:
-        prepared, _ = self._prepare(0, item, trace)
+        prepared, _ = self._prepare(0, item, trace, when)
         local = self._dedup(prepared, item, set())
         # An id held by another producer's push in flight is waited on, within the budget,
         # until sent there (a duplicate) or given up (ours); never a duplicate unsent.
@@ -265,16 +267,26 @@ class _BaseProducer:
             self._record_queued([prepared.message_id], time.time(), StatusEvent.DUPLICATE)
             return PushedId(prepared.message_id, duplicate=True)
         sent_at = time.time()  # SQS accepts it after this: a consumer's RECEIVED comes later
+        # One token per push, the same on its retries: a schedule it made is told from another
+        # push's (`ScheduleStore.schedule`).
+        push = uuid.uuid4().hex if when is not None and when.scheduled else ""
         try:
-            sent_id = self._with_target(
-                prepared.level, lambda target: self.scheduled.send(target, prepared, when),
+            sent = self._with_target(
+                prepared.level, lambda target: self.scheduled.send(target, prepared, when, push),
                 "push")
         except BaseException:
             if verdict is not None:
                 self.dedup_store.release(verdict)  # not sent: a retry is not a duplicate
             raise
+        sent_id = sent.sent_id
         if verdict is not None:
             self.dedup_store.mark_sent([verdict])
+        if sent.duplicate:
+            # The job id names one job: its first schedule stands (its due time, its body).
+            due = f"due {sent.due:%Y-%m-%d %H:%M:%S} UTC" if sent.due else "fired or cancelled"
+            logger.info("push to %s: job %s is scheduled already (%s): this push is a "
+                        "duplicate, not scheduled", self.channel, prepared.message_id, due)
+            return PushedId(prepared.message_id, duplicate=True, due=sent.due, scheduled=True)
         self._remember([prepared])
         if when is None or not when.scheduled:  # a schedule records SCHEDULED itself
             self._record_queued([prepared.message_id], sent_at)
@@ -402,10 +414,14 @@ class _BaseProducer:
         return ProducerTrace.of(self.settings.tracing, self.messaging_system,
                                 self.destination_name, batch, self.trace_parent)
 
-    def _prepare(self, index: int, item: PushItem, trace: ProducerTrace | None = None
-                 ) -> tuple[PreparedItem, int]:
+    def _prepare(self, index: int, item: PushItem, trace: ProducerTrace | None = None,
+                 when: Delivery | None = None) -> tuple[PreparedItem, int]:
         level = self._level(item.priority)
         headers = merged_headers(self.meta_headers(), item.meta_headers)
+        if (self.dedup if item.dedup is None else item.dedup) is True and \
+                (item.message_id is not None or self.ordered):
+            # A job id: its consumer runs it once within the window (messenger.jobs.fired)
+            headers[JOB_WINDOW_HEADER] = str(self.window)
         if isinstance(item.routing_key, str):
             check_text("routing_key", item.routing_key)
         if item.message_id is not None:
@@ -446,9 +462,17 @@ class _BaseProducer:
             encoded = trace.stamp(index, message_id, encoded)
         encoded = EncodedMessage(encoded.body, encoded.attributes, body_size=len(body_utf8))
         offloaded = 0
-        if encoded.size > self.threshold:
+        due = when.due if when is not None and when.scheduled else None
+        if encoded.size > self.threshold or (due is not None and needs_offload(
+                "sns" if self.messaging_system == SNS_SYSTEM else "sqs",
+                OutgoingMessage(encoded, group_id, dedup_id), due)):
             # The body goes to S3 (any valid Unicode), only the pointer to SQS: the characters
             # SQS refuses are looked for in what goes there, never in a body it does not carry.
+            # A scheduled one also when its schedule's input (the body escaped once more)
+            # would be too large for Scheduler, and only when the object outlives its due
+            # time: a refused push uploads nothing.
+            if due is not None:
+                check_offload_due(due, datetime.now(timezone.utc))
             encoded = self._offload(encoded, body_utf8)
             offloaded = 1
         else:
