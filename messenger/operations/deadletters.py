@@ -44,6 +44,7 @@ after a line that says so (`NOT_UTF8`).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -74,6 +75,8 @@ from messenger.operations.queues import channel_queues, dead_letter_queue
 from messenger.operations.requeue import MOVE_VISIBILITY_TIMEOUT, Requeuer, RequeueReport
 from messenger.provision import Provisioner, QueueRef
 from messenger.settings import Settings
+
+logger = logging.getLogger("messenger.deadletters")
 
 #: What a dead letter moved by SQS's redrive (max_receives) says: no consumer forwarded it.
 REDRIVE_REASON = "redrive: no consumer verdict"
@@ -354,7 +357,9 @@ class DeadLetterWorkbench:
     def delete(self, letter_ids: Iterable[str]) -> int:
         """Delete exactly these dead letters, one message per id; DeadLetterNotFound when one of
         them is not in a DLQ, AmbiguousDeadLetter when one names several (nothing deleted).
-        Returns how many messages were deleted."""
+        Returns how many messages were deleted: a letter SQS refused to delete (a Failed entry
+        of DeleteMessageBatch) is not counted, stays in its DLQ (visible again at once) and is
+        logged; fewer than the ids named means some were refused."""
         deleted = 0
 
         def remove(source: _Source, messages: Received) -> None:
@@ -365,9 +370,19 @@ class DeadLetterWorkbench:
                     "delete_message_batch", source.dlq,
                     [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
                      for i, m in enumerate(chunk)], "deleting from")
+                # Only what SQS lists as Successful is gone; a refused entry (Failed) is still
+                # in the DLQ: not counted, no DELETED record, and released at once (visible
+                # again, not left hidden till the scan's hold ends).
                 done = {int(entry["Id"]) for entry in response.get("Successful", [])}
                 deleted += len(done)
                 self._record_deleted([chunk[i] for i in sorted(done)], source)
+                refused = [(chunk[i], failure) for failure in response.get("Failed", [])
+                           if (i := int(failure["Id"])) not in done]
+                for message, failure in refused:
+                    logger.warning("dead letter %s not deleted from %s: %s %s",
+                                   message["MessageId"], source.dlq.name,
+                                   failure.get("Code", ""), failure.get("Message", ""))
+                self._give_back(source, [message for message, _ in refused])
 
         self._find(list(letter_ids), act=remove)
         return deleted
@@ -534,6 +549,19 @@ class DeadLetterWorkbench:
                     break
         if failures:
             raise failures[0]
+
+    def _give_back(self, source: _Source, messages: Received) -> None:
+        """Make these held messages visible again at once; a failure is logged (they come
+        back when their hold ends)."""
+        if not messages:
+            return
+        try:
+            self._batch("change_message_visibility_batch", source.dlq,
+                        [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+                         for i, m in enumerate(messages)], "releasing messages of")
+        except Exception as error:  # the delete's outcome stands; they come back later
+            logger.warning("could not release %d dead letter(s) of %s: %s", len(messages),
+                           source.dlq.name, error)
 
     def _batch(self, operation: str, queue: QueueRef, entries: Received, what: str) -> Any:
         """One batch call (`operation`) on `queue` within the retry budget."""

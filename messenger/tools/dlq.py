@@ -126,7 +126,12 @@ def run_cli(args: argparse.Namespace) -> int:
     if not _confirm(f"Delete {len(ids)} dead letter(s) from {', '.join(bench.dlqs)}?", args.yes):
         print("nothing deleted")
         return 1
-    print(f"deleted {bench.delete(ids)} message(s) from {', '.join(bench.dlqs)}")
+    deleted = bench.delete(ids)
+    if deleted < len(ids):  # SQS refused some (logged): they are still in the DLQ
+        print(f"deleted {deleted} of {len(ids)} message(s) from {', '.join(bench.dlqs)}; "
+              f"{len(ids) - deleted} refused by SQS, still in the DLQ (see the log)")
+        return 1
+    print(f"deleted {deleted} message(s) from {', '.join(bench.dlqs)}")
     return 0
 
 
