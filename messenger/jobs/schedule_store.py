@@ -32,8 +32,10 @@ from messenger.channel import (
 )
 from messenger.errors import ChannelNotFound, MessengerError
 from messenger.jobs.schedules import (
+    channel_key,
     channel_prefix,
     job_key,
+    legacy_job_key,
     parse_at,
     retry_policy,
     schedule_name,
@@ -52,6 +54,11 @@ LIST_PAGE_SIZE = 100
 
 class ScheduleNotFound(MessengerError):
     """No scheduled job has this id: it never existed, already fired or was cancelled."""
+
+
+class ScheduleNameTaken(MessengerError):
+    """A job's schedule name holds another job (another id or destination): nothing was
+    scheduled, and the other job is left alone."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,21 @@ def job_of(schedule: dict[str, Any]) -> ScheduledJob:
         destination=str(request.get("QueueUrl") or request.get("TopicArn") or ""),
         state=schedule.get("State", ""),
     )
+
+
+@dataclass(frozen=True)
+class Scheduled:
+    """What `ScheduleStore.schedule` did: `created` True, this push made the schedule `arn`;
+    False, the job id was scheduled already (another push) and `existing` is that job, which
+    stands as it was (its due time, its body): this push is a duplicate, not scheduled."""
+
+    arn: str
+    created: bool
+    existing: ScheduledJob | None = None
+
+
+#: Where a schedule's Description carries the push that made it (`ScheduleStore.schedule`).
+_PUSH_MARK = "push "
 
 
 class ScheduleStore:
@@ -198,10 +220,23 @@ class ScheduleStore:
     # -- one-time schedules ---------------------------------------------------------------
     def create(self, channel: str, job_id: str, due: datetime, kind: str, request: str) -> str:
         """Schedule `request` (the universal target's input, `schedules.target_input`) to be
-        sent once at `due`; returns the schedule's ARN. A job id scheduled already (a retried
-        push) keeps its first schedule."""
+        sent once at `due`; returns the schedule's ARN. A job id scheduled already keeps its
+        first schedule (`schedule` says which happened)."""
+        return self.schedule(channel, job_id, due, kind, request).arn
+
+    def schedule(self, channel: str, job_id: str, due: datetime, kind: str, request: str,
+                 push: str = "") -> Scheduled:
+        """Schedule `request` to be sent once at `due`, unless the job id is scheduled on the
+        channel already: then the first schedule stands and this one is not made (`created`
+        False, `existing` the waiting job). push: a token of this push (its Description holds
+        it), so a CreateSchedule that was applied but answered with an error, then retried,
+        is recognised as this push's own schedule, not a duplicate. ScheduleNameTaken when the
+        name holds another job (another id, or another destination)."""
         role, dlq = self.wiring()
         name = schedule_name(channel, job_id)
+        description = f"messenger job {job_id} on {channel}"
+        if push:
+            description = f"{_PUSH_MARK}{push}: {description}"
         try:
             created = self.scheduler.create_schedule(
                 Name=name,
@@ -210,7 +245,7 @@ class ScheduleStore:
                 ScheduleExpressionTimezone="UTC",
                 FlexibleTimeWindow={"Mode": "OFF"},
                 ActionAfterCompletion="DELETE",
-                Description=f"messenger job {job_id} on {channel}"[:512],
+                Description=description[:512],
                 Target={
                     "Arn": target_arn(kind),
                     "RoleArn": role,
@@ -219,13 +254,33 @@ class ScheduleStore:
                     "RetryPolicy": retry_policy(),
                 },
             )
-            return str(created["ScheduleArn"])
+            return Scheduled(str(created["ScheduleArn"]), created=True)
         except ClientError as error:
             if error_code(error) != "ConflictException":
                 raise
-        logger.info("job %s on %s is scheduled already: its first schedule stands", job_id,
-                    channel)
-        return str(self.scheduler.get_schedule(Name=name, GroupName=self.group)["Arn"])
+        try:
+            found = self.scheduler.get_schedule(Name=name, GroupName=self.group)
+        except ClientError as error:
+            if error_code(error) != "ResourceNotFoundException":
+                raise
+            # It fired (and deleted itself) or was cancelled in between: the job id was taken.
+            logger.info("job %s on %s was scheduled already and is gone now (fired or "
+                        "cancelled): this push is a duplicate", job_id, channel)
+            return Scheduled("", created=False)
+        existing = job_of(found)
+        ours = json.loads(request)
+        destination = str(ours.get("QueueUrl") or ours.get("TopicArn") or "")
+        if existing.job_id != job_id or existing.destination != destination:
+            raise ScheduleNameTaken(
+                f"schedule {name!r} holds job {existing.job_id!r} to {existing.destination}, "
+                f"not job {job_id!r} to {destination}: nothing was scheduled (give the job "
+                f"another id)")
+        arn = str(found["Arn"])
+        if push and str(found.get("Description", "")).startswith(f"{_PUSH_MARK}{push}:"):
+            return Scheduled(arn, created=True)  # this push's own, its create retried
+        logger.info("job %s on %s is scheduled already (due %s): its first schedule stands, "
+                    "this push is a duplicate", job_id, channel, existing.due)
+        return Scheduled(arn, created=False, existing=existing)
 
     def _names(self, prefix: str | None = None) -> Iterator[str]:
         paginator = self.scheduler.get_paginator("list_schedules")
@@ -260,14 +315,18 @@ class ScheduleStore:
     def find(self, job_id: str, channel: str | None = None) -> ScheduledJob | None:
         """The waiting job `job_id` (None: unknown, fired or cancelled). Without its channel,
         the group's names are scanned for it (one page per 100 schedules)."""
+        keys = [key for key in (job_key(job_id), legacy_job_key(job_id)) if key is not None]
         if channel is not None:
-            return self._get(schedule_name(channel, job_id))
-        suffix = f".{job_key(job_id)}"
-        for name in self._names():
-            if name.endswith(suffix):
-                job = self._get(name)
-                if job is not None and job.job_id == job_id:
-                    return job
+            names = [f"{channel_key(channel)}.{key}" for key in keys]
+        else:
+            suffixes = tuple(f".{key}" for key in keys)
+            names = [name for name in self._names() if name.endswith(suffixes)]
+        for name in names:
+            # The name is not the proof: the job id its input carries is (a name made before
+            # 'h.' hashes could hold another id's job).
+            job = self._get(name)
+            if job is not None and job.job_id == job_id:
+                return job
         return None
 
     def cancel(self, job_id: str, channel: str | None = None, actor: str = "") -> ScheduledJob:

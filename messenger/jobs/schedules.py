@@ -52,9 +52,17 @@ from messenger.schedule_spec import (  # noqa: F401
     target_input,
 )
 
+#: How far ahead a job may be due: `at` at most this long after the push, `delay` at most this
+#: long (366 days, in seconds). One bound for `push(at=/delay=)` and the HTTP API (`at`,
+#: `delay_seconds`); beyond it, InvalidMessage names the field and this range.
+MAX_AHEAD_SECONDS = 366 * 86_400
+MAX_AHEAD = timedelta(seconds=MAX_AHEAD_SECONDS)
+
 #: The job part of a schedule name keeps a message id of these characters up to this length; a
-#: longer or other id is named by its hash.
+#: longer or other id is named by its hash, 'h.' + 37 hex digits: a kept id has no '.', so the
+#: two never meet (before, 'h' + 38 hex digits: an id of that form was taken for another's hash).
 _JOB_KEY = re.compile(r"^[0-9A-Za-z_-]{1,39}$")
+_HASHED_PREFIX = "h."
 _CHANNEL_KEY_LENGTH = 24
 
 
@@ -84,7 +92,9 @@ def plan_delivery(at: datetime | None, delay: timedelta | float | None, *, order
     at: a timezone-aware datetime, not in the past. delay: a timedelta or seconds, >= 0.
     ordered: the channel is FIFO (no per-message delay). fanout: the channel is an exchange
     (an SNS topic: no delay at all). now: the current time (tests). InvalidMessage, naming the
-    value, for both given, a naive or past `at`, a negative or non-numeric delay."""
+    value, for both given, a naive or past `at`, a negative or non-numeric delay, and for a time
+    beyond `MAX_AHEAD_SECONDS` (366 days; also `datetime.max` and `timedelta.max`). A wait of up
+    to 900 s inclusive on a standard queue is SQS's DelaySeconds."""
     if at is None and delay is None:
         return None
     now = now or datetime.now(timezone.utc)
@@ -102,17 +112,29 @@ def plan_delivery(at: datetime | None, delay: timedelta | float | None, *, order
             raise InvalidMessage(
                 f"at={at.isoformat()} is in the past (now: {now.isoformat(timespec='seconds')})"
             )
-        seconds = (at - now).total_seconds()
+        seconds = (at - now).total_seconds()  # aware datetimes: no overflow, even at .max
+        if seconds > MAX_AHEAD_SECONDS:
+            raise InvalidMessage(
+                f"at={at.isoformat()} is too far ahead: at must be from now to 366 days from "
+                f"now (by {(now + MAX_AHEAD).isoformat(timespec='seconds')})"
+            )
     else:
         if isinstance(delay, timedelta):
             seconds = delay.total_seconds()
-        elif isinstance(delay, (int, float)) and not isinstance(delay, bool) \
-                and math.isfinite(delay):
-            seconds = float(delay)
+        elif isinstance(delay, int) and not isinstance(delay, bool):
+            # clamped as an int first: float() of a huge one raises OverflowError
+            seconds = float(min(max(delay, -1), MAX_AHEAD_SECONDS + 1))
+        elif isinstance(delay, float) and math.isfinite(delay):
+            seconds = delay
         else:
             raise InvalidMessage(f"delay must be a timedelta or seconds, got {delay!r}")
         if seconds < 0:
-            raise InvalidMessage(f"delay must not be negative, got {seconds:g} s")
+            raise InvalidMessage(f"delay must not be negative, got {delay!r}")
+        if seconds > MAX_AHEAD_SECONDS:
+            raise InvalidMessage(
+                f"delay={delay!r} is too long: delay must be 0 to {MAX_AHEAD_SECONDS} seconds "
+                f"(366 days)"
+            )
     if seconds <= 0:
         return None
     # Rounded up: a job never runs before the time it was given (an at(...) expression holds
@@ -122,7 +144,10 @@ def plan_delivery(at: datetime | None, delay: timedelta | float | None, *, order
     due = (now + timedelta(seconds=seconds)).astimezone(timezone.utc)
     if due.microsecond:
         due = due.replace(microsecond=0) + timedelta(seconds=1)
-    whole = math.ceil((due - now).total_seconds())
+    # DelaySeconds counts from when SQS takes the message (after `now`): the wait asked for,
+    # rounded up, never early. Not the rounded-up due time's distance, which a fractional `now`
+    # would push past 900 (SQS's limit, inclusive) for a delay of exactly 900.
+    whole = math.ceil(seconds)
     if not ordered and not fanout and whole <= SQS_MAX_DELAY_SECONDS:
         return Delivery(due, delay_seconds=whole)
     return Delivery(due)
@@ -142,9 +167,18 @@ def channel_key(channel: str) -> str:
 
 
 def job_key(job_id: str) -> str:
-    """The job part of a schedule name: the job id itself when it fits, else 'h' + its hash."""
+    """The job part of a schedule name: the job id itself when it fits, else 'h.' + its hash
+    (a kept id never has a '.': no id is named like another's hash)."""
     if _JOB_KEY.match(job_id):
         return job_id
+    return f"{_HASHED_PREFIX}{_short_hash(job_id, 37)}"
+
+
+def legacy_job_key(job_id: str) -> str | None:
+    """The job part an id that is named by its hash had before 'h.' (None: the id is kept as
+    it is, its name never changed): a job scheduled then is found under it."""
+    if _JOB_KEY.match(job_id):
+        return None
     return f"h{_short_hash(job_id, 38)}"
 
 
