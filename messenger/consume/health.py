@@ -12,17 +12,22 @@ clock, and wall-clock steps (NTP, a manual `date`) do not move it.
 saying why:
 - the file exists and is well-formed (no file: not started yet, or it cannot write there; the
   ECS health check's start period covers a consumer's start);
-- the process that wrote it (`pid`, in the checker's PID namespace: the container's) is alive;
+- the process that wrote it (`pid`, in the checker's PID namespace: the container's) is alive,
+  and started before the file was written (else the pid was reused: the writer is gone);
+- a file can be written in its directory (the checker tries: a full or read-only filesystem
+  fails the check at once, named as such, before its effect, a file its writer can no longer
+  refresh, shows);
 - it was written within STALE_REFRESHES refresh intervals: a hung process, one that stays up
   after EXITED, or a consumer whose writes keep failing leave it stale;
-- a file can be written in its directory (the checker tries: a full or read-only filesystem
-  fails the check at once);
 - the state is within its limit: INITIALIZING/INITIALIZED, PROCESSING and EXITING have one
   (`timeout_seconds`), LISTENING, IDLE and PAUSED have none.
 
 The file is `MESSENGER_HEALTH_FILE` when set, else one per consumer class in the temporary
 directory (`default_health_file`): two consumers on one host do not share one. Without `--file`
-and without the variable, the check looks at every such default file there.
+and without the variable, the check looks at every such default file there whose writer still
+runs: a file left by a consumer that has ended (exited cleanly after EXITED, or killed), e.g. by
+an earlier run or a test on a developer's machine, is listed as not counted and does not fail
+the check; with no running consumer's file at all the check fails (nothing to vouch for).
 """
 
 from __future__ import annotations
@@ -58,6 +63,9 @@ MIN_REFRESH_SECONDS = 0.1
 MAX_REFRESH_SECONDS = 60.0
 #: A file not rewritten for this many refresh intervals is stale: its writer is gone or hung.
 STALE_REFRESHES = 3
+#: A process that started this long after a file was last written is not its writer (its pid
+#: was reused): /proc gives start times in clock ticks, this covers their rounding.
+PID_REUSE_TOLERANCE_SECONDS = 1.0
 
 _CLOCK_ID = getattr(time, "CLOCK_BOOTTIME", getattr(time, "CLOCK_MONOTONIC", None))
 
@@ -188,19 +196,21 @@ class HealthFile:
                                         f"written one (not started, or it cannot write there)")
         now = health_clock() if now is None else now
         name = record.consumer
-        if not process_alive(record.pid):
+        if not writer_running(record):
             return HealthVerdict(False, f"{name} (pid {record.pid}) is not running; it last "
                                         f"wrote {record.state}")
+        # The directory first: a full or read-only filesystem is the cause, the stale file
+        # its writer can no longer refresh only its effect.
+        problem = self.probe_write()
+        if problem is not None:
+            return HealthVerdict(False, f"{name} cannot write its health file: {self.directory}: "
+                                        f"{problem}")
         age = now - record.written_at
         stale_after = STALE_REFRESHES * record.refresh_seconds
         if age > stale_after:
             return HealthVerdict(False, f"{name} has not refreshed {self.path} for {age:.1f} s "
                                         f"(every {record.refresh_seconds:g} s expected): hung, "
                                         f"or its writes fail; it last wrote {record.state}")
-        problem = self.probe_write()
-        if problem is not None:
-            return HealthVerdict(False, f"{name} cannot write its health file: {self.directory}: "
-                                        f"{problem}")
         elapsed = now - record.since
         if min(elapsed, age) < -CLOCK_SKEW_SECONDS:  # a future time would never run out
             return HealthVerdict(
@@ -218,6 +228,43 @@ class HealthFile:
                 f"(limit {record.timeout_seconds:g} s)",
             )
         return HealthVerdict(True, f"{name} {record.state} for {elapsed:.1f} s")
+
+
+    def writer_gone(self) -> str | None:
+        """Why the file's writer no longer runs ('app.Consumer (pid 42) exited cleanly'), or
+        None when it runs, or when the file cannot be read (then `check` says why)."""
+        try:
+            record = self.read()
+        except (ValueError, OSError):
+            return None
+        if record is None or writer_running(record):
+            return None
+        how = "exited cleanly" if record.state == "EXITED" else \
+            f"is not running (it last wrote {record.state})"
+        return f"{record.consumer} (pid {record.pid}) {how}"
+
+
+def writer_running(record: HealthRecord) -> bool:
+    """Whether the process that wrote `record` still runs: its pid is alive and that process
+    started before the record was written (a later one reuses the pid of a writer that
+    ended)."""
+    if not process_alive(record.pid):
+        return False
+    started = process_started(record.pid)
+    return started is None or started <= record.written_at + PID_REUSE_TOLERANCE_SECONDS
+
+
+def process_started(pid: int) -> float | None:
+    """When process `pid` started, in seconds on `health_clock` (Linux: /proc/<pid>/stat's
+    starttime, clock ticks since boot, the boot clock's); None where that is unknown."""
+    if _CLOCK_ID != getattr(time, "CLOCK_BOOTTIME", None):
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def process_alive(pid: int) -> bool:
@@ -270,7 +317,8 @@ def _finite(name: str, value: Any) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`check_consumer_health [--file F]`: exit 0 when healthy, 1 when not or when it cannot
-    tell. Without --file: $MESSENGER_HEALTH_FILE, else every consumer's default file."""
+    tell. Without --file: $MESSENGER_HEALTH_FILE, else the default file of every consumer that
+    still runs (those of consumers that ended are listed, not counted)."""
     parser = argparse.ArgumentParser(
         prog="check_consumer_health", description="health check of a messenger consumer"
     )
@@ -285,6 +333,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unhealthy: no health file at {default_health_files()}: no consumer has "
               f"written one (not started, or it cannot write there)")
         return 1
+    if not args.file:  # every default file: only those of consumers that still run count
+        live = []
+        for path in paths:
+            gone = HealthFile(path).writer_gone()
+            if gone is None:
+                live.append(path)
+            else:
+                print(f"not counted: {path}: {gone}")
+        if not live:
+            print(f"unhealthy: no running consumer's health file at {default_health_files()} "
+                  f"({len(paths)} left by consumers that ended)")
+            return 1
+        paths = live
     verdicts = [HealthFile(path).check() for path in paths]
     for verdict in verdicts:
         print(("healthy: " if verdict.healthy else "unhealthy: ") + verdict.reason)

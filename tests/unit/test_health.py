@@ -208,3 +208,59 @@ def test_console_script_reads_the_file_named_by_the_environment(tmp_path):
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "stuck in EXITING" in result.stdout
+
+
+def test_without_a_file_the_files_of_consumers_that_ended_are_listed_not_counted(
+        tmp_path, monkeypatch, capsys):
+    import tempfile as tempfile_module
+
+    from messenger.consume.health import default_health_file, process_started
+
+    monkeypatch.delenv("MESSENGER_HEALTH_FILE", raising=False)
+    monkeypatch.setattr(tempfile_module, "tempdir", str(tmp_path))
+    # Given the files an earlier run and the tests left: a consumer that exited cleanly, one
+    # that was killed, and one whose pid a later process reuses (this one, started after it)
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    now = health_clock()
+    write(Path(default_health_file("app.Clean")), "EXITED", age=5, timeout=None, now=now,
+          pid=ended.pid, written_ago=5)
+    write(Path(default_health_file("app.Killed")), "PROCESSING", age=9, timeout=90, now=now,
+          pid=ended.pid, written_ago=9)
+    started = process_started(os.getpid())
+    assert started is not None and started <= now
+    write(Path(default_health_file("app.Reused")), "IDLE", age=60, timeout=None,
+          now=started - 2, written_ago=0)
+    # Then with no consumer running the check fails, saying why, and names each file it skipped
+    assert main([]) == 1
+    out = capsys.readouterr().out
+    assert f"app.Clean.json: app.Consumer (pid {ended.pid}) exited cleanly" in out
+    assert (f"app.Killed.json: app.Consumer (pid {ended.pid}) is not running (it last wrote "
+            f"PROCESSING)") in out
+    assert f"app.Reused.json: app.Consumer (pid {os.getpid()}) is not running" in out
+    assert out.count("not counted: ") == 3
+    assert out.rstrip().splitlines()[-1].startswith("unhealthy: no running consumer's health")
+    # When a consumer runs beside them, healthy: the check passes, and still lists the others
+    write(Path(default_health_file("app.Orders")), "IDLE", age=1, timeout=None,
+          now=health_clock())
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.count("not counted: ") == 3
+    assert "healthy: app.Consumer IDLE" in out and "unhealthy" not in out
+    # and a running consumer that is unhealthy still fails it
+    write(Path(default_health_file("app.Orders")), "PROCESSING", age=1000, timeout=90,
+          now=health_clock())
+    assert main([]) == 1
+    assert "unhealthy: app.Consumer stuck in PROCESSING" in capsys.readouterr().out
+
+
+def test_a_named_file_whose_pid_another_process_reuses_is_not_running(tmp_path):
+    # Given the record of a consumer written before this process (same pid) started
+    from messenger.consume.health import process_started
+
+    started = process_started(os.getpid())
+    assert started is not None
+    health = write(tmp_path / "h.json", "IDLE", age=1, timeout=None, now=started - 2)
+    # Then the check does not take this process for its writer
+    verdict = health.check(now=started + 1)
+    assert not verdict.healthy and f"(pid {os.getpid()}) is not running" in verdict.reason
