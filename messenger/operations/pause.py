@@ -14,7 +14,9 @@ consumer is invoked (the AWS-native pause: no receives are spent). A deploy may 
 a mapping: the queue alarm puts them back from the records (`messenger.ops.pauses`). Resuming
 removes the records and the tag and
 enables those mappings again (every mapping of the channel's queues: one disabled by hand before
-the pause is enabled too). Messages wait in the queue meanwhile, within its retention.
+the pause is enabled too); its report names the pause it ended (`previous`, read from the tag
+before it goes), so the dashboard's audit trail (`messenger.operations.audit`) keeps who paused
+and who resumed. Messages wait in the queue meanwhile, within its retention.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from messenger.aws import ClientFactory
-from messenger.jobs.controls import TAG_PAUSED, PauseMark, PauseRecords, queue_mappings
+from messenger.jobs.controls import (
+    TAG_PAUSED,
+    PauseMark,
+    PauseRecords,
+    queue_mappings,
+    read_pause,
+)
 from messenger.operations.queues import channel_queues, platform_queues
 from messenger.settings import Settings
 
@@ -31,7 +39,8 @@ from messenger.settings import Settings
 @dataclass
 class PauseReport:
     """What a pause or resume did: the queues (un)tagged, the Lambda mappings disabled or
-    enabled (UUID), and what failed (one line each)."""
+    enabled (UUID), and what failed (one line each). previous: on resume, the pause it ended
+    (the first queue's tag; None: the channel was not paused)."""
 
     channel: str
     paused: bool
@@ -39,13 +48,15 @@ class PauseReport:
     queues: list[str] = field(default_factory=list)
     mappings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    previous: PauseMark | None = None
 
     @property
     def ok(self) -> bool:
         return not self.errors
 
     def summary(self) -> str:
-        what = str(self.mark) if self.paused and self.mark else "resumed"
+        what = str(self.mark) if self.paused and self.mark else "resumed" + (
+            f" (was {self.previous})" if self.previous else " (was not paused)")
         text = (f"{self.channel}: {what}; {len(self.queues)} queue(s), "
                 f"{len(self.mappings)} Lambda event source mapping(s) "
                 f"{'disabled' if self.paused else 'enabled'}")
@@ -88,6 +99,7 @@ def _set(clients: ClientFactory, settings: Settings, channel: str,
             if mark is not None:
                 sqs.tag_queue(QueueUrl=url, Tags={TAG_PAUSED: mark.tag_value()})
             else:
+                report.previous = report.previous or read_pause(sqs, url)
                 sqs.untag_queue(QueueUrl=url, TagKeys=[TAG_PAUSED])
             arns.append(sqs.get_queue_attributes(
                 QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"])

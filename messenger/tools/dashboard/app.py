@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +42,11 @@ from messenger.jobs.controls import CancelRequests
 from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
 from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import list_workers
-from messenger.operations.deadletters import DeadLetterWorkbench, read_channels
+from messenger.operations.audit import DEFAULT_DAYS, RETENTION_DAYS, AuditEntry, AuditTrail
+from messenger.operations.deadletters import DeadLetterListing, DeadLetterWorkbench, read_channels
 from messenger.operations.history import WINDOWS, channel_history
 from messenger.operations.pause import pause, paused_channels, resume
+from messenger.operations.queues import channel_queues
 from messenger.operations.selection import (
     DEFAULT_PER_CHANNEL,
     DEFAULT_SCAN,
@@ -68,10 +71,20 @@ HERE = Path(__file__).parent
 #: Dead letters a channel page lists at first, and at most (one scan holds them all briefly).
 PAGE_SIZE = 50
 MAX_LETTERS = 1000
-#: Ids one action may name (a filter's preview may choose a page's worth), and the longest id
-#: accepted (SQS ids are 36, messenger's <= 128).
-MAX_IDS = MAX_LETTERS
+#: Ids one action may name (more: 400, nothing changed; docs/dashboard.md): a confirmation
+#: page lists each, and one action's audit entry keeps them all. A filter's preview picks at
+#: most this many. The longest id accepted (SQS ids are 36, messenger's <= 128).
+MAX_IDS = 100
 MAX_ID_LENGTH = 200
+#: The audit page's default and largest number of entries.
+AUDIT_PAGE = 100
+MAX_AUDIT_PAGE = 1000
+
+logger = logging.getLogger(__name__)
+
+
+class AuditUnavailable(MessengerError):
+    """The audit trail cannot be written: an action is not run (503, nothing changed)."""
 
 
 #: The deployed dashboard's action token (double-submit: a cookie only this site can set and
@@ -94,6 +107,7 @@ class Dashboard:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     extra_hosts: tuple[str, ...] = ()
     identity: AlbIdentity | None = None
+    _audit_ready: bool = field(default=False, repr=False)
 
     @property
     def deployed(self) -> bool:
@@ -105,6 +119,32 @@ class Dashboard:
 
     def workbench(self, channel: str, actor: str = "") -> DeadLetterWorkbench:
         return DeadLetterWorkbench(channel, self.settings, self.clients, actor=actor)
+
+    def audit_trail(self) -> AuditTrail:
+        return AuditTrail(self.clients, self.settings)
+
+    def ensure_audit(self) -> None:
+        """Check (once per process) that the audit trail can be written: its table exists
+        (deployed: the stack made it) or is created (locally, provisioning=auto); else
+        AuditUnavailable and no action runs."""
+        if self._audit_ready:
+            return
+        try:
+            self.audit_trail().ensure()
+        except (MessengerError, ClientError, BotoCoreError) as error:
+            raise AuditUnavailable(f"the audit trail cannot be written ({error}), so no action "
+                                   f"runs") from None
+        self._audit_ready = True
+
+    def record(self, entry: AuditEntry) -> str:
+        """Append `entry` to the audit trail: '' when written, else why not (also logged)."""
+        try:
+            self.audit_trail().record(entry)
+        except Exception as error:  # noqa: BLE001 - said on the page and in the log
+            logger.error("audit entry not written: %s: %s (%s)", type(error).__name__, error,
+                         entry.line())
+            return f"{type(error).__name__}: {error}"
+        return ""
 
 
 class Authenticate:
@@ -257,8 +297,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
     def channel(request: Request) -> Response:
         name = request.path_params["channel"]
         limit = _int_param(request.query_params.get("limit"), "limit", PAGE_SIZE, MAX_LETTERS)
-        bench = dashboard.workbench(name)
-        listing = bench.list(limit=limit)
+        listing = _listing(dashboard, name, limit)
         # A prioritized channel's workers register under its name and serve every level's queue.
         workers = list_workers(dashboard.clients, dashboard.settings, name)
         rows = snapshot(dashboard.clients, dashboard.settings, name)
@@ -330,7 +369,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         chosen = LetterFilter.from_form(params)
         picked = select(dashboard.workbench(name), chosen, limit)
         return render(request, "select.html", channel=name, selection=picked, form=params,
-                      limit=limit, now=time.time())
+                      limit=limit, now=time.time(), max_ids=MAX_IDS)
 
     def history(request: Request) -> Response:
         name = request.path_params["channel"]
@@ -367,23 +406,42 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
 
     # -- actions ----------------------------------------------------------------------------
     async def action(request: Request) -> Response:
+        from starlette.concurrency import run_in_threadpool
+
         user: Identity = request.state.identity
-        if not user.operator:
-            return problem(request, 403, "Forbidden", f"{user.name} is a {user.role}: only "
-                           f"operators may act; nothing changed")
         form = await request.form()
-        check = _check_action(request, form, dashboard)
-        if check:
-            return problem(request, 403, "Forbidden", check + "; nothing changed")
         name, kind = request.path_params["channel"], request.path_params["action"]
         ids = list(dict.fromkeys(str(v) for v in form.getlist("ids")))
         confirmed = form.get("confirmed") == "yes"
-        from starlette.concurrency import run_in_threadpool
+        why = "" if user.operator else f"{user.name} is a {user.role}: only operators may act"
+        why = why or _check_action(request, form, dashboard)
+        if why:
+            # Every refused attempt is in the audit trail (who, what it named, why).
+            await run_in_threadpool(dashboard.record, audit_entry(
+                user, kind, name, ids, "refused",
+                why + ("" if confirmed else " (confirmation page)")))
+            return problem(request, 403, "Forbidden", why + "; nothing changed")
+        return await run_in_threadpool(_act, request, name, kind, ids, confirmed, user)
 
-        return await run_in_threadpool(_act, request, name, kind, ids, confirmed, user.name)
+    def audited(request: Request, user: Identity, kind: str, name: str, targets: list[str],
+                run: Callable[[], tuple[str, dict[str, Any], str, str]]) -> Response:
+        """Run a confirmed action and append its entry to the audit trail: `run` returns the
+        template, its context, the result (done, partial, failed) and one line of detail.
+        An action whose entry cannot be written is not run (AuditUnavailable: 503); one that
+        ran but whose entry then failed says so on its page."""
+        dashboard.ensure_audit()
+        try:
+            template, context, result, detail = run()
+        except Exception as error:
+            dashboard.record(audit_entry(user, kind, name, targets, "failed",
+                                         f"{type(error).__name__}: {error}"))
+            raise
+        missing = dashboard.record(audit_entry(user, kind, name, targets, result, detail))
+        return render(request, template, audit_error=missing, **context)
 
     def _act(request: Request, name: str, kind: str, ids: list[str], confirmed: bool,
-             actor: str) -> Response:
+             user: Identity) -> Response:
+        actor = user.name
         if kind in ("requeue", "delete"):
             if not ids:
                 raise InvalidSettings("select at least one dead letter")
@@ -394,57 +452,103 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             if not confirmed:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=ids,
                               dlqs=bench.dlqs)
-            if kind == "requeue":
-                return render(request, "result.html", channel=name, kind=kind,
-                              reports=bench.requeue(ids))
-            return render(request, "result.html", channel=name, kind=kind,
-                          deleted=bench.delete(ids), dlqs=bench.dlqs)
+
+            def move_or_delete() -> tuple[str, dict[str, Any], str, str]:
+                if kind == "requeue":
+                    reports = bench.requeue(ids)
+                    return ("result.html", dict(channel=name, kind=kind, reports=reports),
+                            *_requeue_result(reports))
+                deleted = bench.delete(ids)
+                result = "done" if deleted == len(ids) else "partial" if deleted else "failed"
+                return ("result.html", dict(channel=name, kind=kind, deleted=deleted,
+                                            dlqs=bench.dlqs), result,
+                        f"deleted {deleted} of {len(ids)} from {', '.join(bench.dlqs)}")
+
+            return audited(request, user, kind, name, ids, move_or_delete)
         if kind == "requeue-all":
             rows = channel_dlq_rows(dashboard.clients, dashboard.settings, name)
             if not confirmed:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=[],
                               rows=rows)
-            return render(request, "result.html", channel=name, kind=kind,
-                          reports=requeue_rows(dashboard.clients, dashboard.settings, rows,
-                                               actor=actor))
+
+            def move_all() -> tuple[str, dict[str, Any], str, str]:
+                reports = requeue_rows(dashboard.clients, dashboard.settings, rows, actor=actor)
+                return ("result.html", dict(channel=name, kind=kind, reports=reports),
+                        *_requeue_result(reports))
+
+            return audited(request, user, kind, name, [str(r.dlq) for r in rows], move_all)
         if kind == "cancel-scheduled":
             if not ids or len(ids) > MAX_IDS:
                 raise InvalidSettings(f"name 1 to {MAX_IDS} scheduled jobs")
             ids = [_id(i) for i in ids]
             if not confirmed:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=ids)
-            store = ScheduleStore(dashboard.clients, dashboard.settings)
-            outcomes = []
-            for job_id in ids:
-                try:
-                    store.cancel(job_id, name, actor=actor)
-                    outcomes.append((job_id, True, f"cancelled by {actor}"))
-                except ScheduleNotFound as error:
-                    outcomes.append((job_id, False, str(error)))
-            return render(request, "result.html", channel=name, kind=kind, cancelled=outcomes)
+
+            def cancel_scheduled() -> tuple[str, dict[str, Any], str, str]:
+                store = ScheduleStore(dashboard.clients, dashboard.settings)
+                outcomes = []
+                for job_id in ids:
+                    try:
+                        store.cancel(job_id, name, actor=actor)
+                        outcomes.append((job_id, True, f"cancelled by {actor}"))
+                    except ScheduleNotFound as error:
+                        outcomes.append((job_id, False, str(error)))
+                done = sum(1 for _, ok, _ in outcomes if ok)
+                result = "done" if done == len(ids) else "partial" if done else "failed"
+                return ("result.html", dict(channel=name, kind=kind, cancelled=outcomes), result,
+                        "; ".join(f"{job}: {text}" for job, _, text in outcomes))
+
+            return audited(request, user, kind, name, ids, cancel_scheduled)
         if kind in ("pause", "resume"):
             if not confirmed:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=[])
-            act = pause if kind == "pause" else resume
-            return render(request, "control.html", channel=name, kind=kind,
-                          report=act(dashboard.clients, dashboard.settings, name, actor=actor))
+
+            def switch() -> tuple[str, dict[str, Any], str, str]:
+                act = pause if kind == "pause" else resume
+                report = act(dashboard.clients, dashboard.settings, name, actor=actor)
+                result = "done" if report.ok else "partial" if report.queues else "failed"
+                return ("control.html", dict(channel=name, kind=kind, report=report), result,
+                        report.summary().replace("\n", "; "))
+
+            return audited(request, user, kind, name, [], switch)
         if kind == "cancel-job":
             if not ids or len(ids) > MAX_IDS:
                 raise InvalidSettings(f"name 1 to {MAX_IDS} running jobs")
             ids = [_id(i) for i in ids]
+            channel_queues(dashboard.clients, dashboard.settings, name)  # ChannelNotFound: 404
             if not confirmed:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=ids)
-            requests = CancelRequests(dashboard.clients, dashboard.settings, name)
-            made = [requests.request(job_id, actor) for job_id in ids]
-            return render(request, "control.html", channel=name, kind=kind,
-                          requested=[(m.message_id, m.by) for m in made])
+
+            def cancel_running() -> tuple[str, dict[str, Any], str, str]:
+                requests = CancelRequests(dashboard.clients, dashboard.settings, name)
+                made = [requests.request(job_id, actor) for job_id in ids]
+                return ("control.html", dict(channel=name, kind=kind,
+                                             requested=[(m.message_id, m.by) for m in made]),
+                        "done", f"cancel requested for {len(made)} running job(s); each "
+                                f"consumer stops its job at its next heartbeat")
+
+            return audited(request, user, kind, name, ids, cancel_running)
         return problem(request, 404, "Not found", f"no action {kind!r} (requeue, requeue-all, "
                                                   f"delete, cancel-scheduled, pause, resume, "
                                                   f"cancel-job); nothing changed")
 
+    def audit_page(request: Request) -> Response:
+        params = request.query_params
+        limit = _int_param(params.get("limit"), "limit", AUDIT_PAGE, MAX_AUDIT_PAGE)
+        days = _int_param(params.get("days"), "days", DEFAULT_DAYS, RETENTION_DAYS)
+        channel = params.get("channel") or None
+        actor = params.get("actor") or None
+        entries = dashboard.audit_trail().recent(limit=limit, days=days, channel=channel,
+                                                 actor=actor)
+        return render(request, "audit.html", entries=entries, limit=limit, days=days,
+                      form=params, table=dashboard.audit_trail().table)
+
     # -- errors -----------------------------------------------------------------------------
     async def not_found(request: Request, error: Exception) -> Response:
         return problem(request, 404, "Not found", f"{error}")
+
+    async def audit_unavailable(request: Request, error: Exception) -> Response:
+        return problem(request, 503, "Audit trail unavailable", f"{error}; nothing changed")
 
     async def bad_request(request: Request, error: Exception) -> Response:
         return problem(request, 400, "Bad request", f"{error}; nothing changed")
@@ -467,6 +571,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             Route("/fragment/job", job_timeline),
             Route("/job", lookup),
             Route("/search", finder),
+            Route("/audit", audit_page),
             Route("/channels/{channel}/select", selection),
             Route("/channels/{channel}/history", history),
             Route("/channels/{channel}/scheduled", scheduled),
@@ -477,6 +582,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         ],
         exception_handlers={
             ChannelNotFound: not_found, DeadLetterNotFound: not_found,
+            AuditUnavailable: audit_unavailable,
             MessengerError: bad_request, ClientError: aws_error, BotoCoreError: aws_error,
             404: http_error, 405: http_error,
         },
@@ -492,6 +598,47 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
 #: Templates that are parts of a page (live updates): they carry no paused-channel banner.
 FRAGMENTS = frozenset({"channel_rows.html", "channel_workers.html", "timeline.html",
                        "job_live.html", "scheduled_jobs.html"})
+
+
+def audit_entry(user: Identity, kind: str, channel: str, targets: list[str], result: str,
+                detail: str) -> AuditEntry:
+    """The audit entry of `user`'s action (or attempt) `kind` on `channel` naming `targets`."""
+    return AuditEntry(at=time.time(), action=kind, channel=channel, actor=user.name,
+                      result=result, detail=detail, targets=tuple(targets), sub=user.subject,
+                      email=user.email, email_verified=user.email_verified, role=str(user.role))
+
+
+def _requeue_result(reports: list[Any]) -> tuple[str, str]:
+    """The result and detail of requeue reports: done (all moved), partial or failed."""
+    moved = sum(r.moved for r in reports)
+    left = sum(r.failed + r.in_flight for r in reports)
+    result = "done" if not left else "partial" if moved else "failed"
+    return result, "; ".join(r.summary() for r in reports) or "nothing to requeue"
+
+
+def _listing(dashboard: Dashboard, channel: str, limit: int) -> DeadLetterListing:
+    """The channel page's dead letters. A prioritized channel's levels are read at once (each
+    read ends with an empty 1 s long poll; in turn, three levels took 3.1 s), each up to
+    `limit`, and listed in the levels' order, the first `limit` of them."""
+    levels = [q.queue for q in channel_queues(dashboard.clients, dashboard.settings, channel)]
+    if len(levels) <= 1:
+        return dashboard.workbench(channel).list(limit=limit)
+
+    def read(level: str) -> DeadLetterListing | None:
+        try:
+            return dashboard.workbench(level).list(limit=limit)
+        except ChannelNotFound:  # a level without a DLQ
+            return None
+
+    parts = [part for part in read_channels(levels, read) if part is not None]
+    if not parts:
+        return dashboard.workbench(channel).list(limit=limit)  # says why (ChannelNotFound)
+    letters = [letter for part in parts for letter in part.letters]
+    return DeadLetterListing(
+        letters[:limit], not_seen=sum(p.not_seen for p in parts),
+        fifo_blocked=sum(p.fifo_blocked for p in parts),
+        stopped_at_limit=len(letters) > limit or any(p.stopped_at_limit for p in parts),
+        dlqs=[dlq for part in parts for dlq in part.dlqs])
 
 
 def _running(timeline: list[Any]) -> str:
