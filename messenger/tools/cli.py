@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_controls(commands)
 
+    from messenger.tools.audit import add_parser as add_audit
+
+    add_audit(commands)
+
     status = commands.add_parser("status", help="print a message's lifecycle timeline")
     status.add_argument("message_id", help="the id push() returned")
     status.set_defaults(run=_status)
