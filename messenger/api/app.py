@@ -19,10 +19,14 @@ never a 5xx (a failure to record the idempotency result after the send is logged
 
 from __future__ import annotations
 
+import base64
+import contextvars
 import json
 import logging
 import os
+import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -35,6 +39,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Header
 from pydantic import ValidationError
 
 from messenger.api.channels import CHANNELS_VARIABLE, ApiChannel, parse_channels
+from messenger.api.deadline import DeadlineGuard, RequestState
 from messenger.api.requests import (
     MAX_IDEMPOTENCY_KEY_LENGTH,
     MAX_REQUEST_BYTES,
@@ -43,7 +48,7 @@ from messenger.api.requests import (
     describe_errors,
 )
 from messenger.aws import ClientFactory
-from messenger.channel import idempotency_table_name
+from messenger.channel import ChannelSpec, idempotency_table_name
 from messenger.errors import (
     ChannelNotFound,
     InvalidMessage,
@@ -51,7 +56,12 @@ from messenger.errors import (
     PayloadTooLarge,
     RetryBudgetExhausted,
 )
-from messenger.jobs.status import StatusRecord, StatusStore
+from messenger.jobs.status import (
+    StatusRecord,
+    StatusStore,
+    TrackingDeclarations,
+    progress_answer,
+)
 from messenger.jobs.tables import EXPIRES_AT, ensure_table
 from messenger.produce.producer import PushItem
 from messenger.settings import Settings
@@ -62,12 +72,23 @@ logger = logging.getLogger("messenger.api")
 DEFAULT_IDEMPOTENCY_WINDOW = 86_400
 #: API Gateway ends an integration after 29 s: a request is never held in progress longer.
 API_GATEWAY_TIMEOUT_SECONDS = 29
+#: A request answers this long before its deadline (the function's remaining time, at most
+#: API Gateway's 29 s): the answer's way back through Lambda and API Gateway.
+ANSWER_MARGIN_SECONDS = 1.0
 #: Retry-After (seconds) of a 429 (throttled past the retry budget) and a 409 (in progress).
 RETRY_AFTER_THROTTLED = 5
 RETRY_AFTER_IN_PROGRESS = 2
+#: A job's status in a batch answer that says "send it again" (a batch answer holding one is
+#: not kept under its Idempotency-Key).
+RETRY_STATUSES = frozenset({409, 429, 500, 502, 503, 504})
 #: Namespace of the job ids derived from Idempotency-Keys.
 IDEMPOTENT_ID_NAMESPACE = uuid.UUID("5d1f6a36-5b0e-4d3b-9c43-41c2a6c1e7a1")
 JSON = "application/json"
+#: The API's resources and their methods (a known resource with another method is a 405).
+ROUTES = (("/channels/{channel}/jobs", "POST"), ("/channels/{channel}/jobs/batch", "POST"),
+          ("/jobs/{id}", "GET"))
+_ROUTE_PATTERNS = [(re.compile("^" + re.sub(r"\\\{(\w+)\\\}", "[^/]+", re.escape(path)) + "$"),
+                    method) for path, method in ROUTES]
 #: Failure codes of `push_many` that mean "try again later" (429) rather than a bad job (400).
 RETRYABLE_CODES = {"PublishFailed", "RetryBudgetExhausted", "Throttling", "ThrottlingException",
                    "RequestThrottled", "ServiceUnavailable", "InternalError"}
@@ -115,8 +136,11 @@ class JobApi:
         self._producers: dict[str, Any] = {}
         self._stores: dict[str, Any] = {}
         self._status: StatusStore | None = None
+        self._declarations: TrackingDeclarations | None = None
         self._lock = threading.Lock()
         self._table_ready = False
+        #: Holds every AWS call of a request to the request's deadline (messenger.api.deadline).
+        self.guard = DeadlineGuard().attach(self.clients)
         self.app = self._routes()
 
     @classmethod
@@ -138,17 +162,44 @@ class JobApi:
 
     # -- entry point -------------------------------------------------------------------------
     def handle(self, event: dict[str, Any], context: Any) -> dict[str, Any]:
-        """Answer one REST proxy event. Size and content type are checked before routing, as
-        API Gateway checks them in front of the function."""
+        """Answer one REST proxy event, within the request's deadline: the function's remaining
+        time, at most API Gateway's 29 s, less `ANSWER_MARGIN_SECONDS`. Size, content type and
+        shape are checked before routing, as API Gateway checks them in front of the function.
+        The route runs in a worker thread; if the deadline passes first, the answer is made from
+        what its AWS calls did (`_late_answer`): 202 for a job SQS accepted, else 503."""
+        started = time.monotonic()
         try:
-            _check_envelope(event)
+            event = _checked_envelope(event)
         except ApiError as error:
             return _error_response(error)
-        try:
-            return dict(self.app.resolve(event, context))
-        except Exception:  # nothing was accepted: an accepted job never raises out of a route
-            logger.exception("request failed")
-            return _error_response(ApiError(500, "internal error: the request was not accepted"))
+        state = RequestState(answer_by=started + _remaining_millis(context) / 1000
+                             - ANSWER_MARGIN_SECONDS)
+        answered: list[dict[str, Any]] = []
+        done = threading.Event()
+        run = contextvars.copy_context().run  # the function's logger keys, in the worker too
+
+        def work() -> None:
+            self.guard.enter(state)
+            try:
+                answered.append(_shaped(dict(self.app.resolve(event, context))))
+            except Exception:  # an accepted job never raises out of a route; see _late_answer
+                logger.exception("request failed")
+                answered.append(_late_answer(state, event, failed=True))
+            finally:
+                self.guard.leave()
+                done.set()
+
+        threading.Thread(target=run, args=(work,), name="messenger-api-request",
+                         daemon=True).start()
+        if done.wait(max(0.0, state.answer_by - time.monotonic())):
+            return answered[0]
+        with state.lock:
+            state.abandoned = True  # its later calls are refused: nothing is sent after this
+        if done.is_set():
+            return answered[0]
+        logger.warning("request deadline passed after %.1f s; answering from what was sent",
+                       time.monotonic() - started)
+        return _late_answer(state, event, failed=False)
 
     # -- routes ------------------------------------------------------------------------------
     def _routes(self) -> APIGatewayRestResolver:
@@ -160,12 +211,20 @@ class JobApi:
 
         @app.exception_handler(ApiError)
         def refused(error: ApiError) -> Response:
+            state = self.guard.current()
+            if error.status == 429 and state is not None and state.refused:
+                return _response(_deadline_error(state))  # not throttled: out of time
             return _response(error)
 
         @app.not_found
         def not_found(_: Exception) -> Response:
-            return _response(ApiError(404, f"no route {app.current_event.http_method} "
-                                           f"{app.current_event.path}"))
+            method, path = app.current_event.http_method, app.current_event.path
+            allowed = [m for pattern, m in _ROUTE_PATTERNS if pattern.match(path)]
+            if allowed:
+                return _response(ApiError(405, f"{path} takes {', '.join(allowed)}, not {method}",
+                                          {"Allow": ", ".join(allowed)}))
+            return _response(ApiError(404, f"no route {method} {path}; routes: " + ", ".join(
+                f"{m} {p}" for p, m in ROUTES)))
 
         @app.post("/channels/<channel>/jobs")
         def enqueue(
@@ -173,11 +232,11 @@ class JobApi:
             idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
         ):  # no return annotation: Powertools would validate the Response against it
             served = self._channel(channel)
-            context = app.lambda_context
+            self._note(route="single", channel=served.name, base=self._location(app, ""))
             if idempotency_key is None:
                 accepted, replayed = self._push(served, job, None), False
             else:
-                accepted, replayed = self._push_once(served, job, idempotency_key, context)
+                accepted, replayed = self._push_once(served, job, idempotency_key)
             headers = {"Location": self._location(app, accepted["job_id"])}
             if replayed:
                 headers["Idempotent-Replayed"] = "true"
@@ -185,13 +244,24 @@ class JobApi:
             return Response(202, JSON, json.dumps(body), headers=headers)
 
         @app.post("/channels/<channel>/jobs/batch")
-        def enqueue_batch(channel: str, batch: Annotated[BatchRequest, Body()]):
+        def enqueue_batch(
+            channel: str, batch: Annotated[BatchRequest, Body()],
+            idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+        ):
             served = self._channel(channel)
-            status, results = self._push_batch(served, batch)
+            self._note(route="batch", channel=served.name, base=self._location(app, ""),
+                       size=len(batch.jobs))
+            if idempotency_key is None:
+                (status, results), replayed = self._push_batch(served, batch, None), False
+            else:
+                (status, results), replayed = self._push_batch_once(served, batch,
+                                                                    idempotency_key)
             for result in results:
                 if "job_id" in result:
                     result["location"] = self._location(app, result["job_id"])
-            return Response(status, JSON, json.dumps({"channel": served.name, "jobs": results}))
+            headers = {"Idempotent-Replayed": "true"} if replayed else None
+            return Response(status, JSON, json.dumps({"channel": served.name, "jobs": results}),
+                            headers=headers)
 
         @app.get("/jobs/<job_id>")
         def job_status(job_id: str):
@@ -207,11 +277,12 @@ class JobApi:
                                 f"{', '.join(sorted(self.channels))}")
         return served
 
-    def _push(self, channel: ApiChannel, job: JobRequest, message_id: str | None
-              ) -> dict[str, str]:
-        """Push one job; what its answer says of it (`_accepted`). ApiError for what was not
-        accepted."""
-        item = _item(job, message_id)
+    def _push(self, channel: ApiChannel, job: JobRequest, message_id: str | None,
+              dedup: bool | None = None) -> dict[str, str]:
+        """Push one job (message_id: its id, None: the producer's; dedup: checked against the
+        dedup window, None: when it has an id); what its answer says of it (`_accepted`).
+        ApiError for what was not accepted."""
+        item = _item(job, message_id, dedup)
         producer = self._producer(channel)
         pushed = _refusing(lambda: producer.push(
             item.body, item.routing_key, group_id=item.group_id, priority=item.priority,
@@ -220,75 +291,124 @@ class JobApi:
         self._flush_status(producer)
         return _accepted(pushed)
 
-    def _push_once(self, channel: ApiChannel, job: JobRequest, key: str, context: Any
+    def _push_once(self, channel: ApiChannel, job: JobRequest, key: str
                    ) -> tuple[dict[str, str], bool]:
         """Push under an Idempotency-Key; (the answer's job fields, whether it is a replay)."""
-        from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig
-        from aws_lambda_powertools.utilities.idempotency.base import IdempotencyHandler
+        job_id = job_id_for_key(channel.name, key)
+        self._note(ids={job_id: 0})
+        pushed: list[dict[str, str]] = []
+
+        def push(request: dict[str, Any]) -> dict[str, str]:
+            pushed.append(self._push(channel, job, job_id))
+            return pushed[0]
+
+        answer, replayed = self._once(channel, key, {"key": key, "job": job.model_dump(
+            mode="json")}, push, pushed)
+        return {name: str(value) for name, value in answer.items()}, replayed
+
+    def _once(self, channel: ApiChannel, key: str, payload: dict[str, Any],
+              run: Callable[[dict[str, Any]], Any], done: list[Any]) -> tuple[Any, bool]:
+        """`run(payload)` at most once per key and channel (Powertools' `idempotent_function`
+        on the idempotency table): (its answer, or the first request's; whether a replay).
+        `done` holds run's answer once it ran. What the store does before `run` is a 503 with
+        Retry-After (nothing was sent); after it, the answer stands and the failure is logged."""
+        from aws_lambda_powertools.utilities.idempotency import (
+            IdempotencyConfig,
+            idempotent_function,
+        )
         from aws_lambda_powertools.utilities.idempotency.exceptions import (
             IdempotencyAlreadyInProgressError,
-            IdempotencyPersistenceLayerError,
             IdempotencyValidationError,
         )
 
         if not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH or not key.isprintable():
             raise ApiError(400, f"Idempotency-Key: 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable "
                                 f"characters")
-        pushed: list[dict[str, str]] = []
-
-        def push() -> dict[str, str]:
-            pushed.append(self._push(channel, job, job_id_for_key(channel.name, key)))
-            return pushed[0]
-
-        remaining = _remaining_millis(context)
+        state = self.guard.current()
+        millis = int(max(0.0, state.left()) * 1000) if state is not None \
+            else API_GATEWAY_TIMEOUT_SECONDS * 1000
         config = IdempotencyConfig(
-            event_key_jmespath="key", payload_validation_jmespath="job",
+            event_key_jmespath="key", payload_validation_jmespath="request",
             raise_on_no_idempotency_key=True, expires_after_seconds=self.idempotency_window,
-            lambda_context=_Deadline(remaining),  # type: ignore[arg-type]
-        )
-        runner = IdempotencyHandler(
-            function=push, function_payload={"key": key, "job": job.model_dump(mode="json")},
-            config=config, persistence_store=self._store(channel),
-            key_prefix=f"http#{channel.name}", function_args=(), function_kwargs={},
+            lambda_context=_Deadline(millis),  # type: ignore[arg-type]
         )
         try:
-            answer = runner.handle()
+            store = self._store(channel)
+            once = idempotent_function(run, data_keyword_argument="request", config=config,
+                                       persistence_store=store, key_prefix=f"http#{channel.name}")
+            answer = once(request={"key": key, "request": payload})
         except IdempotencyValidationError:
-            raise ApiError(422, "Idempotency-Key was used with another job on this channel; "
+            raise ApiError(422, "Idempotency-Key was used with another job or batch on this channel; "
                                 "use a new key for a new job") from None
         except IdempotencyAlreadyInProgressError:
             raise ApiError(409, "a request with this Idempotency-Key is still being accepted; "
                                 "retry after it", {"Retry-After": str(RETRY_AFTER_IN_PROGRESS)}
                            ) from None
-        except IdempotencyPersistenceLayerError as error:
-            if not pushed:
-                raise ApiError(503, f"the idempotency store failed; the job was not accepted: "
-                                    f"{error}", {"Retry-After": str(RETRY_AFTER_THROTTLED)}
-                               ) from None
+        except (ApiError, _Unsettled):
+            raise
+        except Exception as error:  # the table check, the in-progress or the success record
+            if not done:
+                logger.warning("idempotency store failed before the push: %r", error)
+                raise ApiError(503, f"the idempotency store failed; the job was not accepted, "
+                                    f"retry: {_one_line(error)}",
+                               {"Retry-After": str(RETRY_AFTER_THROTTLED)}) from None
             # Accepted: only its record failed. A retry finds the dedup claim (same job id).
-            logger.warning("job %s accepted; its idempotency record failed: %s",
-                           pushed[0]["job_id"], error)
-            return pushed[0], False
-        return {name: str(value) for name, value in answer.items()}, not pushed
+            logger.warning("accepted under Idempotency-Key %r; its idempotency record failed: "
+                           "%r", key, error)
+            return done[0], False
+        return answer, not done
 
     # -- batches ------------------------------------------------------------------------------
-    def _push_batch(self, channel: ApiChannel, batch: BatchRequest
+    def _push_batch_once(self, channel: ApiChannel, batch: BatchRequest, key: str
+                         ) -> tuple[tuple[int, list[dict[str, Any]]], bool]:
+        """A batch under an Idempotency-Key: ((status, results), whether a replay). Its answer
+        is kept (and replayed) once no job of it is left to retry (each is 202 or 400); a batch
+        with a job to retry (429) keeps no answer, and its retry under the key sends only what
+        was not sent (every job's id is derived from key and index, pushed with dedup on)."""
+        done: list[tuple[int, list[dict[str, Any]]]] = []
+
+        def push(request: dict[str, Any]) -> dict[str, Any]:
+            done.append(self._push_batch(channel, batch, key))
+            status, results = done[0]
+            if any(result["status"] in RETRY_STATUSES for result in results):
+                raise _Unsettled()  # Powertools deletes the in-progress record: retry may finish
+            return {"status": status, "jobs": results}
+
+        try:
+            answer, replayed = self._once(channel, key, {"key": key, "batch": batch.model_dump(
+                mode="json")}, push, done)
+        except _Unsettled:
+            return done[0], False
+        if isinstance(answer, tuple):  # the batch ran; only its record failed
+            return answer, False
+        return (int(answer["status"]), list(answer["jobs"])), replayed
+
+    def _push_batch(self, channel: ApiChannel, batch: BatchRequest, key: str | None
                     ) -> tuple[int, list[dict[str, Any]]]:
-        """Push the valid jobs of a batch with `push_many`; (status, one result per job)."""
+        """Push the valid jobs of a batch with `push_many`; (status, one result per job).
+        key: the batch's Idempotency-Key (each job's id derived from it and its index, dedup
+        on); without one, a job's id is the API's own (on an ordered channel the producer's,
+        from its deduplication id)."""
         results: list[dict[str, Any]] = [{"index": i} for i in range(len(batch.jobs))]
+        ids: list[str | None] = [
+            job_id_for_key(channel.name, f"{key}\nbatch\n{index}") if key is not None
+            else None if channel.ordered else str(uuid.uuid4())
+            for index in range(len(batch.jobs))]
+        self._note(ids={job_id: index for index, job_id in enumerate(ids) if job_id},
+                   results=results)
         items: list[PushItem] = []
         positions: list[int] = []
         for index, raw in enumerate(batch.jobs):
             try:
                 job = JobRequest.model_validate(raw)
                 if _timing(job):  # its own due time: a push of its own (push_many's is per call)
-                    accepted = self._push(channel, job, None)
+                    accepted = self._push(channel, job, ids[index], dedup=key is not None)
                     results[index].update(
                         status=202, job_id=accepted["job_id"],
                         scheduled=accepted["status"] == "scheduled",
                         **{k: v for k, v in accepted.items() if k == "due_at"})
                     continue
-                items.append(_item(job, None))
+                items.append(_item(job, ids[index], dedup=key is not None))
                 positions.append(index)
             except ValidationError as error:
                 results[index].update(status=400, error=describe_errors(error.errors()))
@@ -324,11 +444,38 @@ class JobApi:
             found = store.timeline(job_id)
         except ChannelNotFound:  # no status table yet: nothing was recorded
             found = []
-        records = [r for r in found if r.channel in tracked]
+        # An exchange's records name its channels ('exchange.queue'): its consumers' records.
+        served = {r.channel: name for r in found for name in tracked
+                  if r.channel == name or (self.channels[name].exchange
+                                           and r.channel.startswith(f"{name}."))}
+        records = [r for r in found if r.channel in served]
         if not records:
             raise ApiError(404, f"no job {job_id!r} on a channel that tracks status")
+        # Whether progress is recorded is the channel's fact (its ChannelSpec's track_status, on
+        # its queues): a channel whose consumers do not track answers its last known record as
+        # such, never as current (`messenger.jobs.status.progress_answer`).
+        channel = self.channels[served[records[0].channel]]
         return {"job_id": job_id, "channel": records[0].channel, "status": records[-1].event.value,
+                **progress_answer(records, self._declared(channel), channel.name),
                 "events": [_event(record) for record in records]}
+
+    def _declared(self, channel: ApiChannel) -> bool | None:
+        """The channel's own declaration of track_status, read from its queues' tag. Where no
+        queue tells (untagged: made before the tag existed; or the API's role may not read
+        tags), the API's configuration stands in: a deployed API's MESSENGER_API_CHANNELS is
+        written by the CDK from the same ChannelSpec."""
+        with self._lock:
+            if self._declarations is None:
+                self._declarations = TrackingDeclarations(self.clients, self.settings)
+            declarations = self._declarations
+        if channel.exchange:
+            answers = set(declarations.of_exchange(channel.name, channel.ordered).values())
+            declared = answers.pop() if len(answers) == 1 else None
+        else:
+            declared = declarations.of_channel(ChannelSpec(
+                channel.name, ordered=channel.ordered, namespace=self.settings.namespace,
+                priorities=channel.priorities, default_priority=channel.default_priority))
+        return channel.track_status if declared is None else declared
 
     # -- parts --------------------------------------------------------------------------------
     def _producer(self, channel: ApiChannel) -> Any:
@@ -356,6 +503,13 @@ class JobApi:
                     boto3_client=self.clients.client("dynamodb"))
             return store
 
+    def _note(self, **notes: Any) -> None:
+        """Tell a late answer (`_late_answer`) about the request: its route, channel, job ids."""
+        state = self.guard.current()
+        if state is not None:
+            with state.lock:
+                state.notes.update(notes)
+
     @staticmethod
     def _flush_status(producer: Any) -> None:
         """Write the QUEUED records now (a Lambda may freeze before the writer thread runs;
@@ -375,10 +529,11 @@ class JobApi:
         return f"{base}/jobs/{job_id}"
 
 
-def _item(job: JobRequest, message_id: str | None) -> PushItem:
+def _item(job: JobRequest, message_id: str | None, dedup: bool | None = None) -> PushItem:
+    if dedup is None:
+        dedup = True if message_id is not None else None
     return PushItem(job.body, job.routing_key, group_id=job.group_id, priority=job.priority,
-                    message_id=message_id, max_attempts=job.max_attempts,
-                    dedup=True if message_id is not None else None)
+                    message_id=message_id, max_attempts=job.max_attempts, dedup=dedup or None)
 
 
 def _timing(job: JobRequest) -> dict[str, Any]:
@@ -417,17 +572,134 @@ def _refusing(call: Callable[[], Any]) -> Any:
         raise ApiError(503, f"the channel is not deployed: {error}") from None
 
 
-def _check_envelope(event: Mapping[str, Any]) -> None:
+def _checked_envelope(event: dict[str, Any]) -> dict[str, Any]:
+    """The event to route, after what API Gateway checks in front of the function: the body's
+    size, its media type (case-insensitive, RFC 9110: `APPLICATION/JSON; charset=UTF-8` is
+    JSON; the header is handed on in lower case, as the router compares it) and its shape (a
+    route takes one JSON object: an array is a 400 naming the object it expects)."""
     if event.get("httpMethod") != "POST":
-        return
+        return event
     body = event.get("body") or ""
-    if len(body.encode("utf-8") if isinstance(body, str) else body) > MAX_REQUEST_BYTES:
+    raw = body.encode("utf-8") if isinstance(body, str) else body
+    if len(raw) > MAX_REQUEST_BYTES:
         raise ApiError(413, f"request body above {MAX_REQUEST_BYTES} bytes (Lambda's 6 MB "
                             f"payload limit); bodies above 256 KiB go to S3 by themselves")
-    headers = {k.lower(): v for k, v in (event.get("headers") or {}).items()}
-    content_type = (headers.get("content-type") or "").split(";")[0].strip().lower()
-    if content_type != JSON:
-        raise ApiError(415, f"Content-Type must be {JSON}, got {content_type or 'none'!r}")
+    headers = dict(event.get("headers") or {})
+    names = [name for name in headers if name.lower() == "content-type"]
+    value = str(headers[names[-1]]) if names else ""
+    media, _, parameters = value.partition(";")
+    media = media.strip().lower()
+    if media != JSON:
+        raise ApiError(415, f"Content-Type must be {JSON}, got {media or 'none'!r}")
+    charset = re.search(r"charset\s*=\s*\"?([^\s;\"]+)", parameters, re.IGNORECASE)
+    if charset and charset.group(1).lower() not in ("utf-8", "utf8"):
+        raise ApiError(415, f"Content-Type: the charset of {JSON} is utf-8, got "
+                            f"{charset.group(1)!r}")
+    if event.get("isBase64Encoded") and isinstance(body, str):
+        try:
+            raw = base64.b64decode(body)
+        except ValueError:
+            raw = b""
+    if raw.lstrip()[:1] == b"[":
+        path = str(event.get("path") or "")
+        expected = ('{"jobs": [{"body": ...}, ...]}, one object holding the list'
+                    if path.endswith("/batch") else
+                    '{"body": ...}, one job (several: {"jobs": [...]} to '
+                    '/channels/{channel}/jobs/batch)')
+        raise ApiError(400, f"request body: a JSON object {expected}; got a JSON array")
+    for name in names:
+        del headers[name]
+    headers["content-type"] = JSON + (f";{parameters.lower()}" if parameters else "")
+    multi = {name: values for name, values in (event.get("multiValueHeaders") or {}).items()
+             if name.lower() != "content-type"}
+    multi["content-type"] = [headers["content-type"]]
+    return {**event, "headers": headers, "multiValueHeaders": multi}
+
+
+def _deadline_error(state: RequestState) -> ApiError:
+    """The 503 of a request whose deadline passed before its job was sent."""
+    skipped = ", ".join(sorted(set(state.refused))) or "the send"
+    return ApiError(503, f"the job was not sent within the request's deadline (AWS answered "
+                         f"too slowly; not made: {skipped}); nothing was accepted, retry",
+                    {"Retry-After": str(RETRY_AFTER_THROTTLED)})
+
+
+def _late_answer(state: RequestState, event: Mapping[str, Any], failed: bool
+                 ) -> dict[str, Any]:
+    """The answer of a request whose route did not answer: its deadline passed (`failed`
+    False) or it raised. From what its sends did: a job SQS (SNS, Scheduler) accepted is a 202
+    (never a 5xx); a job not sent is a 503 with Retry-After (500 for a failure that was not
+    the deadline's); a job whose send did not answer in time is a 503 that says it may have
+    been accepted (a retry with the same Idempotency-Key keeps its id: it runs once)."""
+    with state.lock:
+        notes, accepted = dict(state.notes), dict(state.accepted)
+        unsure = state.sends_in_flight > 0 or state.unconfirmed
+        refused = bool(state.refused)
+    retry = {"Retry-After": str(RETRY_AFTER_THROTTLED)}
+    unknown = ApiError(503, "SQS did not confirm the job within the request's deadline: it may "
+                            "have been accepted; retry with the same Idempotency-Key (the job "
+                            "keeps its id and runs once)", retry)
+    if not failed or refused:
+        not_sent = _deadline_error(state)
+    else:
+        not_sent = ApiError(500, "internal error: the request was not accepted")
+    channel, base = notes.get("channel"), str(notes.get("base") or "/jobs/")
+    if notes.get("route") == "batch":
+        results: list[dict[str, Any]] = [dict(r) for r in notes.get("results") or []]
+        indexes = {job_id: index for job_id, index in (notes.get("ids") or {}).items()}
+        unmapped = [job_id for job_id in accepted if job_id not in indexes]
+        for index, result in enumerate(results):
+            job_id = next((j for j, i in indexes.items() if i == index and j in accepted), None)
+            if job_id is not None:
+                result.update(status=202, job_id=job_id, location=f"{base}{job_id}",
+                              scheduled=accepted[job_id])
+                result.pop("error", None)
+            elif "status" not in result:
+                error = unknown if (unsure or unmapped) else not_sent
+                result.update(status=error.status, error=error.message)
+        statuses = {result.get("status") for result in results}
+        status = 202 if statuses == {202} else 207 if 202 in statuses else (
+            unknown.status if unsure else not_sent.status)
+        headers = {"Content-Type": JSON, **({} if status == 202 else retry)}
+        return {"statusCode": status, "headers": headers, "isBase64Encoded": False,
+                "body": json.dumps({"channel": channel, "jobs": results})}
+    if accepted:
+        job_id, scheduled = next(iter(accepted.items()))
+        body = {"job_id": job_id, "channel": channel,
+                "status": "scheduled" if scheduled else "accepted"}
+        return {"statusCode": 202, "isBase64Encoded": False, "body": json.dumps(body),
+                "headers": {"Content-Type": JSON, "Location": f"{base}{job_id}"}}
+    return _error_response(unknown if unsure else not_sent)
+
+
+def _shaped(response: dict[str, Any]) -> dict[str, Any]:
+    """Every error answer is `{"error": "<one line>"}`, also one the router made itself."""
+    if int(response.get("statusCode") or 200) < 400:
+        return response
+    try:
+        body = json.loads(response.get("body") or "null")
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return response
+    detail = body.get("detail") if isinstance(body, dict) else None
+    message = describe_errors(detail) if isinstance(detail, list) and detail \
+        else f"request refused ({response.get('statusCode')})"
+    headers = {k: v for k, v in (response.get("headers") or {}).items()
+               if k.lower() != "content-type"}
+    return {**response, "body": json.dumps({"error": message}), "isBase64Encoded": False,
+            "headers": {**headers, "Content-Type": JSON},
+            "multiValueHeaders": {k: v for k, v in (response.get("multiValueHeaders")
+                                                    or {}).items()
+                                  if k.lower() != "content-type"}}
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())[:300] or type(error).__name__
+
+
+class _Unsettled(Exception):
+    """A batch with a job to retry: its answer is not kept under its Idempotency-Key."""
 
 
 def _remaining_millis(context: Any) -> int:
