@@ -6,6 +6,7 @@ lease from any other)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -235,35 +236,52 @@ def test_recent_ids_forget_after_sqs_interval():
 
 
 RACER = """
-import sys, time
+import json, sys
 from messenger import Producer, PushItem
+from messenger.jobs.dedup import HELD_CODE
 class Jobs(Producer):
     channel = "jobs"
     dedup = True
-start = float(sys.argv[1])
-while time.time() < start:
-    time.sleep(0.001)
-result = Jobs().push_many([PushItem({"n": n}, message_id=f"race-{n}") for n in range(30)])
-assert not result.failures, result.failures
-print(result.published)
+producer = Jobs()
+items = [PushItem({"n": n}, message_id=f"race-{n}") for n in range(30)]
+print("ready", flush=True)
+sys.stdin.readline()  # the go: every racer is past its imports and waiting
+published, held = 0, 0
+while items:
+    result = producer.push_many(items)
+    published += result.published
+    # Only an id another racer holds may fail (it waited its retry budget for that claim to be
+    # marked sent): not sent, retry it, as a producer would (a sent one is then a duplicate)
+    assert all(failure.code == HELD_CODE for failure in result.failures), result.failures
+    held += len(result.failures)
+    items = [items[failure.index] for failure in result.failures]
+print(json.dumps({"published": published, "held": held}))
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # a hang: the racers start together on a signal, not at a time
 def test_racing_processes_send_each_id_once(settings, clients, local_endpoint):
     # Given the table and queue exist (so both processes race on the claims, not on setup)
     Jobs(settings=settings, clients=clients).push({"warm": True}, message_id="warm")
     sqs, url = queue(clients, settings)
     drain(sqs, url)
     env = {**os.environ, **local_endpoint.env(), **settings.as_env()}
-    start = time.time() + 3
-    # When three processes push the same 30 ids at the same moment
-    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(start)], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    racers = [subprocess.Popen([sys.executable, "-c", RACER], cwd=ROOT, env=env,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
               for _ in range(3)]
-    outputs = [racer.communicate(timeout=90) for racer in racers]
+    # When three processes, each ready, push the same 30 ids at the same moment
+    for racer in racers:
+        assert racer.stdout is not None and racer.stdout.readline() == "ready\n", \
+            racer.communicate()
+    for racer in racers:
+        assert racer.stdin is not None
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+    outputs = [racer.communicate(timeout=240) for racer in racers]
     assert all(racer.returncode == 0 for racer in racers), outputs
     # Then each id was sent exactly once, and the reports add up to that
-    assert sum(int(out.strip()) for out, _ in outputs) == 30
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert sum(report["published"] for report in reports) == 30, reports
     got = sorted(decode(m).message_id for m in drain(sqs, url))
     assert got == sorted(f"race-{n}" for n in range(30))
