@@ -242,6 +242,7 @@ def test_an_offloaded_push_due_past_its_bodys_expiry_uploads_nothing(settings, c
 def test_the_scheduled_record_is_written_before_the_schedule_is_created(settings, clients):
     producer = TrackedLater(settings=settings, clients=clients)
     status = StatusStore(clients, settings)
+    status.ensure_table()  # the table is there: what the hook reads is the job's records
     seen: list[list[StatusEvent]] = []
 
     def read_timeline(params, **_):
