@@ -188,18 +188,28 @@ def test_push_many_with_a_time_routes_each_item_like_push(settings, clients):
         producer.push_many([{"n": 6}], at=datetime(2020, 1, 1, tzinfo=UTC))
 
 
-def test_a_cancelled_job_never_fires(settings, clients):
+def test_a_cancelled_job_never_fires(settings, clients, endpoint):
+    # Given a job scheduled an hour out (the endpoint's own scheduler leaves it alone), and a
+    # second one beside it, not cancelled
     producer = OrderedNightly(settings=settings, clients=clients)
-    job_id = producer.push({"n": 3}, delay=timedelta(seconds=2))
+    at = datetime.now(UTC) + timedelta(hours=1)
+    job_id = producer.push({"n": 3}, at=at)
+    kept_id = producer.push({"n": 30}, at=at)
     store = ScheduleStore(clients, settings)
-    assert [job.job_id for job in store.list("nightly")] == [job_id]
+    assert sorted(job.job_id for job in store.list("nightly")) == sorted([job_id, kept_id])
 
+    # When it is cancelled
     cancelled = store.cancel(job_id)
 
+    # Then a scheduler whose clock is past their time (the endpoint's loop, moved on) fires
+    # only the other one, however long the steps above took
     assert cancelled.job_id == job_id
-    time.sleep(3.5)  # past its due time and the endpoint's next passes
+    firer = ScheduleFirer(local_clients(endpoint), clock=lambda: at.timestamp() + 1)
+    assert firer.run_once() == 1
+    assert firer.run_once() == 0
     sqs = clients.client("sqs")
-    assert drain(sqs, queue_url(sqs, f"{settings.namespace}-nightly.fifo")) == []
+    received = drain(sqs, queue_url(sqs, f"{settings.namespace}-nightly.fifo"))
+    assert [m["MessageAttributes"]["message_id"]["StringValue"] for m in received] == [kept_id]
     with pytest.raises(ScheduleNotFound, match="unknown, already fired or already cancelled"):
         store.cancel(job_id)
 
