@@ -235,8 +235,10 @@ class _BaseProducer:
         otherwise. dedup: check the id against the dedup window first (None: the producer's
         `dedup`); needs a message_id on a standard channel (without one, every push is new).
         at / delay: run the job at this aware datetime, or after this timedelta (or seconds):
-        SQS's DelaySeconds within 15 minutes on a standard queue, else a one-time EventBridge
-        Scheduler schedule (docs/scheduled-jobs.md); its id is fixed now.
+        SQS's DelaySeconds up to 900 s (included) on a standard queue, else a one-time
+        EventBridge Scheduler schedule (docs/scheduled-jobs.md); its id is fixed now. At most
+        366 days ahead (`schedules.MAX_AHEAD_SECONDS`; InvalidMessage beyond). A job id
+        scheduled already is a duplicate (`.duplicate`, `.due` the waiting job's).
         """
         when = plan_delivery(at, delay, ordered=self.ordered,
                              fanout=self.messaging_system == SNS_SYSTEM)

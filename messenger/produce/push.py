@@ -37,7 +37,9 @@ class PushedId(str):
     """What `push` returns: the message id (a str), and whether the push was a duplicate that
     was not sent (`duplicate`: the id was pushed within the dedup window already). A push with
     `at=`/`delay=` also says when the job is due (`due`, UTC; None: now) and whether it waits
-    as a one-time schedule (`scheduled`; False: SQS's DelaySeconds, or sent now)."""
+    as a one-time schedule (`scheduled`; False: SQS's DelaySeconds, or sent now). A scheduled
+    push whose job id is scheduled already on the channel is a duplicate too: nothing was
+    scheduled, and `due` is the waiting job's due time (None: it fired or was cancelled)."""
 
     duplicate: bool
     due: datetime | None
