@@ -38,8 +38,17 @@ from typing import TYPE_CHECKING, Any, Union
 from messenger.aws import ClientFactory, RequestCounter, error_code
 from messenger.channel import MAX_BATCH_ENTRIES
 from messenger.errors import InvalidSettings
+from messenger.jobs.dedup import check_window
+from messenger.jobs.runs import (
+    DEFAULT_RUN_WINDOW_SECONDS,
+    Fingerprint,
+    PartitionRecord,
+    RunLedger,
+    check_run_key,
+    job_id,
+)
 from messenger.produce.ledger import Ledger, PartitionLedger, item_digest
-from messenger.produce.producer import PushItem, _BaseProducer
+from messenger.produce.producer import MultiProducer, Producer, PushItem
 from messenger.settings import Settings
 from messenger.tracing import current_headers
 
@@ -62,10 +71,16 @@ MAX_LANES = 16
 MAX_PARTITIONS = 10_000
 #: Counters (Spark accumulators) a publishing task adds to.
 COUNTERS = ("published", "offloaded", "failed", "requests", "skipped", "partitions",
-            "duplicates")
+            "duplicates", "partitions_skipped", "dynamodb_requests")
+#: Rows per push_many call with a run key: its claims are marked sent in BatchWriteItems of 25,
+#: so 50 rows cost 50 conditional PutItems and 2 batch writes (1.04 DynamoDB requests per row)
+#: and 5 SendMessageBatch/PublishBatch requests, as 5 calls of 10 would.
+RUN_CHUNK_ROWS = 50
 
 #: A column name, or a function of the Row (`Union`: evaluated at import, on Python 3.9 too).
 RowField = Union[str, Callable[[Any], Any]]
+#: A producer class: a `Producer` (queue) or `MultiProducer` (exchange) subclass.
+ProducerClass = Union[type[Producer], type[MultiProducer]]
 
 
 @dataclass(frozen=True)
@@ -112,10 +127,14 @@ _factories_lock = threading.Lock()
 @dataclass(frozen=True)
 class PublishReport:
     """What `publish` did. failed rows are in `failed_path`; requests counts every AWS call;
-    skipped: rows the run's ledger showed as already published; partitions: partitions that
-    published (or skipped) at least one row; duplicates: rows not sent because their
-    deduplication key was sent within SQS's 5 minutes (SQS would drop them; ordered channels)
-    or, with the producer's `dedup`, their message id within its window."""
+    skipped: rows the run's ledger showed as already published, or (with a run key) rows an
+    earlier attempt of the run sent: those of the partitions it finished (`partitions_skipped`,
+    not read row by row) and those the dedup table holds; partitions: partitions that published
+    (or skipped) at least one row; duplicates: rows not sent because their deduplication key
+    was sent within SQS's 5 minutes (SQS would drop them; ordered channels), with the producer's
+    `dedup`, their message id within its window, or with a run key, rows whose key columns
+    repeat an earlier row's; dynamodb_requests: the executors' DynamoDB requests (claims,
+    marks, the run's ledger), part of `requests`."""
 
     published: int
     offloaded: int
@@ -126,6 +145,9 @@ class PublishReport:
     partitions: int = 0
     run_id: str | None = None
     duplicates: int = 0
+    run_key: str | None = None
+    partitions_skipped: int = 0
+    dynamodb_requests: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -147,8 +169,11 @@ class RowMapping:
     routing_key: RowField | None = None
     group_id: RowField | None = None
     dedup_key: Sequence[str] | Callable[[Any], Any] | None = None
+    #: With a run key, each row's job id is derived from it and the row's key columns
+    #: (`dedup_key`, else every column) and the row is pushed with dedup on enqueue.
+    run_key: str | None = None
 
-    def check(self, columns: Sequence[str], producer_class: type[_BaseProducer]) -> None:
+    def check(self, columns: Sequence[str], producer_class: ProducerClass) -> None:
         """Fail on the driver, before any task runs, naming the bad argument."""
         for name, value in (
             ("body", self.body), ("routing_key", self.routing_key),
@@ -163,19 +188,33 @@ class RowMapping:
                     f"publish({name}=...): no column {', '.join(map(repr, missing))}; the "
                     f"DataFrame has {', '.join(columns)}"
                 )
-        if not producer_class.ordered and self.dedup_key is not None:
+        if not producer_class.ordered and self.dedup_key is not None and self.run_key is None:
             raise InvalidSettings(
-                f"publish(dedup_key=) applies to ordered channels only; "
+                f"publish(dedup_key=) applies to ordered channels, or with a run_key; "
                 f"{producer_class.__name__}.channel {producer_class.channel!r} is not ordered"
             )
 
     def item(self, row: Any) -> PushItem:
+        if self.run_key is not None:  # the job id is the message id, and on FIFO the dedup id
+            return PushItem(
+                body=self._body(row),
+                routing_key=_text(_field(row, self.routing_key)),
+                group_id=_text(_field(row, self.group_id)),
+                message_id=self.job_id(row),
+                dedup=True,
+            )
         return PushItem(
             body=self._body(row),
             routing_key=_text(_field(row, self.routing_key)),
             group_id=_text(_field(row, self.group_id)),
             dedup_id=self._dedup_id(row),
         )
+
+    def job_id(self, row: Any) -> str:
+        """The row's job id in its run: '<run key>:<digest of the run key and key columns>'."""
+        assert self.run_key is not None
+        return job_id(self.run_key, self._key_text(row) if self.dedup_key is not None
+                      else _json_text(plain(row)))
 
     def _body(self, row: Any) -> Any:
         if self.body is None:
@@ -189,12 +228,18 @@ class RowMapping:
     def _dedup_id(self, row: Any) -> str | None:
         if self.dedup_key is None:
             return None
+        return hashlib.sha256(self._key_text(row).encode("utf-8")).hexdigest()
+
+    def _key_text(self, row: Any) -> str:
         if callable(self.dedup_key):
-            key = plain(self.dedup_key(row))
-        else:
-            key = [plain(row[column]) for column in self.dedup_key]
-        text = json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+            return _json_text(plain(self.dedup_key(row)))
+        assert self.dedup_key is not None
+        columns = [self.dedup_key] if isinstance(self.dedup_key, str) else self.dedup_key
+        return _json_text([plain(row[column]) for column in columns])
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def plain(value: Any) -> Any:
@@ -223,6 +268,21 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """A run key's publishing (shipped to the executors; see `messenger.jobs.runs`): the
+    channel, the number of partitions and the window, in seconds, its rows count as sent."""
+
+    run_key: str
+    channel: str
+    partitions: int
+    window_seconds: int = DEFAULT_RUN_WINDOW_SECONDS
+
+    def ledger(self, clients: ClientFactory, settings: Settings) -> RunLedger:
+        return RunLedger(clients, settings, self.run_key, self.channel, self.partitions,
+                         self.window_seconds)
+
+
 @dataclass
 class _BatchOutcome:
     failures: list[tuple[Any, str, str]]
@@ -240,17 +300,20 @@ class PartitionPublisher:
     sends its batches one after the other, so a group's order is kept while requests of other
     groups overlap (AWS calls are latency-bound). counters: Spark accumulators named as in
     `COUNTERS`. ledger: the run's record; rows it lists are skipped, published ones added.
+    run: a run key's publishing: rows go with dedup on enqueue for its window, in push_many
+    calls of RUN_CHUNK_ROWS, and a partition its ledger lists as finished is skipped whole.
     """
 
     def __init__(
         self,
-        producer_class: type[_BaseProducer],
+        producer_class: ProducerClass,
         executor: ExecutorSettings,
         mapping: RowMapping,
         counters: Mapping[str, Any],
         lanes: int = DEFAULT_LANES,
         ledger: Ledger | None = None,
         trace_parent: Mapping[str, str] | None = None,
+        run: RunSpec | None = None,
     ) -> None:
         self.producer_class = producer_class
         #: The driver's trace context (W3C headers): each row's message is created in it.
@@ -260,6 +323,7 @@ class PartitionPublisher:
         self.counters = counters
         self.lanes = lanes
         self.ledger = ledger
+        self.run = run
 
     def __call__(self, index: int, rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
         """Publish partition `index` (Spark's mapPartitionsWithIndex)."""
@@ -268,10 +332,15 @@ class PartitionPublisher:
         lanes = [ThreadPoolExecutor(max_workers=1) for _ in range(self.lanes)]
         producer = None
         try:
+            run = None if self.run is None else self.run.ledger(clients, self.executor.settings)
+            finished = None if run is None else run.finished(index)
+            if finished is not None:
+                yield from self._skip(index, iter(rows), finished)
+                return
             ledger = None if self.ledger is None else self.ledger.partition(index, clients)
-            producer = self.producer_class(settings=self.executor.settings, clients=clients)
+            producer = self._producer_class()(settings=self.executor.settings, clients=clients)
             producer.trace_parent = self.trace_parent
-            yield from self._publish(producer, iter(rows), lanes, ledger)
+            yield from self._publish(producer, iter(rows), lanes, ledger, run, index)
         finally:
             for lane in lanes:
                 lane.shutdown(wait=True)
@@ -280,13 +349,47 @@ class PartitionPublisher:
                 producer.status.close()
             requests.detach(clients)
             self.counters["requests"].add(requests.total)
+            self.counters["dynamodb_requests"].add(sum(
+                count for key, count in requests.counts.items() if key.startswith("dynamodb.")))
+
+    def _producer_class(self) -> ProducerClass:
+        """The producer class, with a run key: a subclass whose dedup window is the run's."""
+        if self.run is None:
+            return self.producer_class
+        return type(self.producer_class.__name__, (self.producer_class,),
+                    {"dedup_window": self.run.window_seconds,
+                     "__module__": self.producer_class.__module__})
+
+    def _skip(self, index: int, rows: Iterator[Any], finished: PartitionRecord
+              ) -> Iterator[tuple[Any, ...]]:
+        """A partition an earlier attempt of the run finished: no row is sent or looked up in
+        the dedup table; its rows' job ids are compared with those it finished with."""
+        assert self.run is not None
+        fingerprint = Fingerprint()
+        for row in rows:
+            fingerprint.add(self.mapping.job_id(row))
+        if fingerprint.text() != finished.fingerprint:
+            raise InvalidSettings(
+                f"run_key {self.run.run_key!r}: partition {index} now holds {fingerprint.rows} "
+                f"rows, not the {finished.rows} an earlier attempt published (other rows under "
+                f"the same run key: the input changed); publish a changed input with a new "
+                f"run_key"
+            )
+        self.counters["skipped"].add(fingerprint.rows)
+        self.counters["partitions"].add(1 if fingerprint.rows else 0)
+        self.counters["partitions_skipped"].add(1)
+        yield from ()
 
     def _publish(
-        self, producer: _BaseProducer, rows: Iterator[Any], lanes: list[ThreadPoolExecutor],
-        ledger: PartitionLedger | None,
+        self, producer: Producer | MultiProducer, rows: Iterator[Any],
+        lanes: list[ThreadPoolExecutor], ledger: PartitionLedger | None,
+        run: RunLedger | None = None, index: int = 0,
     ) -> Iterator[tuple[Any, ...]]:
         counts = {"published": 0, "offloaded": 0, "failed": 0, "skipped": 0, "partitions": 0,
                   "duplicates": 0}
+        chunk = RUN_CHUNK_ROWS if run is not None else MAX_BATCH_ENTRIES
+        fingerprint = Fingerprint()
+        seen: set[str] = set()  # job ids of this partition (with a run key)
         batches: list[list[tuple[Any, PushItem]]] = [[] for _ in lanes]
         in_flight: deque[Future[_BatchOutcome]] = deque()
         batch_errors, last_error = 0, ""
@@ -294,7 +397,9 @@ class PartitionPublisher:
         def settle(outcome: _BatchOutcome, sent: bool = True) -> Iterator[tuple[Any, ...]]:
             nonlocal batch_errors, last_error
             counts["published"] += outcome.published
-            counts["duplicates"] += outcome.duplicates
+            # With a run key, a duplicate is a row an earlier attempt sent (those repeating a
+            # row of this partition are counted, and left out, before they are pushed).
+            counts["skipped" if run is not None else "duplicates"] += outcome.duplicates
             counts["offloaded"] += outcome.offloaded
             counts["failed"] += len(outcome.failures)
             if ledger is not None:
@@ -330,14 +435,21 @@ class PartitionPublisher:
             if ledger is not None and item_digest(item) in ledger.published:
                 counts["skipped"] += 1  # published by an earlier attempt of this run
                 continue
+            if run is not None:
+                assert item.message_id is not None
+                fingerprint.add(item.message_id)
+                if item.message_id in seen:  # the same key columns as an earlier row
+                    counts["duplicates"] += 1
+                    continue
+                seen.add(item.message_id)
             if producer.ordered:  # a group always takes the same lane: its order is kept
                 group = (item.group_id or "").encode("utf-8")
                 lane = zlib.crc32(group) % len(lanes)
             else:
-                lane = rotation // MAX_BATCH_ENTRIES % len(lanes)
+                lane = rotation // chunk % len(lanes)
                 rotation += 1
             batches[lane].append((row, item))
-            if len(batches[lane]) == MAX_BATCH_ENTRIES:
+            if len(batches[lane]) == chunk:
                 yield from send(lane)
         for lane, batch in enumerate(batches):
             if batch:
@@ -346,15 +458,20 @@ class PartitionPublisher:
             yield from settle(in_flight.popleft().result())
         if ledger is not None:
             ledger.flush()
+        if run is not None and not counts["failed"]:
+            # Every row sent (now or by an earlier attempt): a re-run skips the partition whole.
+            run.finish(index, fingerprint, counts)
         for name, value in counts.items():
             self.counters[name].add(value)
 
     @staticmethod
     def _send(
-        producer: _BaseProducer, batch: list[tuple[Any, PushItem]], digests: bool = False
+        producer: Producer | MultiProducer, batch: list[tuple[Any, PushItem]],
+        digests: bool = False,
     ) -> _BatchOutcome:
-        """Publish up to 10 rows; channel_error: the whole batch failed for a channel reason;
-        digests: also return those of the published rows (for the ledger)."""
+        """Publish a chunk of rows (10, or RUN_CHUNK_ROWS with a run key); channel_error: the
+        whole chunk failed for a channel reason; digests: also return those of the published
+        rows (for the ledger)."""
         try:
             result = producer.push_many([item for _, item in batch])
         except Exception as error:  # neither retryable nor per entry (e.g. AccessDenied)
@@ -378,7 +495,7 @@ def failed_row(row: Any, code: str, reason: str) -> tuple[Any, ...]:
 
 def publish(
     df: DataFrame,
-    producer_class: type[_BaseProducer],
+    producer_class: ProducerClass,
     *,
     failed_path: str,
     body: RowField | Sequence[str] | None = None,
@@ -391,6 +508,8 @@ def publish(
     partitions: int | None = None,
     run_id: str | None = None,
     ledger: str | None = None,
+    run_key: str | None = None,
+    run_window: datetime.timedelta | int = DEFAULT_RUN_WINDOW_SECONDS,
 ) -> PublishReport:
     """Publish every row of `df` to `producer_class`'s channel; returns the counts.
 
@@ -404,9 +523,10 @@ def publish(
     group_id: a column or function (e.g. 'user_id'). Ordered channels: the FIFO message
         group; a column's rows are partitioned by it so each group is published by one task, in
         order. Standard channels: the fair-queue tenant key (rows are not partitioned by it).
-    dedup_key: ordered channels: columns (or a function) identifying a row; the message
-        deduplication id is their sha256, so a rerun within 5 minutes publishes nothing twice.
-        None: the sha256 of the message content (group, routing key, headers, priority, body).
+    dedup_key: columns (or a function) identifying a row. Ordered channels: the message
+        deduplication id is their sha256, so a rerun within 5 minutes publishes nothing twice
+        (None: the sha256 of the message content: group, routing key, headers, priority, body).
+        With a run_key (any channel): the row's job id is derived from the run key and them.
     order_by: columns giving the order of messages within a group (sorted per partition).
     executor: settings shipped to the executors (default: `ExecutorSettings.from_env()`).
     lanes: batches a partition sends at once (1 to 16, default 4); a message group always
@@ -419,6 +539,17 @@ def publish(
         local folder) and skips them when the run is retried or re-run. Rows are partitioned by
         their key (group_id, dedup_key or all columns), so a re-run must use the same
         `partitions` (checked).
+    run_key: a re-runnable run (1 to 80 letters, digits, '.', '_', '=', '-'), on standard and
+        ordered channels: each row's job id (its message id, and FIFO deduplication id) is
+        '<run_key>:<digest of run_key and the dedup_key columns (None: all columns)>', and rows
+        are pushed with dedup on enqueue (`messenger.jobs.dedup`) for `run_window`, so a re-run
+        with the same run key sends only the rows no earlier attempt sent. A partition whose
+        rows were all sent is recorded in the run's ledger (`messenger.jobs.runs`), and a
+        re-run skips it whole without a read per row. Rows are partitioned by their key, so a
+        re-run must use the same channel and `partitions` (checked). `messenger emr run
+        <run_key>` shows the run's counts.
+    run_window: how long a run's rows count as sent (seconds or a timedelta, 1 s to 14 days;
+        default 7 days).
     producer_class must be importable on the executors: defined in the job script itself or in
     a module shipped with --py-files.
     """
@@ -428,7 +559,13 @@ def publish(
         raise InvalidSettings(f"publish(lanes=...) must be from 1 to {MAX_LANES}, got {lanes}")
     if (run_id is None) != (ledger is None):
         raise InvalidSettings("publish(run_id=, ledger=) go together: give both or neither")
-    mapping = RowMapping(body, routing_key, group_id, dedup_key)
+    if run_key is not None:
+        check_run_key(run_key)
+    window = run_window
+    if isinstance(window, datetime.timedelta):
+        window = int(window.total_seconds()) if window.total_seconds().is_integer() else -1
+    window = check_window(window, "publish(run_window=...)")
+    mapping = RowMapping(body, routing_key, group_id, dedup_key, run_key)
     mapping.check(df.columns, producer_class)
     missing = [column for column in order_by if column not in df.columns]
     if missing:
@@ -447,11 +584,16 @@ def publish(
     if run_id is not None and ledger is not None:
         run_ledger = Ledger(ledger, run_id, count)
         run_ledger.check(executor.client_factory())
+    run = None
+    if run_key is not None:
+        run = RunSpec(run_key, producer_class.channel, count, window)
+        run.ledger(executor.client_factory(), executor.settings).start()
     # An explicit number of partitions: adaptive query execution keeps it (it coalesces only
     # shuffles whose number it chose), so all executors publish.
     if isinstance(group_id, str) and producer_class.ordered:
         df = df.repartition(count, group_id)
-    elif run_ledger is not None:  # a row's partition must not depend on the input's order
+    elif run_ledger is not None or run is not None:
+        # A row's partition must not depend on the input's order.
         if isinstance(dedup_key, str):
             keys = [dedup_key]
         elif dedup_key is not None and not callable(dedup_key):
@@ -468,7 +610,7 @@ def publish(
     # The driver's current trace context goes to the executors: each row's message carries it
     # (as the parent of the executor's spans when it traces too; `messenger.tracing`).
     task = PartitionPublisher(producer_class, executor, mapping, counters, lanes, run_ledger,
-                              current_headers(executor.settings.tracing))
+                              current_headers(executor.settings.tracing), run)
     schema = StructType(
         [
             *df.schema.fields,
@@ -480,7 +622,7 @@ def publish(
     spark.createDataFrame(df.rdd.mapPartitionsWithIndex(task), schema).write.mode(mode).json(
         failed_path
     )
-    return PublishReport(
+    report = PublishReport(
         published=counters["published"].value,
         offloaded=counters["offloaded"].value,
         failed=counters["failed"].value,
@@ -490,7 +632,13 @@ def publish(
         partitions=counters["partitions"].value,
         run_id=run_id,
         duplicates=counters["duplicates"].value,
+        run_key=run_key,
+        partitions_skipped=counters["partitions_skipped"].value,
+        dynamodb_requests=counters["dynamodb_requests"].value,
     )
+    if run is not None:
+        run.ledger(executor.client_factory(), executor.settings).attempt_done(report.as_dict())
+    return report
 
 
 def failed_output_mode(spark: SparkSession, path: str) -> str:

@@ -22,13 +22,14 @@ from typing import Any
 
 import pytest
 
-from messenger import ChannelSpec, MessageFilter, MultiProducer, Settings
+from messenger import ChannelSpec, MessageFilter, MultiProducer, Producer, Settings
 from messenger.aws import ClientFactory
 from messenger.provision import ChannelResources, Provisioner
 from messenger.spark import (
     DEFAULT_LANES,
     MAX_CONSECUTIVE_BATCH_ERRORS,
     NOT_ATTEMPTED,
+    RUN_CHUNK_ROWS,
     ExecutorSettings,
     PublishReport,
     RowMapping,
@@ -570,3 +571,119 @@ def test_each_rows_message_carries_the_drivers_trace_context(
         headers = json.loads(message["MessageAttributes"]["meta_headers"]["StringValue"])
         assert headers["traceparent"].split("-")[1:3] == \
             [f"{context.trace_id:032x}", f"{context.span_id:016x}"]
+
+
+# -- re-runs with a run key ------------------------------------------------------------------------
+#: The Python worker publishing a partition dies (os._exit) when it prepares this row.
+KILL_AT_ROW = 120
+RERUN_ROWS = 400
+RERUN_USERS = 40
+
+
+class KilledMidPartition(Producer):
+    """A standard queue whose publishing task dies in the middle of a partition, once.
+
+    `meta_headers` runs for each row as its push_many call prepares it. The first instance (one
+    per partition) to reach KILL_AT_ROW while the arming file exists takes that file (a rename:
+    one winner), waits until every other partition of the run is recorded finished (so no
+    other task is cancelled in flight), then ends its process: the task, and so the job, fail
+    as when an executor dies. Rows of its earlier push_many calls were sent and marked sent;
+    the rows of the call being prepared were not claimed yet."""
+
+    channel = "rerun_standard"
+    fault_file = ""  # set per test, read on the executors (the class is pickled by value)
+    run_key = ""
+
+    def meta_headers(self) -> dict[str, str]:
+        self.rows_prepared = getattr(self, "rows_prepared", 0) + 1
+        if self.rows_prepared == KILL_AT_ROW and self.fault_file:
+            try:
+                os.rename(self.fault_file, f"{self.fault_file}.fired")
+            except FileNotFoundError:
+                return {}
+            from messenger.jobs.runs import RunLedger
+
+            ledger = RunLedger(self.clients, self.settings, self.run_key)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                summary = ledger.summary()
+                if summary is not None and summary.finished == summary.partitions - 1:
+                    break
+                time.sleep(0.2)
+            os._exit(17)
+        return {}
+
+
+class KilledMidPartitionOrdered(KilledMidPartition):
+    channel = "rerun_ordered"
+    ordered = True
+
+
+@pytest.mark.parametrize("producer_class", [KilledMidPartition, KilledMidPartitionOrdered],
+                         ids=["standard", "ordered"])
+def test_a_step_killed_mid_partition_and_rerun_delivers_every_row_once(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, executor: ExecutorSettings,
+    tmp_path: Path, producer_class: type[KilledMidPartition],
+) -> None:
+    from messenger.jobs.runs import RunLedger
+    from tests.integration.helpers import drain
+
+    # Given a channel, 400 rows of 40 users in 2 partitions, and a fault armed that kills the
+    # Python worker of one partition when it prepares its 120th row
+    sqs = clients.client("sqs")
+    resources = Provisioner(clients, settings).ensure_channel(ChannelSpec(
+        name=producer_class.channel, ordered=producer_class.ordered,
+        namespace=settings.namespace))
+    run_key = f"rerun-{producer_class.channel}"
+    fault = tmp_path / "fault-armed"
+    fault.write_text("armed")
+    producer = type(producer_class.__name__, (producer_class,),
+                    {"fault_file": str(fault), "run_key": run_key, "__module__": __name__})
+    rows = [(f"u{n % RERUN_USERS}", n // RERUN_USERS, n) for n in range(RERUN_ROWS)]
+    df = spark.createDataFrame(rows, "user_id string, seq int, n int")
+    options: dict[str, Any] = dict(
+        body=["user_id", "seq", "n"], group_id="user_id", dedup_key=["user_id", "seq"],
+        order_by=["seq"], failed_path=str(tmp_path / "failed"), executor=executor,
+        partitions=2, lanes=1, run_key=run_key)
+
+    # When the step runs, and its job fails in the middle of a partition
+    with pytest.raises(Exception, match="(?i)python worker|exit|crash"):
+        publish(df, producer, **options)
+    assert fault.with_name("fault-armed.fired").exists() and not fault.exists()
+    # ... the queue is drained: every message SQS took is received and deleted. SQS's FIFO
+    # deduplication window (5 minutes) counts as passed: the local SQS, as SQS after that
+    # window, no longer drops a resend of a deleted message, so a row sent twice shows twice.
+    first = [json.loads(m["Body"])["n"] for m in drain(sqs, resources.queue.url)]
+    assert 0 < len(first) < RERUN_ROWS
+    # ... and the step is re-run with the same run key (the killed run's failed output replaced)
+    report = publish(df, producer, **options)
+    second = drain(sqs, resources.queue.url)
+
+    # Then every row was delivered, none twice: the re-run sent exactly the rows the killed
+    # run had not, skipped the partition that had finished without a read per row, and looked
+    # up the killed partition's rows in the dedup table
+    delivered = first + [json.loads(m["Body"])["n"] for m in second]
+    assert sorted(delivered) == list(range(RERUN_ROWS))
+    assert (report.published, report.failed, report.duplicates) == \
+        (RERUN_ROWS - len(first), 0, 0)
+    assert report.skipped == len(first)
+    assert report.partitions_skipped == 1
+    # Each user's rows arrived in order across the two runs (ordered: one FIFO group each)
+    if producer_class.ordered:
+        order: dict[str, list[int]] = {}
+        for n in delivered:
+            order.setdefault(f"u{n % RERUN_USERS}", []).append(n // RERUN_USERS)
+        assert all(seqs == sorted(seqs) for seqs in order.values())
+    # The run's ledger: both partitions finished, the rows published and skipped in all
+    summary = RunLedger(clients, settings, run_key).summary()
+    assert summary is not None
+    assert (summary.finished, summary.partitions, summary.attempts) == (2, 2, 1)
+    assert summary.counts["published"] + summary.counts["skipped"] == RERUN_ROWS
+    # ... the killed partition had sent its first two push_many calls of 50 rows, in full
+    finished_first = summary.counts["published"] - report.published
+    assert summary.counts["skipped"] == len(first) - finished_first == 2 * RUN_CHUNK_ROWS
+    # And a third run of the same run key sends nothing and reads no row's claim
+    again = publish(df, producer, **{**options, "failed_path": str(tmp_path / "failed-3")})
+    assert (again.published, again.skipped, again.partitions_skipped) == (0, RERUN_ROWS, 2)
+    assert again.dynamodb_requests <= 2 * 2  # per partition: the table check, its record
+    assert drain(sqs, resources.queue.url) == []
