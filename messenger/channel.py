@@ -68,6 +68,10 @@ TAG_ROLE = "messenger:role"  # "queue", "dlq" or "topic"
 #: (the operations tools resolve a channel's queues by these, never by name prefix).
 TAG_PRIORITY_CHANNEL = "messenger:priority-channel"
 TAG_PRIORITY_LEVEL = "messenger:priority-level"
+#: On a channel's queue and DLQ: the channel's `track_status` ("true"/"false"), so that every
+#: process (producers, consumers, the HTTP API, the dashboard, the tools) reads the one
+#: declaration of the channel (`ChannelSpec.track_status`) from the channel itself.
+TAG_TRACK_STATUS = "messenger:track-status"
 #: Sid of the queue-policy statement letting an exchange's topic deliver to a channel's queue, and
 #: of the one letting it dead-letter to the channel's DLQ (the subscription's RedrivePolicy).
 ALLOW_TOPIC_SID = "AllowExchangeTopic"
@@ -536,6 +540,8 @@ class ChannelSpec:
         if self.priority_level is not None:
             tags[TAG_PRIORITY_CHANNEL] = self.name.removesuffix(f"-{self.priority_level}")
             tags[TAG_PRIORITY_LEVEL] = self.priority_level
+        if role in ("queue", "dlq"):
+            tags[TAG_TRACK_STATUS] = "true" if self.track_status else "false"
         if self.tags.owner:
             tags[TAG_OWNER] = self.tags.owner
         if self.tags.team:
@@ -594,6 +600,15 @@ def _check_range(what: str, value: Any, low: int, high: int) -> None:
         )
     if not low <= value <= high:
         raise InvalidChannelSpec(f"{what} must be from {low} to {high}, got {value}")
+
+
+def declared_track_status(tags: Mapping[str, str]) -> bool | None:
+    """A queue's declaration of its channel's `track_status` (TAG_TRACK_STATUS): True, False,
+    or None when the queue carries none (made before the tag existed, or not from a spec)."""
+    value = tags.get(TAG_TRACK_STATUS)
+    if value is None:
+        return None
+    return value.strip().lower() == "true"
 
 
 def parse_tags(tags: Mapping[str, str]) -> ChannelTags:

@@ -142,7 +142,11 @@ class Consumer:
     priorities: the channel's levels, highest first (default none); default_priority: see
     ChannelSpec. priority_weights: a whole number >= 1 per level (default halving: 4, 2, 1);
     priority_mode: 'weighted' (default) or 'strict' (see `messenger.jobs.priority`).
-    track_status: record the messages' lifecycle in the status table (default False).
+    track_status: record the messages' lifecycle in the status table (default False). It is
+    the channel's declaration (`ChannelSpec.track_status`), read by its producers, the HTTP API
+    and the dashboard from the tag the channel's queues carry: in auto mode the consumer's
+    provisioning writes it there; in verify mode a class that disagrees with the deployed
+    channel does not start (InvalidChannelSpec naming both).
     max_attempts: runs a message gets before the consumer dead-letters it with its error, 1 to
     max_receives (default None: max_receives); a producer's `push(..., max_attempts=N)` wins.
     retry_delay: seconds before the second attempt, 0-43200 (default 5; ConsumerSettings'
@@ -275,6 +279,25 @@ class Consumer:
             tags=cls.tags, namespace=namespace, priorities=tuple(cls.priorities),
             default_priority=cls.default_priority, track_status=cls.track_status,
         )
+
+    def check_tracking(self, resources: ChannelResources) -> None:
+        """InvalidChannelSpec when the deployed channel declares another `track_status` than
+        this class (the tag its queues carry, written from the ChannelSpec it was deployed
+        from): the channel's producers, API and dashboard read that declaration, so a consumer
+        that disagreed would leave them answering a state it never records (or record what
+        they do not expect). A queue without the tag (deployed before it existed) or whose
+        tags may not be read is not checked."""
+        from messenger.jobs.status import queue_tracking
+
+        sqs = self.clients.client("sqs")
+        for level in resources.levels or (resources,):
+            declared = queue_tracking(sqs, level.queue.url)
+            if declared is not None and declared != self.spec.track_status:
+                raise InvalidChannelSpec(
+                    f"{type(self).__name__}.track_status is {self.spec.track_status} but "
+                    f"channel {self.spec.name!r} is deployed with track_status={declared} (queue "
+                    f"{level.queue.name!r}); a channel's tracking is declared once, by its "
+                    f"ChannelSpec: make the class agree with it, or redeploy the channel")
 
     def _priority_policy(self) -> PriorityPolicy | None:
         name = type(self).__name__
@@ -572,6 +595,8 @@ class Consumer:
                     lambda: provisioner.ensure_channel(self.spec),
                     self.settings.retry_budget_seconds, f"resolving channel {self.spec.name!r}",
                 )
+                if not provisioner.auto:  # auto: the provisioning wrote this spec's declaration
+                    self.check_tracking(outcome["resources"])
                 if self.status is not None:
                     self.status.start(
                         writer_process=self.runtime.status_writer == "process")

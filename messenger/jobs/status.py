@@ -28,7 +28,14 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from messenger.aws import ClientFactory, error_code
-from messenger.channel import DEFAULT_RETENTION_SECONDS, status_table_name
+from messenger.channel import (
+    DEFAULT_RETENTION_SECONDS,
+    TAG_TRACK_STATUS,
+    ChannelSpec,
+    declared_track_status,
+    status_table_name,
+    topic_name_for,
+)
 from messenger.errors import ChannelNotFound
 from messenger.jobs.tables import ensure_table, table_exists
 from messenger.settings import Settings
@@ -423,6 +430,120 @@ class StatusStore:
 
     def exists(self) -> bool:
         return table_exists(self.clients, self.table)
+
+
+# -- whether a channel's progress is recorded ------------------------------------------------
+#: Events only a consumer that tracks status records: a timeline with one was tracked.
+CONSUMER_EVENTS = frozenset({
+    StatusEvent.RECEIVED, StatusEvent.STARTED, StatusEvent.COMPLETED, StatusEvent.FAILED,
+    StatusEvent.RETRIED, StatusEvent.TIMED_OUT, StatusEvent.DEAD_LETTERED,
+})
+#: Events after which a job's state does not change by itself (it ran, or will never run).
+FINAL_EVENTS = frozenset({StatusEvent.COMPLETED, StatusEvent.DELETED, StatusEvent.CANCELLED})
+#: Seconds a process trusts a channel's declaration it read (`TrackingDeclarations`).
+DECLARATION_TTL_SECONDS = 60.0
+
+
+def queue_tracking(sqs: Any, queue_url: str) -> bool | None:
+    """The `track_status` a queue declares for its channel (its TAG_TRACK_STATUS tag): True,
+    False, or None when it carries none or its tags cannot be read (sqs:ListQueueTags not
+    allowed, the queue gone): a status store failure is never a reason to fail."""
+    try:
+        tags = sqs.list_queue_tags(QueueUrl=queue_url).get("Tags") or {}
+    except (ClientError, BotoCoreError) as error:
+        logger.info("track_status of %s not readable: %s", queue_url, error)
+        return None
+    return declared_track_status(tags)
+
+
+class TrackingDeclarations:
+    """Reads whether channels are tracked from the channels themselves: the TAG_TRACK_STATUS
+    tag their queues carry, written from `ChannelSpec.track_status` by whoever made them (the CDK
+    constructs, a consumer's provisioning in auto mode). Each queue's answer is kept `ttl`
+    seconds. Used by the HTTP API's status route; any reader of job status may use it."""
+
+    def __init__(self, clients: ClientFactory, settings: Settings,
+                 ttl: float = DECLARATION_TTL_SECONDS) -> None:
+        self.clients = clients
+        self.settings = settings
+        self.ttl = ttl
+        self._known: dict[str, tuple[float, bool | None]] = {}
+        self._lock = threading.Lock()
+
+    def of_queue(self, name: str) -> bool | None:
+        """The declaration of the queue called `name` (None: missing, untagged, unreadable)."""
+        now = time.monotonic()
+        with self._lock:
+            known = self._known.get(name)
+        if known is not None and now - known[0] < self.ttl:
+            return known[1]
+        sqs = self.clients.client("sqs")
+        try:
+            url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
+        except (ClientError, BotoCoreError) as error:
+            logger.info("track_status of queue %s not readable: %s", name, error)
+            declared = None
+        else:
+            declared = queue_tracking(sqs, str(url))
+        with self._lock:
+            self._known[name] = (now, declared)
+        return declared
+
+    def of_channel(self, spec: ChannelSpec) -> bool | None:
+        """A channel's declaration: its queue's (a prioritized channel: True when every level's
+        queue says True, False when every one says False, else None)."""
+        answers = {self.of_queue(level.queue_name) for level in spec.level_specs()}
+        return answers.pop() if len(answers) == 1 else None
+
+    def of_exchange(self, exchange: str, ordered: bool = False) -> dict[str, bool | None]:
+        """The declaration of each queue subscribed to an exchange's topic, by queue name ({}
+        when the topic is missing or its subscriptions cannot be read)."""
+        from messenger.provision import Provisioner  # not at import: EMR loads this module
+
+        provisioner = Provisioner(self.clients, self.settings)
+        try:
+            arn = provisioner.find_topic(topic_name_for(exchange, self.settings.namespace,
+                                                        ordered))
+            if arn is None:
+                return {}
+            paginator = self.clients.client("sns").get_paginator("list_subscriptions_by_topic")
+            queues = [str(subscription["Endpoint"]).rsplit(":", 1)[-1]
+                      for page in paginator.paginate(TopicArn=arn)
+                      for subscription in page.get("Subscriptions", [])
+                      if subscription.get("Protocol") == "sqs"]
+        except (ClientError, BotoCoreError) as error:
+            logger.info("subscriptions of exchange %s not readable: %s", exchange, error)
+            return {}
+        return {queue: self.of_queue(queue) for queue in queues}
+
+
+def progress_answer(records: list[StatusRecord], declared: bool | None,
+                    channel: str) -> dict[str, Any]:
+    """What a status answer says of its last record: `tracked` (the channel's declaration;
+    when it declares nothing, True if a tracking consumer recorded this job, else None),
+    `current` (whether the last record is the job's state now: the channel records progress,
+    or the job reached a final state) and, when it is not current, `note`, one line saying why.
+    A job on a channel whose consumers do not record progress shows its last known record
+    (QUEUED, say) marked as such, never as its current state."""
+    last = records[-1]
+    tracked = declared
+    if tracked is None and any(r.event in CONSUMER_EVENTS for r in records):
+        tracked = True
+    current = tracked is True or last.event in FINAL_EVENTS
+    answer: dict[str, Any] = {"tracked": tracked, "current": current}
+    if current:
+        return answer
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(last.at))
+    if tracked is False:
+        why = (f"progress not recorded: channel {channel!r} does not track status (its "
+               f"ChannelSpec has track_status=False: its consumers record nothing)")
+    else:
+        why = (f"progress may not be recorded: channel {channel!r} does not declare whether "
+               f"it tracks status (its queue has no {TAG_TRACK_STATUS} tag, or it cannot be "
+               f"read)")
+    answer["note"] = (f"{why}; {last.event.value} at {stamp} is the last recorded state, not "
+                      f"necessarily the job's current one")
+    return answer
 
 
 def render_timeline(message_id: str, records: list[StatusRecord]) -> str:

@@ -57,14 +57,14 @@ from messenger.jobs.dedup import (
 )
 from messenger.jobs.fired import JOB_WINDOW_HEADER
 from messenger.jobs.schedules import Delivery, plan_delivery
-from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
+from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore, queue_tracking
 from messenger.message import (
     MAX_ATTEMPTS_ATTRIBUTE,
     MESSAGE_ID_ATTRIBUTE,
     EncodedMessage,
     Message,
 )
-from messenger.offload import PayloadStore, pointer_attributes
+from messenger.offload import PayloadStore, default_threshold, pointer_attributes
 from messenger.produce.checks import (
     check_attempts,
     check_id,
@@ -94,7 +94,8 @@ MAX_OFFLOADED_BYTES = 2 * 1024**3
 class _BaseProducer:
     channel: ClassVar[str] = ""
     ordered: ClassVar[bool] = False
-    #: Offload bodies larger than this many bytes (None: the setting, default 256 KiB).
+    #: Offload bodies larger than this many bytes (None: the setting, by default the channel
+    #: kind's cheapest, `messenger.offload.DEFAULT_THRESHOLDS`: 1 MiB SQS, 256 KiB SNS).
     offload_threshold: ClassVar[int | None] = None
     #: Message group when a push names none. Ordered channel: the FIFO group (None: the
     #: channel name). Standard channel: the fair-queue tenant key (None: no tenant).
@@ -104,8 +105,12 @@ class _BaseProducer:
     priorities: ClassVar[tuple[str, ...]] = ()
     #: Level of a push without one (None: 'default' when a level, else the lowest).
     default_priority: ClassVar[str | None] = None
-    #: Record QUEUED in the status table for every message sent.
-    track_status: ClassVar[bool] = False
+    #: Record QUEUED (SCHEDULED) in the status table for every message sent. None (default):
+    #: as the channel declares (its ChannelSpec's track_status, the tag its queue carries, read
+    #: once per process at the first push; an exchange declares nothing: False). True/False:
+    #: this producer's own choice (the channel's declaration still decides what a status
+    #: answer says of the job's progress).
+    track_status: ClassVar[bool | None] = None
     #: Dedup on enqueue: a push whose message_id was sent within `dedup_window` seconds is
     #: not sent and is reported as a duplicate (a conditional DynamoDB claim before the send
     #: and a mark after it, batched in push_many; see `messenger.jobs.dedup`). A push may
@@ -165,6 +170,9 @@ class _BaseProducer:
         if self.priorities:
             # Validates the levels with the channel's own rules (names, count, default).
             self._spec(self.channel)
+        if self.track_status not in (None, True, False):
+            raise InvalidSettings(f"{type(self).__name__}.track_status must be True, False or "
+                                  f"None (as the channel declares), got {self.track_status!r}")
         if self.track_status:
             self.status = StatusStore(self.clients, self.settings)
         if not isinstance(self.dedup, bool):
@@ -376,6 +384,8 @@ class _BaseProducer:
     # -- internals ------------------------------------------------------------------------
     def _threshold(self) -> int:
         threshold = self.offload_threshold or self.settings.offload_threshold
+        if threshold is None:
+            return default_threshold(self.messaging_system == SNS_SYSTEM, self.ordered)
         if threshold > self.channel_limit:
             if self.offload_threshold is not None:
                 raise InvalidSettings(
@@ -392,6 +402,7 @@ class _BaseProducer:
             namespace=self.settings.namespace,
             priorities=tuple(self.priorities),
             default_priority=self.default_priority,
+            track_status=bool(self.track_status),
         )
 
     def _level(self, priority: str | None) -> str | None:
@@ -754,7 +765,17 @@ class Producer(_BaseProducer):
                     self.provisioner.describe_missing(f"queue {spec.queue_name!r}")
                 )
             queue = self.provisioner.ensure_channel(spec).queue
+        self._follow_channel(queue.url)
         return QueueTarget(self.clients.client("sqs", validate_params=False), queue.url)
+
+    def _follow_channel(self, queue_url: str) -> None:
+        """track_status None: record status when the channel declares it (its queue's tag),
+        read once (under the target lock, before the first send)."""
+        if self.track_status is not None or self.status is not None:
+            return
+        if queue_tracking(self.clients.client("sqs"), queue_url):
+            self.status = StatusStore(self.clients, self.settings)
+            self.scheduled.status = self.status
 
     def _max_receives(self, level: str | None) -> int:
         """The queue's max_receives (its redrive policy's maxReceiveCount), read once per level
