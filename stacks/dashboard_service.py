@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from aws_cdk import Aws, CfnOutput, Duration, RemovalPolicy, SecretValue, Stack
 from aws_cdk import aws_certificatemanager as acm
 from aws_cdk import aws_cognito as cognito
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from aws_cdk import aws_elasticloadbalancingv2_actions as elbv2_actions
@@ -44,6 +45,7 @@ from constructs import Construct
 
 from messenger.channel import (
     DLQ_SUFFIX,
+    audit_table_name,
     lambda_consumer_prefix,
     schedule_group_name,
     status_table_name,
@@ -162,6 +164,7 @@ class DashboardService(Construct):
             if None in cognito_parts:
                 cognito_parts = self._user_pool(login, domain_name)
             self.client_id = cognito_parts[1].user_pool_client_id  # type: ignore[union-attr]
+        self.audit_table = self._audit_table(foundation)
         self.function, self.role = self._function(foundation, login, operator_groups,
                                                   refresh_seconds, memory_mib, log_retention)
         target_group = elbv2.ApplicationTargetGroup(
@@ -244,6 +247,23 @@ class DashboardService(Construct):
         self.user_pool = pool
         return pool, client, domain
 
+    # -- the audit trail ------------------------------------------------------------------
+    def _audit_table(self, foundation: Foundation) -> dynamodb.Table:
+        """`messenger.operations.audit`'s table: every operator action and refused attempt,
+        made with the dashboard (so it exists wherever the dashboard does, with or without a
+        status table). Retained when the stack goes, deletion-protected, point-in-time
+        recovery on, the platform key; entries expire by TTL."""
+        return dynamodb.Table(
+            self, "AuditTable", table_name=audit_table_name(self.namespace),
+            partition_key=dynamodb.Attribute(name="day", type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name="entry", type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED, encryption_key=foundation.key,
+            time_to_live_attribute="expires_at", deletion_protection=True,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True),
+            removal_policy=RemovalPolicy.RETAIN)
+
     # -- the function ---------------------------------------------------------------------
     def _function(self, foundation: Foundation, login: CognitoLogin | OidcLogin,
                   operator_groups: Sequence[str], refresh_seconds: int, memory_mib: int,
@@ -313,6 +333,12 @@ class DashboardService(Construct):
             iam.PolicyStatement(sid="CancelScheduledJobs",
                                 actions=["scheduler:GetSchedule", "scheduler:DeleteSchedule"],
                                 resources=[schedules]),
+            # The audit trail: append (each entry put under attribute_not_exists) and read;
+            # no UpdateItem, DeleteItem or BatchWriteItem, so no entry is changed or removed.
+            iam.PolicyStatement(sid="AppendAuditTrail",
+                                actions=["dynamodb:DescribeTable", "dynamodb:PutItem",
+                                         "dynamodb:Query"],
+                                resources=[table + audit_table_name(self.namespace)]),
             # Who requeued or deleted a job, on its timeline.
             iam.PolicyStatement(sid="RecordOperatorActions",
                                 actions=["dynamodb:BatchWriteItem", "dynamodb:PutItem"],
