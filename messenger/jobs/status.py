@@ -517,6 +517,35 @@ class TrackingDeclarations:
         return {queue: self.of_queue(queue) for queue in queues}
 
 
+def declared_in_tags(clients: ClientFactory, settings: Settings, channel: str) -> bool | None:
+    """The declaration of the channel a status record names, from the platform's tags (one
+    Resource Groups Tagging query): its queue's, every level's of a prioritized channel, every
+    subscribed channel's of an exchange (a MultiProducer's records name the exchange). True or
+    False when they agree, None when they differ, none is found or the query fails."""
+    from messenger.channel import TAG_CHANNEL, TAG_PRIORITY_CHANNEL
+    from messenger.ops.inventory import list_platform_resources  # not at import: EMR
+
+    try:
+        resources = list_platform_resources(clients, settings.namespace, roles=("queue",))
+    except (ClientError, BotoCoreError) as error:
+        logger.info("channel tags not readable: %s", error)
+        return None
+    answers = {declared_track_status(r.tags) for r in resources
+               if channel in (r.tags.get(TAG_CHANNEL), r.tags.get(TAG_PRIORITY_CHANNEL))
+               or r.tags.get(TAG_CHANNEL, "").startswith(f"{channel}.")}
+    return answers.pop() if len(answers) == 1 else None
+
+
+def describe_progress(clients: ClientFactory, settings: Settings,
+                      records: list[StatusRecord]) -> dict[str, Any]:
+    """`progress_answer` of a timeline, the channel's declaration read from the platform's tags
+    (`messenger status`, the dashboard); {} for an empty timeline."""
+    if not records:
+        return {}
+    channel = records[-1].channel
+    return progress_answer(records, declared_in_tags(clients, settings, channel), channel)
+
+
 def progress_answer(records: list[StatusRecord], declared: bool | None,
                     channel: str) -> dict[str, Any]:
     """What a status answer says of its last record: `tracked` (the channel's declaration;
@@ -546,8 +575,10 @@ def progress_answer(records: list[StatusRecord], declared: bool | None,
     return answer
 
 
-def render_timeline(message_id: str, records: list[StatusRecord]) -> str:
-    """The text `messenger status <id>` prints."""
+def render_timeline(message_id: str, records: list[StatusRecord],
+                    progress: dict[str, Any] | None = None) -> str:
+    """The text `messenger status <id>` prints; `progress` (`describe_progress`): a last
+    record that is not the job's current state is followed by a note saying so."""
     if not records:
         return f"no status records for message {message_id}"
     lines = [f"message {message_id}"]
@@ -584,4 +615,6 @@ def render_timeline(message_id: str, records: list[StatusRecord]) -> str:
     if last_trace:
         lines.append("last failure's traceback:")
         lines.extend(f"    {line}" for line in last_trace.rstrip("\n").splitlines())
+    if progress and progress.get("note"):
+        lines.append(f"note: {progress['note']}")
     return "\n".join(lines)

@@ -40,12 +40,14 @@ def _requeue(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from messenger.jobs.status import StatusStore, render_timeline
+    from messenger.jobs.status import StatusStore, describe_progress, render_timeline
     from messenger.tools.runtime import CommandRuntime
 
     runtime = CommandRuntime.from_env()
     records = StatusStore(runtime.clients, runtime.settings).timeline(args.message_id)
-    print(render_timeline(args.message_id, records))
+    # A channel whose consumers do not track: the last record is marked as last known.
+    progress = describe_progress(runtime.clients, runtime.settings, records)
+    print(render_timeline(args.message_id, records, progress))
     return 0 if records else 1
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import requests
 
 from messenger import ChannelSpec, Producer
 from messenger.api.app import JobApi
@@ -27,6 +28,8 @@ from messenger.errors import InvalidChannelSpec
 from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.provision import Provisioner
 from messenger.settings import Settings
+from messenger.tools import cli
+from tests.dashboard import served
 from tests.integration.helpers import decode, drain
 from tests.integration.test_consumer_runtime import (  # noqa: F401 - fixtures
     Recording,
@@ -82,7 +85,8 @@ def api(settings: Settings, clients: ClientFactory) -> Iterator[str]:
 
 
 def test_a_job_whose_consumer_does_not_track_is_not_shown_queued_as_current(
-        api: str, running: Any, clients: ClientFactory, settings: Settings) -> None:  # noqa: F811
+        api: str, running: Any, clients: ClientFactory, settings: Settings,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # Given a job posted over HTTP to a channel the API serves with --status
     status, accepted = post(f"{api}/channels/tour_greetings/jobs", {"body": {"name": "Grace"}})
     assert status == 202
@@ -102,6 +106,16 @@ def test_a_job_whose_consumer_does_not_track_is_not_shown_queued_as_current(
     assert answer["tracked"] is False and answer["current"] is False  # ... marked as such
     assert "progress not recorded" in answer["note"]
     assert "'tour_greetings'" in answer["note"] and "track_status=False" in answer["note"]
+    # And `messenger status` says the same
+    monkeypatch.setenv("MESSENGER_NAMESPACE", settings.namespace)
+    assert cli.main(["status", job_id]) == 0
+    out = capsys.readouterr().out
+    assert "QUEUED" in out and "note: progress not recorded" in out, out
+    # And so does the dashboard's job page
+    with served(settings, clients) as dash:
+        page = requests.get(f"{dash.url}/job?id={job_id}", timeout=60)
+    assert page.status_code == 200
+    assert "progress not recorded" in page.text and "QUEUED" in page.text
 
 
 def test_a_tracked_channels_answer_is_current(api: str, running: Any) -> None:  # noqa: F811

@@ -40,7 +40,7 @@ from messenger.aws import ClientFactory
 from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSettings, MessengerError
 from messenger.jobs.controls import CancelRequests
 from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
-from messenger.jobs.status import StatusStore
+from messenger.jobs.status import StatusStore, describe_progress
 from messenger.jobs.workers import list_workers
 from messenger.operations.audit import DEFAULT_DAYS, RETENTION_DAYS, AuditEntry, AuditTrail
 from messenger.operations.deadletters import DeadLetterListing, DeadLetterWorkbench, read_channels
@@ -321,7 +321,8 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         timeline = store.timeline(job) if store.exists() else []
         # The cancel button comes and goes with the live timeline (a job starting, ending).
         return render(request, "job_live.html", letter_id=job, timeline=timeline,
-                      running=_running(timeline))
+                      running=_running(timeline),
+                      progress=describe_progress(dashboard.clients, dashboard.settings, timeline))
 
     def letter(request: Request) -> Response:
         name, letter_id = request.path_params["channel"], request.path_params["letter_id"]
@@ -359,7 +360,8 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
                            f"no status recorded for {letter_id!r}; name its channel to search "
                            f"that channel's dead letters")
         return render(request, "lookup.html", letter_id=letter_id, timeline=timeline,
-                      searched=searched, running=_running(timeline))
+                      searched=searched, running=_running(timeline),
+                      progress=describe_progress(dashboard.clients, dashboard.settings, timeline))
 
     def selection(request: Request) -> Response:
         """A filter's preview: exactly the letters (by SQS MessageId) an action would name."""
