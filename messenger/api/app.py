@@ -260,7 +260,7 @@ class JobApi:
                 if "job_id" in result:
                     result["location"] = self._location(app, result["job_id"])
             headers = {"Idempotent-Replayed": "true"} if replayed else None
-            return Response(status, JSON, json.dumps({"channel": served.name, "jobs": results}),
+            return Response(status, JSON, json.dumps(_batch_answer(status, served.name, results)),
                             headers=headers)
 
         @app.get("/jobs/<job_id>")
@@ -338,8 +338,8 @@ class JobApi:
                                        persistence_store=store, key_prefix=f"http#{channel.name}")
             answer = once(request={"key": key, "request": payload})
         except IdempotencyValidationError:
-            raise ApiError(422, "Idempotency-Key was used with another job or batch on this channel; "
-                                "use a new key for a new job") from None
+            raise ApiError(422, "Idempotency-Key was used with another job or batch on this "
+                                "channel; use a new key for a new job") from None
         except IdempotencyAlreadyInProgressError:
             raise ApiError(409, "a request with this Idempotency-Key is still being accepted; "
                                 "retry after it", {"Retry-After": str(RETRY_AFTER_IN_PROGRESS)}
@@ -662,7 +662,7 @@ def _late_answer(state: RequestState, event: Mapping[str, Any], failed: bool
             unknown.status if unsure else not_sent.status)
         headers = {"Content-Type": JSON, **({} if status == 202 else retry)}
         return {"statusCode": status, "headers": headers, "isBase64Encoded": False,
-                "body": json.dumps({"channel": channel, "jobs": results})}
+                "body": json.dumps(_batch_answer(status, channel, results))}
     if accepted:
         job_id, scheduled = next(iter(accepted.items()))
         body = {"job_id": job_id, "channel": channel,
@@ -670,6 +670,18 @@ def _late_answer(state: RequestState, event: Mapping[str, Any], failed: bool
         return {"statusCode": 202, "isBase64Encoded": False, "body": json.dumps(body),
                 "headers": {"Content-Type": JSON, "Location": f"{base}{job_id}"}}
     return _error_response(unknown if unsure else not_sent)
+
+
+def _batch_answer(status: int, channel: str | None, results: list[dict[str, Any]]
+                  ) -> dict[str, Any]:
+    """A batch's answer: each job's result; a batch of which no job was accepted also carries
+    the `error` line every error answer has (its jobs' errors, by index)."""
+    answer: dict[str, Any] = {"channel": channel, "jobs": results}
+    if status >= 400:
+        line = "; ".join(f"jobs.{r.get('index')}: {r.get('error')}" for r in results
+                         if "error" in r)
+        answer = {"error": f"no job of the batch was accepted: {line}"[:2000], **answer}
+    return answer
 
 
 def _shaped(response: dict[str, Any]) -> dict[str, Any]:

@@ -7,12 +7,13 @@ turns its errors into one line per field ('max_attempts: Input should be a valid
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from messenger.channel import MAX_BATCH_ENTRIES, SQS_MAX_RECEIVE_COUNT
+from messenger.jobs.schedules import MAX_AHEAD, MAX_AHEAD_SECONDS
 
 #: Jobs in one batch request (SQS's batch size: one SendMessageBatch per level).
 MAX_BATCH_JOBS = MAX_BATCH_ENTRIES
@@ -22,9 +23,11 @@ MAX_BATCH_JOBS = MAX_BATCH_ENTRIES
 MAX_REQUEST_BYTES = 5 * 1024 * 1024 + 512 * 1024
 #: Longest Idempotency-Key (the IETF draft sets none; DynamoDB keys are hashed anyway).
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
-#: Longest `delay_seconds` of a job (a year): up to 900 SQS's DelaySeconds on a standard queue,
-#: beyond (or on an ordered channel or an exchange) a one-time EventBridge Scheduler schedule.
-MAX_DELAY_SECONDS = 366 * 86_400
+#: Longest `delay_seconds` of a job, and how far ahead its `at` may be: the library's one range
+#: for `push(at=/delay=)` (`messenger.jobs.schedules.MAX_AHEAD_SECONDS`, 366 days). Up to 900 s
+#: SQS's DelaySeconds on a standard queue, beyond (or on an ordered channel or an exchange) a
+#: one-time EventBridge Scheduler schedule.
+MAX_DELAY_SECONDS = MAX_AHEAD_SECONDS
 #: RFC 3339 date-time with its zone ('Z' or an offset), as `at` takes it.
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
@@ -61,9 +64,15 @@ class JobRequest(BaseModel):
             raise ValueError(f"{AT_FORM}; got {value!r:.80}")
         text = value[:-1] + "+00:00" if value[-1] in "Zz" else value
         try:
-            return datetime.fromisoformat(text.replace("t", "T"))
+            at = datetime.fromisoformat(text.replace("t", "T"))
         except ValueError:
             raise ValueError(f"{AT_FORM}; got {value!r:.80} (no such date or time)") from None
+        now = datetime.now(timezone.utc)
+        if at - now > MAX_AHEAD:  # aware arithmetic: no overflow also for 9999-12-31T23:59-23:59
+            raise ValueError(f"from now to {MAX_AHEAD_SECONDS // 86_400} days ahead (by "
+                             f"{(now + MAX_AHEAD).strftime('%Y-%m-%dT%H:%M:%SZ')}), the range "
+                             f"of delay_seconds too; got {value!r:.80}")
+        return at
 
 
 class BatchRequest(BaseModel):

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from botocore.awsrequest import AWSResponse
 
 from messenger.api.app import JobApi, job_id_for_key
 from messenger.api.channels import ApiChannel
@@ -307,7 +308,8 @@ BAD_INPUTS = [
     ("at in the past", "/channels/http_jobs/jobs",
      {"body": {"body": 1, "at": "2020-01-01T09:00:00Z"}}, 400, ["at=", "in the past"]),
     ("at and delay_seconds together", "/channels/http_jobs/jobs",
-     {"body": {"body": 1, "at": "2030-01-01T09:00:00Z", "delay_seconds": 5}}, 400,
+     {"body": {"body": 1, "at": (datetime.now(UTC) + timedelta(days=30)).strftime(
+         "%Y-%m-%dT%H:%M:%SZ"), "delay_seconds": 5}}, 400,
      ["at, delay_seconds", "not both"]),
     ("a negative delay", "/channels/http_jobs/jobs", {"body": {"body": 1, "delay_seconds": -1}},
      400, ["delay_seconds", "greater than or equal to 0"]),
@@ -324,6 +326,26 @@ BAD_INPUTS = [
      ["jobs", "at most 10"]),
     ("an empty Idempotency-Key", "/channels/http_jobs/jobs",
      {"body": {"body": 1}, "headers": {"Idempotency-Key": ""}}, 400, ["Idempotency-Key"]),
+    # issue 49 item 1: an array is not one job (the router sent its first element)
+    ("a JSON array of jobs", "/channels/http_jobs/jobs",
+     {"body": [{"body": 1}, {"body": 2}]}, 400,
+     ["request body", "JSON object", "array", "/channels/{channel}/jobs/batch"]),
+    ("an array wrapping a batch", "/channels/http_jobs/jobs/batch",
+     {"body": [{"jobs": [{"body": 1}]}]}, 400, ["request body", '{"jobs": [', "array"]),
+    # issue 49 item 3: one range for at and delay_seconds (was a 500 / an accepted 2099)
+    ("at at the end of time", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "at": "9999-12-31T23:59:59.5Z"}}, 400,
+     ["at:", "366 days ahead", "delay_seconds"]),
+    ("at at the end of time, west of UTC", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "at": "9999-12-31T23:59:59-23:59"}}, 400, ["at:", "366 days ahead"]),
+    ("at in 2099", "/channels/http_jobs/jobs",
+     {"body": {"body": 1, "at": "2099-01-01T00:00:00Z"}}, 400, ["at:", "366 days ahead"]),
+    ("a batch job at the end of time", "/channels/http_jobs/jobs/batch",
+     {"body": {"jobs": [{"body": 1, "at": "9999-12-31T23:59:59.5Z"}]}}, 400, ["366 days"]),
+    # issue 49 item 2: every error has the {"error": ...} shape
+    ("a charset other than utf-8", "/channels/http_jobs/jobs",
+     {"raw": b'{"body": 1}', "headers": {"Content-Type": "application/json; charset=latin-1"}},
+     415, ["charset", "utf-8", "latin-1"]),
 ]
 
 
@@ -335,6 +357,9 @@ def test_every_bad_input_gets_its_status_and_one_clear_message(
     reply = call("POST", path, request_.get("body"), raw=request_.get("raw"),
                  headers=request_.get("headers"))
     assert reply.status == status, reply.raw[:500]
+    # the documented shape: {"error": ...} (a batch's answer also has each job's result)
+    assert set(reply.json) - {"channel", "jobs"} == {"error"}
+    assert reply.headers["Content-Type"] == "application/json"
     message = reply.json["error"]
     assert isinstance(message, str) and "\n" not in message
     for word in words:
@@ -343,6 +368,142 @@ def test_every_bad_input_gets_its_status_and_one_clear_message(
     sqs = clients.client("sqs")
     names = sqs.list_queues(QueueNamePrefix=settings.namespace).get("QueueUrls", [])
     assert all(drain(sqs, url) == [] for url in names)
+
+
+def test_a_batch_job_at_the_end_of_time_is_refused_beside_the_others(call: Call) -> None:
+    reply = call("POST", "/channels/http_jobs/jobs/batch",
+                 {"jobs": [{"body": 1}, {"body": 2, "at": "9999-12-31T23:59:59-23:59"}]})
+    assert reply.status == 207, reply.raw
+    assert [job["status"] for job in reply.json["jobs"]] == [202, 400]
+    assert "at" in reply.json["jobs"][1]["error"] and "366 days" in reply.json["jobs"][1]["error"]
+
+
+def test_the_media_type_is_case_insensitive(call: Call, clients: ClientFactory,
+                                            settings: Settings) -> None:
+    # When a client names JSON in capitals, with a charset (RFC 9110: both case-insensitive)
+    reply = call("POST", "/channels/http_jobs/jobs", {"body": {"n": 1}},
+                 headers={"Content-Type": "APPLICATION/JSON; charset=UTF-8"})
+    batch = call("POST", "/channels/http_jobs/jobs/batch", {"jobs": [{"body": {"n": 2}}]},
+                 headers={"Content-Type": "Application/Json"})
+    # Then both are accepted and sent
+    assert (reply.status, batch.status) == (202, 202), (reply.raw, batch.raw)
+    held = drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))
+    assert sorted(decode(m).body["n"] for m in held) == [1, 2]
+
+
+@pytest.mark.parametrize(("method", "path", "status", "allow"), [
+    ("GET", "/channels/http_jobs/jobs", 405, "POST"),
+    ("PUT", "/channels/http_jobs/jobs/batch", 405, "POST"),
+    ("DELETE", "/jobs/some-id", 405, "GET"),
+    ("GET", "/nowhere", 404, None),
+    ("POST", "/channels/http_jobs", 404, None),
+])
+def test_a_wrong_method_or_route_has_the_error_shape(call: Call, method: str, path: str,
+                                                      status: int, allow: str | None) -> None:
+    reply = call(method, path, {"body": 1} if method in ("POST", "PUT") else None)
+    assert reply.status == status, reply.raw
+    assert set(reply.json) == {"error"} and path in reply.json["error"]
+    assert reply.headers.get("Allow") == allow
+
+
+def test_an_idempotency_key_makes_a_batch_once_and_replays_its_answer(
+        call: Call, clients: ClientFactory, settings: Settings) -> None:
+    batch = {"jobs": [{"body": {"n": 1}}, {"body": {"n": 2}, "priority": "top"},
+                      {"body": {"n": 3}}]}
+    sends: list[str] = []
+    # When the same batch is posted twice with one key
+    with injected(clients, "before-send.sqs", lambda event_name, **_: sends.append(event_name)):
+        first = call("POST", "/channels/http_jobs/jobs/batch", batch,
+                     headers={"Idempotency-Key": "batch-1"})
+        again = call("POST", "/channels/http_jobs/jobs/batch", batch,
+                     headers={"Idempotency-Key": "batch-1"})
+    # Then the second answer is the first one, replayed, and nothing was sent for it
+    assert first.status == 207, first.raw
+    assert (again.status, again.json) == (first.status, first.json)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first.headers
+    assert [s.rsplit(".", 1)[-1] for s in sends].count("SendMessageBatch") == 1
+    # And the jobs' ids are derived from the key (one job id per job, for the consumer's claim)
+    accepted = [job["job_id"] for job in first.json["jobs"] if job["status"] == 202]
+    assert accepted == [job_id_for_key("http_jobs", f"batch-1\nbatch\n{i}") for i in (0, 2)]
+    held = drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))
+    assert sorted(decode(m).message_id for m in held) == sorted(accepted)
+    # And another batch under the key is refused, as is the key on the single route
+    other = call("POST", "/channels/http_jobs/jobs/batch", {"jobs": [{"body": 9}]},
+                 headers={"Idempotency-Key": "batch-1"})
+    single = call("POST", "/channels/http_jobs/jobs", {"body": 9},
+                  headers={"Idempotency-Key": "batch-1"})
+    assert (other.status, single.status) == (422, 422), (other.raw, single.raw)
+    assert "Idempotency-Key" in other.json["error"]
+    assert drain(clients.client("sqs"), _queue(clients, settings, "http_jobs")) == []
+
+
+def test_a_batch_with_a_throttled_job_keeps_no_answer_and_its_retry_sends_only_the_rest(
+        serve: Callable[..., LocalApi], clients: ClientFactory, settings: Settings) -> None:
+    api = serve(retry_budget_seconds=1.0)
+    batch = {"jobs": [{"body": 1, "priority": "high"}, {"body": 2, "priority": "low"}]}
+    # Given SQS throttles the low level's sends: the batch is a 207 with a 429 job
+    throttle = Throttle(1.0, {"SendMessageBatch", "SendMessage"})
+
+    def low_only(request: Any, **kwargs: Any) -> Any:
+        body = request.body.decode() if isinstance(request.body, bytes) else str(request.body)
+        return throttle(request, **kwargs) if "http_levels-low" in body else None
+
+    with injected(clients, "before-send.sqs", low_only):
+        first = _call(api.url, "POST", "/channels/http_levels/jobs/batch", batch,
+                      headers={"Idempotency-Key": "levels-1"})
+    assert first.status == 207, first.raw
+    assert [job["status"] for job in first.json["jobs"]] == [202, 429]
+    # When the client retries with the same key once SQS recovers
+    retry = _call(api.url, "POST", "/channels/http_levels/jobs/batch", batch,
+                  headers={"Idempotency-Key": "levels-1"})
+    # Then both are accepted under their first ids, and the high job was not sent twice
+    assert retry.status == 202, retry.raw
+    assert retry.json["jobs"][0]["job_id"] == first.json["jobs"][0]["job_id"]
+    sqs = clients.client("sqs")
+    high = drain(sqs, _queue(clients, settings, "http_levels-high"))
+    low = drain(sqs, _queue(clients, settings, "http_levels-low"))
+    assert [decode(m).message_id for m in high] == [first.json["jobs"][0]["job_id"]]
+    assert [decode(m).message_id for m in low] == [retry.json["jobs"][1]["job_id"]]
+
+
+def test_the_idempotency_store_failing_before_the_push_is_503_and_nothing_is_sent(
+        serve: Callable[..., LocalApi], clients: ClientFactory, settings: Settings) -> None:
+    # Given the idempotency table exists, and DynamoDB refuses every PutItem for a while (the
+    # function's role lost its grant: AccessDeniedException, not retried)
+    api = serve()
+    warm = _call(api.url, "POST", "/channels/http_jobs/jobs", {"body": 0},
+                 headers={"Idempotency-Key": "warm"})
+    assert warm.status == 202, warm.raw
+    drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))
+
+    class Body:
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+
+        def stream(self, **_: Any) -> Any:
+            yield self.data
+
+    def broken(request: Any, **_: Any) -> Any:
+        return AWSResponse(request.url, 400, {"Content-Type": "application/x-amz-json-1.0"},
+                           Body(b'{"__type":"com.amazon.coral.service#AccessDeniedException",'
+                                b'"Message":"not authorized to perform: dynamodb:PutItem"}'))
+
+    # When a job comes with an Idempotency-Key
+    with injected(clients, "before-send.dynamodb.PutItem", broken):
+        reply = _call(api.url, "POST", "/channels/http_jobs/jobs", {"body": 1},
+                      headers={"Idempotency-Key": "down-1"})
+    # Then it is a 503 with Retry-After in the error shape, and nothing was sent
+    assert reply.status == 503, reply.raw
+    assert int(reply.headers["Retry-After"]) > 0
+    assert set(reply.json) == {"error"} and "idempotency store" in reply.json["error"]
+    assert drain(clients.client("sqs"), _queue(clients, settings, "http_jobs")) == []
+    # And the key is free: the retry once the store is back is accepted, once
+    retry = _call(api.url, "POST", "/channels/http_jobs/jobs", {"body": 1},
+                  headers={"Idempotency-Key": "down-1"})
+    assert retry.status == 202, retry.raw
+    held = drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))
+    assert [decode(m).message_id for m in held] == [job_id_for_key("http_jobs", "down-1")]
 
 
 def test_the_local_api_answers_within_api_gateways_timeout(call: Call) -> None:
