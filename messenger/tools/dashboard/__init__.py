@@ -2,6 +2,7 @@
 
     pip install 'messenger[dashboard]'
     messenger dashboard [--port 8080] [--refresh 5]     # http://127.0.0.1:8080/
+    messenger dashboard --login                         # try the viewer and operator roles
 
 A small Starlette app served by uvicorn on loopback with the engineer's own AWS credentials
 (docs/dashboard.md). This module only parses the command and checks the optional extra; the
@@ -51,7 +52,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from messenger.tools.dashboard.app import serve
 
     return serve(args.host, args.port, refresh_seconds=args.refresh,
-                 allowed_hosts=tuple(args.allowed_host or ()))
+                 allowed_hosts=tuple(args.allowed_host or ()), login=args.login)
 
 
 def add_parser(commands: Any) -> None:
@@ -68,4 +69,8 @@ def add_parser(commands: Any) -> None:
                                 "needed with --host 0.0.0.0: other Host headers get 403)")
     dashboard.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
                            help="seconds between the overview's updates (default 5)")
+    dashboard.add_argument("--login", action="store_true",
+                           help="sign in as a local viewer or operator at /local-login (the "
+                                "deployed login's checks, with a key made here; "
+                                "docs/dashboard.md)")
     dashboard.set_defaults(run=run_cli)

@@ -65,6 +65,7 @@ from messenger.tools.dashboard.auth import (
     Unauthenticated,
 )
 from messenger.tools.dashboard.charts import chart
+from messenger.tools.dashboard.local_login import LocalLogin
 from messenger.tools.format import due_text, duration_text
 
 HERE = Path(__file__).parent
@@ -98,6 +99,8 @@ class Dashboard:
 
     identity: None locally (loopback; the user is the local operator); deployed, the verifier of
     the load balancer's signed identity header (every request without a valid one gets 401).
+    local_login: locally, a stand-in for the load balancer's sign-in (`messenger dashboard
+    --login`): the app is then the deployed one (identity = its verifier), on loopback.
     """
 
     settings: Settings
@@ -107,6 +110,7 @@ class Dashboard:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     extra_hosts: tuple[str, ...] = ()
     identity: AlbIdentity | None = None
+    local_login: LocalLogin | None = None
     _audit_ready: bool = field(default=False, repr=False)
 
     @property
@@ -590,6 +594,10 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         },
     )
     authenticated = Authenticate(app, dashboard)
+    if dashboard.local_login is not None:
+        # On loopback, the local load balancer signs users in (module local_login).
+        return SecurityHeaders(HostCheck(dashboard.local_login.wrap(
+            authenticated, dashboard.allowed_hosts), dashboard.allowed_hosts))
     if dashboard.deployed:
         # Behind the load balancer: the Host is the dashboard's domain; the signed header, not
         # the address, decides who may read.
@@ -724,19 +732,26 @@ def running(dashboard: Dashboard, host: str = "127.0.0.1") -> Iterator[str]:
 
 
 def serve(host: str, port: int, refresh_seconds: float = 5.0,
-          allowed_hosts: tuple[str, ...] = ()) -> int:
+          allowed_hosts: tuple[str, ...] = (), login: bool = False) -> int:
     """Serve the dashboard until Ctrl-C (SIGINT) or SIGTERM. allowed_hosts: names browsers may
-    use besides 127.0.0.1/localhost (and `host` itself when it is a name or address)."""
+    use besides 127.0.0.1/localhost (and `host` itself when it is a name or address). login:
+    sign in as a local viewer or operator (`LocalLogin`) instead of being the local operator."""
     import uvicorn
 
     settings = Settings.from_env()
     wildcard = host in ("0.0.0.0", "::", "")
     own = () if wildcard or host in ("127.0.0.1", "localhost") else (host,)
-    dashboard = Dashboard(settings, ClientFactory(settings.region), port, refresh_seconds,
-                          extra_hosts=(*own, *allowed_hosts))
     shown = "127.0.0.1" if wildcard else host
+    local_login = LocalLogin(port, shown) if login else None
+    dashboard = Dashboard(settings, ClientFactory(settings.region), port, refresh_seconds,
+                          extra_hosts=(*own, *allowed_hosts),
+                          identity=local_login.identity() if local_login else None,
+                          local_login=local_login)
     print(f"messenger dashboard for namespace {settings.namespace or '(none)'!r} at "
           f"http://{shown}:{port}/ (Ctrl-C stops)", flush=True)
+    if local_login is not None:
+        print(f"messenger dashboard: sign in as a viewer or an operator at "
+              f"http://{shown}:{port}/local-login", flush=True)
     if wildcard and not allowed_hosts:
         print(f"messenger dashboard: bound to {host}, but browsers elsewhere get 403 until you "
               f"name the host they use: --allowed-host <name or address>", flush=True)
