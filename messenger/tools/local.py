@@ -50,7 +50,8 @@ class LocalEndpoint:
     one page as AWS does (messenger.tools.moto_tagging), and SQS and SNS publish their
     CloudWatch metrics as on AWS (messenger.tools.moto_metrics); all patch moto in this
     process. Due one-time EventBridge Scheduler schedules fire through their targets
-    (messenger.tools.scheduler_fire), which moto alone never does."""
+    (messenger.tools.scheduler_fire), which moto alone never does, and DynamoDB's conditional
+    writes are atomic as on AWS (messenger.tools.moto_dynamodb), also with `stock_moto`."""
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, stock_moto: bool = False) -> None:
         import logging
@@ -63,6 +64,11 @@ class LocalEndpoint:
         self.sqs_indexed = False
         #: Whether SQS and SNS publish their CloudWatch metrics (False: stock moto has none).
         self.metrics_published = False
+        from messenger.tools import moto_dynamodb
+
+        #: Whether DynamoDB's conditional writes are atomic, as on AWS (always asked for: a
+        #: matter of correctness, not of speed).
+        self.dynamodb_atomic = moto_dynamodb.apply()
         if not stock_moto:
             from messenger.tools import moto_metrics, moto_sqs, moto_tagging
 
