@@ -210,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     steps.add_argument("--cluster-id", required=True, help="EMR cluster id (j-...)")
     steps.add_argument("--step-id", default=None, help="only this step (s-...)")
     steps.set_defaults(run=_emr)
+    runs = emr_commands.add_parser(
+        "run", help="a publishing run's counts: partitions finished, rows published and skipped")
+    runs.add_argument("run_key", help="the run key the job published with (publish(run_key=))")
+    runs.add_argument("--json", action="store_true", help="print the counts as JSON")
+    runs.set_defaults(run=_emr)
     return parser
 
 

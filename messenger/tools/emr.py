@@ -3,6 +3,12 @@
     messenger emr submit --cluster-id j-ABC --code-bucket B spark_jobs/wishlist_price_drops.py \
         -- --input s3://data/wishlist --failed-output s3://data/failed/run-1
     messenger emr status --cluster-id j-ABC [--step-id s-XYZ]
+    messenger emr run price-drops-2026-11-21 [--json]
+
+`run` shows what the publishing run of a run key did (`messenger.spark.publish(run_key=...)`):
+its partitions finished, the rows published and skipped (sent by an earlier attempt), from the
+run's ledger in the dedup table (`messenger.jobs.runs`); exit 1 when no such run is recorded,
+3 when some partition has not finished.
 
 `submit` zips the `messenger` package (messenger.zip), uploads it and the script to
 `s3://<code bucket>/emr/<content hash>/` (the same code gives the same keys), and adds a
@@ -18,8 +24,10 @@ run `--python` (default EMR_PYTHON, Python 3.11).
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import io
+import json
 import os
 import re
 import zipfile
@@ -31,6 +39,7 @@ from typing import Any
 import messenger
 from messenger.aws import ClientFactory
 from messenger.errors import InvalidSettings
+from messenger.jobs.runs import RunLedger, RunSummary
 from messenger.settings import Settings
 from messenger.tools.runtime import CommandRuntime
 
@@ -222,12 +231,51 @@ def _check(cluster_id: str, script: Path, code_bucket: str, action_on_failure: s
         )
 
 
+#: `messenger emr run`'s exit code when the run has partitions no attempt finished.
+UNFINISHED_EXIT = 3
+
+
+def describe_run(summary: RunSummary) -> list[str]:
+    """The lines `messenger emr run` prints."""
+    created = datetime.datetime.fromtimestamp(summary.created_at, datetime.timezone.utc)
+    counts = summary.counts
+    lines = [
+        f"run {summary.run_key}  channel {summary.channel}  since "
+        f"{created:%Y-%m-%d %H:%M:%S} UTC",
+        f"  partitions  {summary.finished}/{summary.partitions} finished"
+        f"  ({summary.attempts} attempt(s) ran to the end)",
+        f"  published   {counts['published']}  (by the attempts that finished them)",
+        f"  skipped     {counts['skipped']}  (sent by an earlier attempt)",
+    ]
+    if counts.get("duplicates"):
+        lines.append(f"  duplicates  {counts['duplicates']}  (rows repeating another's key)")
+    if summary.last_attempt:
+        last = summary.last_attempt
+        lines.append(f"  last attempt: published {last.get('published', 0)}, skipped "
+                     f"{last.get('skipped', 0)}, failed {last.get('failed', 0)}")
+    if summary.finished < summary.partitions:
+        lines.append(f"  {summary.partitions - summary.finished} partition(s) not finished: "
+                     f"re-run the step with the same run key")
+    return lines
+
+
 def run_cli(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> int:
-    """Run `messenger emr submit|status`; prints the step id or the step states."""
+    """Run `messenger emr submit|status|run`; prints the step id, the step states or a run."""
     env = os.environ if environ is None else environ
     # the step gets the shell's settings as they are; the command's own calls, its budget
     settings = Settings.from_env(env)
     clients = CommandRuntime.from_env(env).clients
+    if args.emr_command == "run":
+        summary = RunLedger(clients, settings, args.run_key).summary()
+        if summary is None:
+            print(f"no run {args.run_key!r} recorded (never published with this run key, or "
+                  f"its window is over)")
+            return 1
+        if getattr(args, "json", False):
+            print(json.dumps(summary.as_dict()))
+        else:
+            print("\n".join(describe_run(summary)))
+        return UNFINISHED_EXIT if summary.finished < summary.partitions else 0
     if args.emr_command == "submit":
         job_args = list(args.job_args)
         if job_args[:1] == ["--"]:
