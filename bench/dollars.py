@@ -340,6 +340,9 @@ def exchange(settings: Settings) -> dict[str, Any]:
 
 def offload(settings: Settings) -> dict[str, Any]:
     pad = "y" * OFFLOAD_BYTES
+    # The offload path at the extended clients' 256 KiB threshold (a queue's default is 1 MiB,
+    # which would send these bodies inline: bench/threshold.py compares the two in dollars).
+    settings = settings.with_changes(offload_threshold=256 * 1024)
     producer = make_producer(type("P", (Producer,), {"channel": "d_big"}), settings,
                              PushItem({"n": -1, "pad": pad}))
     meter = producer._bench_meter

@@ -124,7 +124,9 @@ def run_messenger(channel: str, namespace: str, messages: int, kib: int,
     from messenger.settings import Settings
 
     log = json_log_to_file()
-    settings = Settings.from_env(namespace=namespace)
+    # The extended client's threshold (256 KiB): both sides offload the same bodies (a queue's
+    # default is 1 MiB, which would send them inline; bench/threshold.py compares in dollars).
+    settings = Settings.from_env(namespace=namespace, offload_threshold=256 * 1024)
     sending, receiving = ClientFactory(settings.region), ClientFactory(settings.region)
     producer = type("OffloadBench", (Producer,), {"channel": channel})(
         settings=settings, clients=sending)

@@ -19,6 +19,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from messenger.channel import SNS_MAX_MESSAGE_BYTES, SQS_MAX_MESSAGE_BYTES
 from messenger.errors import MessageDecodeError, PayloadMissing
 
 POINTER_CLASS = "software.amazon.payloadoffloading.PayloadS3Pointer"
@@ -38,6 +39,26 @@ LIFECYCLE_MARGIN_DAYS = 1
 #: message starts with a full lifetime again, however often it is requeued.
 LIFECYCLE_HOPS = 2
 OFFLOAD_PREFIX = "payloads/"
+#: The default offload threshold (encoded bytes) of each kind of channel: the one that costs
+#: least in dollars (`messenger.ops.payload_cost.cheapest_threshold`, from the price table; a
+#: unit test recomputes these). SQS bills a message per started 64 KiB, sent and received, and
+#: an offloaded body costs a PUT, a GET and 29 days of storage: inline is cheaper up to SQS's
+#: 1 MiB maximum, standard and FIFO. SNS takes at most 256 KiB: offloaded above that.
+#: The AWS extended clients offload above 256 KiB; they read our inline messages as any other
+#: and our pointers as theirs (same format), and we read theirs.
+DEFAULT_THRESHOLDS = {
+    "sqs": SQS_MAX_MESSAGE_BYTES,
+    "sqs_fifo": SQS_MAX_MESSAGE_BYTES,
+    "sns": SNS_MAX_MESSAGE_BYTES,
+}
+
+
+def default_threshold(fanout: bool, ordered: bool) -> int:
+    """The default offload threshold of a channel: an exchange (SNS topic, FIFO or not), or a
+    queue (SQS standard or FIFO)."""
+    if fanout:
+        return DEFAULT_THRESHOLDS["sns"]
+    return DEFAULT_THRESHOLDS["sqs_fifo" if ordered else "sqs"]
 
 
 @dataclass(frozen=True)

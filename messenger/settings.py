@@ -5,7 +5,7 @@
 | MESSENGER_NAMESPACE           | namespace                | '' (no prefix)                   |
 | MESSENGER_PROVISIONING        | provisioning             | 'auto' ('auto' or 'verify')      |
 | MESSENGER_OFFLOAD_BUCKET      | offload_bucket           | '<ns->messenger-offload-<acct>-<reg>'|
-| MESSENGER_OFFLOAD_THRESHOLD   | offload_threshold        | 262144 bytes                     |
+| MESSENGER_OFFLOAD_THRESHOLD   | offload_threshold        | by channel: 1 MiB SQS, 256 KiB SNS|
 | MESSENGER_KMS_KEY             | kms_key                  | 'alias/<namespace->messenger'    |
 | MESSENGER_RETRY_BUDGET        | retry_budget_seconds     | 20                               |
 | MESSENGER_ALARM_THRESHOLD     | default_alarm_threshold  | 100                              |
@@ -34,7 +34,8 @@ from messenger.channel import (
 from messenger.errors import InvalidChannelSpec, InvalidSettings
 
 PROVISIONING_MODES = ("auto", "verify")
-DEFAULT_OFFLOAD_THRESHOLD = 262_144
+#: None: each channel's cheapest (`messenger.offload.DEFAULT_THRESHOLDS`).
+DEFAULT_OFFLOAD_THRESHOLD: int | None = None
 DEFAULT_RETRY_BUDGET_SECONDS = 20.0
 DEFAULT_ALARM_THRESHOLD = 100
 #: Seconds between a consumer's refreshes of its worker-registry entry (at most 30).
@@ -51,7 +52,8 @@ class Settings:
     namespace: physical name prefix ('' for none). provisioning: 'auto' creates missing
     infrastructure at first use; 'verify' only checks and raises `ChannelNotFound`.
     offload_bucket: S3 bucket for large payloads ('' = derived from namespace and account).
-    offload_threshold: encoded size in bytes above which a body goes to S3 (1 to 1 MiB).
+    offload_threshold: encoded size in bytes above which a body goes to S3 (1 to 1 MiB; None:
+    the channel kind's cheapest, `messenger.offload.DEFAULT_THRESHOLDS`).
     kms_key: key id, ARN or alias used for queues, topics and the bucket.
     retry_budget_seconds: total time a push may spend retrying transient errors (> 0).
     """
@@ -59,7 +61,7 @@ class Settings:
     namespace: str = ""
     provisioning: str = "auto"
     offload_bucket: str = ""
-    offload_threshold: int = DEFAULT_OFFLOAD_THRESHOLD
+    offload_threshold: int | None = DEFAULT_OFFLOAD_THRESHOLD
     kms_key: str = ""
     retry_budget_seconds: float = DEFAULT_RETRY_BUDGET_SECONDS
     default_alarm_threshold: int = DEFAULT_ALARM_THRESHOLD
@@ -83,7 +85,8 @@ class Settings:
                 f"provisioning (MESSENGER_PROVISIONING) must be one of "
                 f"{', '.join(PROVISIONING_MODES)}, got {self.provisioning!r}"
             )
-        if not 1 <= self.offload_threshold <= SQS_MAX_MESSAGE_BYTES:
+        if self.offload_threshold is not None and \
+                not 1 <= self.offload_threshold <= SQS_MAX_MESSAGE_BYTES:
             raise InvalidSettings(
                 f"offload_threshold (MESSENGER_OFFLOAD_THRESHOLD) must be from 1 to "
                 f"{SQS_MAX_MESSAGE_BYTES} bytes, got {self.offload_threshold}"
@@ -163,7 +166,8 @@ class Settings:
             "MESSENGER_NAMESPACE": self.namespace,
             "MESSENGER_PROVISIONING": self.provisioning,
             "MESSENGER_OFFLOAD_BUCKET": self.offload_bucket,
-            "MESSENGER_OFFLOAD_THRESHOLD": str(self.offload_threshold),
+            "MESSENGER_OFFLOAD_THRESHOLD": "" if self.offload_threshold is None
+            else str(self.offload_threshold),
             "MESSENGER_KMS_KEY": self.kms_key,
             "MESSENGER_RETRY_BUDGET": str(self.retry_budget_seconds),
             "MESSENGER_ALARM_THRESHOLD": str(self.default_alarm_threshold),

@@ -475,6 +475,11 @@ class _BaseProducer:
             encoded = trace.stamp(index, message_id, encoded)
         encoded = EncodedMessage(encoded.body, encoded.attributes, body_size=len(body_utf8))
         offloaded = 0
+        if len(body_utf8) > self.max_payload_bytes:  # inline too: the threshold may pass it
+            raise PayloadTooLarge(
+                f"message body is {len(body_utf8)} bytes; the largest offloadable body is "
+                f"{self.max_payload_bytes} bytes"
+            )
         due = when.due if when is not None and when.scheduled else None
         if encoded.size > self.threshold or (due is not None and needs_offload(
                 "sns" if self.messaging_system == SNS_SYSTEM else "sqs",

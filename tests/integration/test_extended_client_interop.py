@@ -72,8 +72,9 @@ SCRIPT = textwrap.dedent('''
     attributes = factory.client("sqs").get_queue_attributes(
         QueueUrl=queue_url, AttributeNames=["All"])["Attributes"]
 
-    # And the other way: messenger offloads a large message, AWS's client reads it back
-    big = {"from": "messenger", "pad": "y" * 300_000}
+    # And the other way: messenger offloads a large message (above SQS's 1 MiB, its default
+    # threshold on a queue), AWS's client reads it back
+    big = {"from": "messenger", "pad": "y" * 1_100_000}
     producer.push(big)
     got = aws_sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=1,
                                   WaitTimeSeconds=2, MessageAttributeNames=["All"])

@@ -82,8 +82,10 @@ def test_wishlist_exchange_routes_exactly_the_filtered_messages_in_order(setting
 def test_large_body_round_trips_through_the_offload_bucket(settings, clients):
     counter = RequestCounter().attach(clients)
     producer = OrderProducer(settings=settings, clients=clients)
-    big = {"blob": "x" * 600 * 1024}
-    small = {"blob": "y" * 100 * 1024}
+    # A queue's default threshold is SQS's 1 MiB: 600 KiB go inline (cheaper than S3), 1,100
+    # KiB through the offload bucket
+    big = {"blob": "x" * 1100 * 1024}
+    small = {"blob": "y" * 600 * 1024}
     producer.push(small)
     assert not any(key.startswith("s3.") for key in counter.counts), counter.counts
     producer.push(big)
@@ -91,6 +93,7 @@ def test_large_body_round_trips_through_the_offload_bucket(settings, clients):
     sqs = clients.client("sqs")
     raw = drain(sqs, queue_url(sqs, f"{settings.namespace}-orders"))
     assert [len(m["Body"]) < 1000 for m in raw] == [False, True]  # the big one is a pointer
+    assert len(raw[0]["Body"]) > 600 * 1024  # the small one is inline
     bodies = [decode(m, clients.client("s3")).body for m in raw]
     assert bodies == [small, big]
 

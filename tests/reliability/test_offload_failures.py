@@ -14,7 +14,7 @@ from messenger.provision import Provisioner
 from tests.faults import Throttle
 from tests.reliability.conftest import drain_all, message_id_of
 
-LARGE = {"pad": "x" * 600 * 1024}  # 600 KiB: above the 256 KiB threshold, offloaded
+LARGE = {"pad": "x" * 1100 * 1024}  # 1,100 KiB: above every default threshold, offloaded
 SEND_OPERATIONS = {"SendMessage", "SendMessageBatch"}
 
 
