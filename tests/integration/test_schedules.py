@@ -136,14 +136,23 @@ def test_a_scheduled_job_fires_once_with_every_attribute_intact(settings, client
 
 def test_within_15_minutes_a_standard_channel_uses_delay_seconds(settings, clients):
     producer = Nightly(settings=settings, clients=clients)
-    job_id = producer.push({"n": 1}, delay=2)
+    sent: list[dict] = []
+    before = time.time()
+    with injected(clients, "provide-client-params.sqs.SendMessage",
+                  lambda params, **_: sent.append(dict(params))):
+        job_id = producer.push({"n": 1}, delay=2)
     sqs = clients.client("sqs")
     url = queue_url(sqs, f"{settings.namespace}-nightly")
     # No schedule: SQS hides the message for 2 seconds itself
+    assert [p.get("DelaySeconds") for p in sent] == [2]
     assert _schedules(clients, settings) == []
-    assert drain(sqs, url) == []
     received = _wait_for(sqs, url, timeout=10)
     assert [m["MessageAttributes"]["message_id"]["StringValue"] for m in received] == [job_id]
+    # (never before the 2 s: SQS's own stamps, so a slow machine cannot fail it)
+    attributes = received[0]["Attributes"]
+    waited = int(attributes["ApproximateFirstReceiveTimestamp"]) - int(
+        attributes["SentTimestamp"])
+    assert waited >= 2000 and time.time() >= before + 2
 
 
 def test_beyond_15_minutes_a_standard_channel_schedules_the_job(settings, clients, endpoint):
