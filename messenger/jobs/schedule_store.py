@@ -30,7 +30,7 @@ from messenger.channel import (
     schedule_group_name,
     scheduler_role_name,
 )
-from messenger.errors import ChannelNotFound, MessengerError
+from messenger.errors import ChannelNotFound, InvalidMessage, MessengerError
 from messenger.jobs.schedules import (
     channel_key,
     channel_prefix,
@@ -56,9 +56,9 @@ class ScheduleNotFound(MessengerError):
     """No scheduled job has this id: it never existed, already fired or was cancelled."""
 
 
-class ScheduleNameTaken(MessengerError):
+class ScheduleNameTaken(InvalidMessage):
     """A job's schedule name holds another job (another id or destination): nothing was
-    scheduled, and the other job is left alone."""
+    scheduled, and the other job is left alone (a 400 at the HTTP API: give another id)."""
 
 
 @dataclass(frozen=True)
@@ -235,10 +235,15 @@ class ScheduleStore:
         role, dlq = self.wiring()
         name = schedule_name(channel, job_id)
         description = f"messenger job {job_id} on {channel}"
+        idempotency: dict[str, str] = {}
         if push:
             description = f"{_PUSH_MARK}{push}: {description}"
+            # Scheduler's own idempotency: a retry of this push's request is not a conflict
+            # (the Description mark covers an endpoint that does not keep client tokens).
+            idempotency["ClientToken"] = push
         try:
             created = self.scheduler.create_schedule(
+                **idempotency,
                 Name=name,
                 GroupName=self.group,
                 ScheduleExpression=f"at({due.astimezone(timezone.utc):%Y-%m-%dT%H:%M:%S})",
