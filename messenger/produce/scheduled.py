@@ -78,7 +78,8 @@ def check_offload_due(due: datetime, now: datetime) -> None:
             f"expires {expires:%Y-%m-%d} (the bucket's lifecycle), which must leave a queue's "
             f"and a DLQ's 14-day retention after it fires: an offloaded job may be due by "
             f"{latest:%Y-%m-%d %H:%M:%S} UTC at the latest; push it nearer the time, or make "
-            f"the body smaller than the offload threshold"
+            f"the body smaller than the offload threshold and its schedule's input (the body "
+            f"escaped again) at most {SCHEDULER_MAX_INPUT_BYTES} bytes"
         )
 
 
