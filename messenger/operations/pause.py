@@ -21,6 +21,7 @@ and who resumed. Messages wait in the queue meanwhile, within its retention.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,17 @@ from messenger.jobs.controls import (
 )
 from messenger.operations.queues import channel_queues, platform_queues
 from messenger.settings import Settings
+
+#: What SQS accepts in a tag value besides letters, digits and whitespace: `_ . : / = + - @`
+#: ("Quotas related to queues", Amazon SQS Developer Guide); anything else is dropped from the
+#: tag (the pause record keeps the name as given). `\w` is Unicode letters, digits and `_`.
+TAG_VALUE_REFUSED = re.compile(r"[^\w\s.:/=+\-@]")
+
+
+def tag_safe(value: str) -> str:
+    """`value` with the characters SQS refuses in a tag value removed ('ada (cli)' ->
+    'ada cli'): an actor such as `<login> (cli)` or `ada@example.com (unverified)`."""
+    return TAG_VALUE_REFUSED.sub("", value)
 
 
 @dataclass
@@ -97,7 +109,7 @@ def _set(clients: ClientFactory, settings: Settings, channel: str,
         try:
             url = sqs.get_queue_url(QueueName=queue.queue)["QueueUrl"]
             if mark is not None:
-                sqs.tag_queue(QueueUrl=url, Tags={TAG_PAUSED: mark.tag_value()})
+                sqs.tag_queue(QueueUrl=url, Tags={TAG_PAUSED: tag_safe(mark.tag_value())})
             else:
                 report.previous = report.previous or read_pause(sqs, url)
                 sqs.untag_queue(QueueUrl=url, TagKeys=[TAG_PAUSED])

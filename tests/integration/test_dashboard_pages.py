@@ -13,8 +13,10 @@ import pytest
 import requests
 
 from messenger import Message
+from messenger.jobs.controls import TAG_PAUSED
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.operations.deadletters import DeadLetterWorkbench
+from messenger.operations.pause import pause, resume
 from tests.dashboard import ALB_ARN, CLIENT_ID, alb_key_server, served
 from tests.faults import injected
 from tests.integration.test_dlq_workbench import channel, dead_letter
@@ -144,3 +146,18 @@ def test_a_cancelled_jobs_reason_is_shown_as_its_reason(settings, clients):
         failed = requests.get(dash.url + "/job?id=job-6", timeout=60).text
         assert '<td class="reason"></td><td class="error">ValueError: card declined</td>' \
             in failed
+
+
+def test_a_pause_tag_holds_only_what_sqs_accepts(settings, clients):
+    # SQS refuses a tag value with characters other than letters, digits, whitespace and
+    # _ . : / = + - @ (moto does not check): an unverified operator's or the CLI's name has
+    # parentheses
+    resources = channel(settings, clients)
+    report = pause(clients, settings, "orders", actor="ada@example.com (unverified)")
+    assert report.ok, report.summary()
+    tags = clients.client("sqs").list_queue_tags(QueueUrl=resources.queue.url)["Tags"]
+    assert re.fullmatch(r"[\w\s.:/=+\-@]*", tags[TAG_PAUSED])
+    assert tags[TAG_PAUSED].startswith("ada@example.com unverified@")
+    # and the resume still names whose pause it ended
+    assert "was paused by ada@example.com unverified at" in resume(
+        clients, settings, "orders", actor="bob").summary()
