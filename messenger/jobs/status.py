@@ -517,35 +517,6 @@ class TrackingDeclarations:
         return {queue: self.of_queue(queue) for queue in queues}
 
 
-def declared_in_tags(clients: ClientFactory, settings: Settings, channel: str) -> bool | None:
-    """The declaration of the channel a status record names, from the platform's tags (one
-    Resource Groups Tagging query): its queue's, every level's of a prioritized channel, every
-    subscribed channel's of an exchange (a MultiProducer's records name the exchange). True or
-    False when they agree, None when they differ, none is found or the query fails."""
-    from messenger.channel import TAG_CHANNEL, TAG_PRIORITY_CHANNEL
-    from messenger.ops.inventory import list_platform_resources  # not at import: EMR
-
-    try:
-        resources = list_platform_resources(clients, settings.namespace, roles=("queue",))
-    except (ClientError, BotoCoreError) as error:
-        logger.info("channel tags not readable: %s", error)
-        return None
-    answers = {declared_track_status(r.tags) for r in resources
-               if channel in (r.tags.get(TAG_CHANNEL), r.tags.get(TAG_PRIORITY_CHANNEL))
-               or r.tags.get(TAG_CHANNEL, "").startswith(f"{channel}.")}
-    return answers.pop() if len(answers) == 1 else None
-
-
-def describe_progress(clients: ClientFactory, settings: Settings,
-                      records: list[StatusRecord]) -> dict[str, Any]:
-    """`progress_answer` of a timeline, the channel's declaration read from the platform's tags
-    (`messenger status`, the dashboard); {} for an empty timeline."""
-    if not records:
-        return {}
-    channel = records[-1].channel
-    return progress_answer(records, declared_in_tags(clients, settings, channel), channel)
-
-
 def progress_answer(records: list[StatusRecord], declared: bool | None,
                     channel: str) -> dict[str, Any]:
     """What a status answer says of its last record: `tracked` (the channel's declaration;

@@ -40,7 +40,8 @@ def _requeue(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from messenger.jobs.status import StatusStore, describe_progress, render_timeline
+    from messenger.jobs.status import StatusStore, render_timeline
+    from messenger.operations.progress import describe_progress
     from messenger.tools.runtime import CommandRuntime
 
     runtime = CommandRuntime.from_env()

@@ -40,12 +40,13 @@ from messenger.aws import ClientFactory
 from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSettings, MessengerError
 from messenger.jobs.controls import CancelRequests
 from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
-from messenger.jobs.status import StatusStore, describe_progress
+from messenger.jobs.status import StatusStore
 from messenger.jobs.workers import list_workers
 from messenger.operations.audit import DEFAULT_DAYS, RETENTION_DAYS, AuditEntry, AuditTrail
 from messenger.operations.deadletters import DeadLetterListing, DeadLetterWorkbench, read_channels
 from messenger.operations.history import WINDOWS, channel_history
 from messenger.operations.pause import pause, paused_channels, resume
+from messenger.operations.progress import describe_progress
 from messenger.operations.queues import channel_queues
 from messenger.operations.selection import (
     DEFAULT_PER_CHANNEL,
