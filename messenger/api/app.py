@@ -347,6 +347,8 @@ class JobApi:
         except (ApiError, _Unsettled):
             raise
         except Exception as error:  # the table check, the in-progress or the success record
+            if not done and state is not None and state.refused:
+                raise _deadline_error(state) from None
             if not done:
                 logger.warning("idempotency store failed before the push: %r", error)
                 raise ApiError(503, f"the idempotency store failed; the job was not accepted, "
@@ -618,9 +620,9 @@ def _checked_envelope(event: dict[str, Any]) -> dict[str, Any]:
 
 def _deadline_error(state: RequestState) -> ApiError:
     """The 503 of a request whose deadline passed before its job was sent."""
-    skipped = ", ".join(sorted(set(state.refused))) or "the send"
-    return ApiError(503, f"the job was not sent within the request's deadline (AWS answered "
-                         f"too slowly; not made: {skipped}); nothing was accepted, retry",
+    skipped = f" ({', '.join(sorted(set(state.refused)))} not made)" if state.refused else ""
+    return ApiError(503, f"the job was not accepted: AWS did not answer within the request's "
+                         f"deadline{skipped}; nothing was sent, retry",
                     {"Retry-After": str(RETRY_AFTER_THROTTLED)})
 
 
