@@ -11,8 +11,13 @@ A drop: an item's price on `--date` (default: the latest date in the feed) is at
 routing key `<CATEGORY>.<BRAND>`, FIFO group the user, dedup id sha256(user|item|date), so rerunning
 the step within 5 minutes publishes nothing twice; with `--ledger` (an s3:// URI or a folder) a
 re-run at any later time skips what the run already published (run id: `--run-id`, by default
-derived from the arguments that choose the events). Rows that fail land in `--failed-output`;
-the job then exits 1. `--partitions`: publishing tasks (default: the cluster's parallelism).
+derived from the arguments that choose the events). With `--run-key KEY` (or `auto`: derived as
+the run id) each event's job id is derived from the key and (user, item, date), pushed with dedup
+on enqueue for `--run-window-days` (default 7): a re-run of a failed step with the same key, on an
+ordered or a standard exchange, sends only the events not sent before, and skips whole the
+partitions an earlier attempt finished (`messenger emr run KEY` shows the counts). Rows that fail
+land in `--failed-output`; the job then exits 1. `--partitions`: publishing tasks (default: the
+cluster's parallelism).
 """
 
 from __future__ import annotations
@@ -143,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-id", default=None,
                         help="the run's id in the ledger (default: derived from --input, "
                              "--date, --min-drop-pct and --channel)")
+    parser.add_argument("--run-key", default=None,
+                        help="re-runnable run: events' job ids derived from it, deduplicated on "
+                             "enqueue ('auto': derived as the run id; default: none)")
+    parser.add_argument("--run-window-days", type=int, default=7,
+                        help="days a run key's events count as sent (1 to 14, default 7)")
     return parser
 
 
@@ -161,6 +171,9 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         parser.error(f"--min-drop-pct must be from 0 to below 100, got {args.min_drop_pct}")
     if args.run_id and not args.ledger:
         parser.error("--run-id needs --ledger (where the run's published rows are recorded)")
+    if not 1 <= args.run_window_days <= 14:
+        parser.error(f"--run-window-days must be from 1 to 14, got {args.run_window_days}")
+    run_key = default_run_id(args) if args.run_key == "auto" else args.run_key
     overrides = {
         name: value
         for name, value in (
@@ -180,13 +193,15 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         body=EVENT_COLUMNS,
         routing_key="routing_key",
         group_id="user_id" if args.ordered else None,
-        dedup_key=["user_id", "item_id", "price_date"] if args.ordered else None,
+        dedup_key=["user_id", "item_id", "price_date"] if args.ordered or run_key else None,
         order_by=["item_id"] if args.ordered else (),
         failed_path=args.failed_output,
         executor=executor,
         partitions=args.partitions,
         run_id=(args.run_id or default_run_id(args)) if args.ledger else None,
         ledger=args.ledger,
+        run_key=run_key,
+        run_window=args.run_window_days * 86_400,
     )
     print(json.dumps({"job": "wishlist_price_drops", **report.as_dict()}), flush=True)
     return report.exit_code

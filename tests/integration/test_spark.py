@@ -687,3 +687,32 @@ def test_a_step_killed_mid_partition_and_rerun_delivers_every_row_once(
     assert (again.published, again.skipped, again.partitions_skipped) == (0, RERUN_ROWS, 2)
     assert again.dynamodb_requests <= 2 * 2  # per partition: the table check, its record
     assert drain(sqs, resources.queue.url) == []
+
+
+def test_price_drop_job_rerun_with_a_run_key_on_a_standard_exchange_sends_nothing_twice(
+    spark: SparkSession, settings: Settings, clients: ClientFactory, endpoint: str,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Given a standard (not FIFO) wishlist exchange, which has no deduplication of its own
+    queue = Provisioner(clients, settings).ensure_channel(ChannelSpec(
+        name=f"{EXCHANGE}.all_events", namespace=settings.namespace))
+    data = write_input(tmp_path / "in", PRICES[:4])
+    argv = ["--input", str(data), "--format", "csv", "--namespace", settings.namespace,
+            "--endpoint-url", endpoint, "--no-ordered", "--run-key", "auto",
+            "--partitions", "2"]
+
+    # When the step runs twice with the same (derived) run key
+    reports = []
+    for attempt in (1, 2):
+        code = wishlist_price_drops.main(
+            [*argv, "--failed-output", str(tmp_path / f"failed-{attempt}")], spark=spark)
+        assert code == 0
+        reports.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+
+    # Then the second sent nothing: its partitions were finished ones, skipped whole
+    assert (reports[0]["published"], reports[0]["skipped"]) == (3, 0)
+    assert (reports[1]["published"], reports[1]["skipped"]) == (0, 3)
+    assert reports[1]["partitions_skipped"] == 2
+    assert reports[0]["run_key"] == reports[1]["run_key"]
+    assert reports[0]["run_key"].startswith("wishlist_price_drops-")
+    assert depth(clients, queue) == 3
