@@ -45,7 +45,8 @@ TIMING_TESTS := tests/unit/test_prefetch.py tests/unit/test_consumer.py \
 	tests/integration/test_job_ids.py tests/integration/test_cancel_races.py \
 	tests/integration/test_status_tracking.py tests/integration/test_refused_entries.py \
 	tests/reliability/test_kill.py \
-	tests/reliability/test_controls.py
+	tests/reliability/test_controls.py \
+	tests/integration/test_dashboard_pages.py tests/integration/test_dashboard_auth.py
 
 test-timing: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m tests.stress --runs $(RUNS) -- -n $(TEST_WORKERS) --dist loadgroup $(TIMING_TESTS)
