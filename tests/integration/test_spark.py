@@ -716,3 +716,22 @@ def test_price_drop_job_rerun_with_a_run_key_on_a_standard_exchange_sends_nothin
     assert reports[0]["run_key"] == reports[1]["run_key"]
     assert reports[0]["run_key"].startswith("wishlist_price_drops-")
     assert depth(clients, queue) == 3
+
+
+def test_run_key_arguments_fail_on_the_driver(
+    spark: SparkSession, settings: Settings, executor: ExecutorSettings, tmp_path: Path,
+) -> None:
+    from datetime import timedelta
+
+    df = spark.createDataFrame([(1, "a")], "n int, note string")
+    failed = str(tmp_path / "failed")
+    with pytest.raises(ValueError, match="run_key must be 1 to 80"):
+        publish(df, KilledMidPartition, failed_path=failed, executor=executor, run_key="a/b")
+    for window in (0, 15 * 86_400, timedelta(seconds=1.5), 3.0):
+        with pytest.raises(ValueError, match=r"run_window=\.\.\.\) must be a whole number"):
+            publish(df, KilledMidPartition, failed_path=failed, executor=executor,
+                    run_key="r", run_window=window)  # type: ignore[arg-type]
+    # dedup_key on a standard channel needs a run key (the job id is derived from both)
+    with pytest.raises(ValueError, match="ordered channels, or with a run_key"):
+        publish(df, KilledMidPartition, failed_path=failed, executor=executor, dedup_key=["n"])
+    assert not (tmp_path / "failed").exists()
