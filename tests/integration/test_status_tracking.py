@@ -77,6 +77,8 @@ def api(settings: Settings, clients: ClientFactory) -> Iterator[str]:
     channel with the API's own track_status on, as `--status` sets it."""
     channels = {name: ApiChannel(name, track_status=True)
                 for name in ("tour_greetings", "tracked_greetings")}
+    channels.update({name: ApiChannel(name, exchange=True, track_status=True)
+                     for name in ("tracked_bus", "untracked_bus")})
     served = LocalApi(JobApi(channels, settings, clients)).start()
     try:
         yield served.url
@@ -131,6 +133,46 @@ def test_a_tracked_channels_answer_is_current(api: str, running: Any) -> None:  
     run.stop()
     assert answer["tracked"] is True and answer["current"] is True and "note" not in answer
     assert [e["event"] for e in answer["events"]][0] == "QUEUED"
+
+
+class TrackedBusAudit(Recording):
+    channel = "tracked_bus.tracked_audit"
+    track_status = True
+
+
+class UntrackedBusAudit(Recording):
+    channel = "untracked_bus.plain_audit"
+
+
+def test_an_exchanges_answer_reads_its_channels(api: str, running: Any) -> None:  # noqa: F811
+    # Given an exchange whose channel tracks, and one whose channel does not, each subscribed
+    tracked, untracked = running(TrackedBusAudit), running(UntrackedBusAudit)
+    for run in (tracked, untracked):
+        wait_until(lambda r=run: r.consumer.resources or not r.thread.is_alive(), timeout=30)
+        assert run.error is None and run.consumer.resources, (run.error, run.code)
+    # When a job is posted to each exchange and handled
+    ids = {}
+    for bus in ("tracked_bus", "untracked_bus"):
+        status, accepted = post(f"{api}/channels/{bus}/jobs", {"body": {"bus": bus}})
+        assert status == 202
+        ids[bus] = accepted["job_id"]
+    wait_until(lambda: tracked.consumer.handled and untracked.consumer.handled, timeout=30)
+
+    def completed() -> Any:
+        code, answer = get(f"{api}/jobs/{ids['tracked_bus']}")
+        return code == 200 and answer["status"] == "COMPLETED" and answer
+
+    # Then the tracked one's answer holds its channel's records, current
+    answer = wait_until(completed, timeout=30)
+    assert answer["tracked"] is True and answer["current"] is True
+    assert {"QUEUED", "RECEIVED", "COMPLETED"} <= {e["event"] for e in answer["events"]}
+    # And the other's says its QUEUED is only the last recorded state
+    code, answer = get(f"{api}/jobs/{ids['untracked_bus']}")
+    assert code == 200 and answer["status"] == "QUEUED"
+    assert answer["tracked"] is False and answer["current"] is False
+    assert "progress not recorded" in answer["note"]
+    tracked.stop()
+    untracked.stop()
 
 
 def test_the_channels_queues_carry_its_declaration(settings: Settings,
