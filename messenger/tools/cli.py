@@ -9,6 +9,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -231,7 +232,35 @@ EXIT_AWS_ERROR = 3
 LIBRARY_BUDGET_COMMANDS = frozenset({"local", "api", "consume", "dashboard"})
 
 
+#: Exit status of a command whose reader went away (`messenger status ... | head`): the one a
+#: shell reports for a Unix tool that SIGPIPE ended (128 + 13), without a word on stderr.
+EXIT_READER_GONE = 128 + signal.SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:  # a reader that went away shows here (also after --help), not at exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return reader_gone()
+
+
+def reader_gone() -> int:
+    """The command's output pipe was closed by its reader (`| head` has its lines): end
+    quietly, as Unix tools do, with EXIT_READER_GONE. Standard output then points at
+    /dev/null, so the interpreter's last flush of what is left writes nowhere instead of
+    printing a BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return EXIT_READER_GONE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -11,13 +11,16 @@ unit), messages/min in and out, consumer processes registered and alive (`messen
 and whether consumers received in the last 5 minutes ('-' when CloudWatch has no datapoint),
 critical channels marked '!'. A priority level's row names its level ('jobs/high'); a paused
 channel's row says '(paused)', and a line under the table names who paused it and when. Fits an
-80-column terminal.
+80-column terminal; not on a terminal (a pipe, a file) the table has its own full width unless
+COLUMNS is set: no name is folded or cut, each row is one line for `grep` and scripts.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -78,6 +81,36 @@ def render(rows: list[ChannelRow], namespace: str) -> Any:
     return table
 
 
+#: Widest table printed when standard output is not a terminal (no name is that long).
+MAX_PIPED_WIDTH = 10_000
+
+
+def fit_width(console: Any, renderable: Any) -> Any:
+    """`renderable`, with `console` (a rich Console) set to its width: on a terminal the
+    terminal's (long names fold to fit it), and the one COLUMNS asks for when it is set (rich
+    reads it); anywhere else the renderable's own full width, so that nothing is folded or cut
+    (rich would fold at 80)."""
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        options = console.options.update_width(MAX_PIPED_WIDTH)
+        console.width = max(1, console.measure(renderable, options=options).maximum)
+    return renderable
+
+
+def command_console() -> Any:
+    """A rich Console whose reader going away (`messenger top --once | head`) ends the command
+    as it ends every `messenger` command: the BrokenPipeError goes up to `cli.main`, which exits
+    quietly with 141 (rich's own handler exits 1, the status of a command that did not do its
+    work)."""
+    from rich.console import Console
+
+    class CommandConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more to write
+            raise BrokenPipeError(errno.EPIPE, "standard output's reader went away")
+
+    return CommandConsole()
+
+
 def requeue_channel(
     clients: ClientFactory,
     settings: Settings,
@@ -102,12 +135,11 @@ def requeue_channel(
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.live import Live
 
     runtime = CommandRuntime.from_env()
     settings, clients = runtime.settings, runtime.clients
-    console = Console()
+    console = command_console()
     if args.requeue:
         if not args.yes and not sys.stdin.isatty():
             raise InvalidSettings(f"top --requeue {args.requeue} needs --yes when there is no "
@@ -121,14 +153,16 @@ def run_cli(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(row) for row in snapshot(clients, settings)], indent=2))
         return 0
     if args.once:
-        console.print(render(snapshot(clients, settings), settings.namespace))
+        console.print(fit_width(console, render(snapshot(clients, settings),
+                                                settings.namespace)))
         return 0
-    with Live(render(snapshot(clients, settings), settings.namespace), console=console,
-              refresh_per_second=1) as live:
+    with Live(fit_width(console, render(snapshot(clients, settings), settings.namespace)),
+              console=console, refresh_per_second=1) as live:
         try:
             while True:
                 time.sleep(args.interval)
-                live.update(render(snapshot(clients, settings), settings.namespace))
+                live.update(fit_width(console, render(snapshot(clients, settings),
+                                                      settings.namespace)))
         except KeyboardInterrupt:
             return 0
 
