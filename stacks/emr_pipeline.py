@@ -34,6 +34,9 @@ from stacks.channel import Channel
 from stacks.foundation import Foundation, deliver_access_logs_by_bucket_policy
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 
+#: The run ledger's keys in the dedup table (`messenger.jobs.runs.RUN_LEDGER_PREFIX` + '*').
+RUN_LEDGER_KEYS = "run@*"
+
 DEFAULT_RELEASE_LABEL = "emr-7.9.0"
 #: The Spark of each release the pipeline is tested against (AWS's release table): the EMR tests
 #: run that pyspark (requirements-emr.txt) on Python 3.11.
@@ -143,6 +146,15 @@ class EmrPipeline(Construct):
             if channel.spec.track_status:
                 foundation.grant_status_write(self.job_role)
         foundation.grant_offload_write(self.job_role)
+        # Re-runnable steps (`publish(run_key=)`): dedup claims of the rows, and the run's ledger
+        # of finished partitions (items 'run@...' of the same table, `messenger.jobs.runs`:
+        # read by each partition, updated by the driver after an attempt).
+        foundation.grant_dedup(self.job_role)
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+            resources=[foundation.dedup_table.table_arn],
+            conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [RUN_LEDGER_KEYS]}},
+        ))
         # Verify mode (DescribeKey), and reading/writing the code bucket (SSE-KMS, the CMK).
         foundation.key.grant(
             self.job_role, "kms:DescribeKey", "kms:Decrypt", "kms:GenerateDataKey"
