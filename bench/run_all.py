@@ -120,6 +120,23 @@ BENCHES = (
         Figure("speed vs per-row push, bare loopback (moto's CPU bound)",
                ("conditions", "loopback", "speedup_vs_push")),
     )),
+    Bench("spark_rerun.py", "Spark re-run of a finished run (same run key), 5,000 rows", (
+        Figure("speed-up of a re-run that skips everything over the run (median)",
+               ("conditions", "loopback", "speedup_median"), 10, at_most=False),
+        Figure("DynamoDB requests per row, first run",
+               ("conditions", "loopback", "dynamodb_requests_per_row"), 1.1),
+    )),
+    Bench("threshold.py", "Offload threshold in dollars per million messages, standard queue, "
+                          "beside amazon-sqs-extended-client (offloads above 256 KiB)", (
+        Figure("512 KiB: messenger (default 1 MiB)",
+               ("measured", "512 KiB", "messenger_after", "dollars_per_million")),
+        Figure("512 KiB: extended client",
+               ("measured", "512 KiB", "extended_client", "dollars_per_million")),
+        Figure("1 MiB: messenger (default 1 MiB)",
+               ("measured", "1 MiB", "messenger_after", "dollars_per_million")),
+        Figure("1 MiB: extended client",
+               ("measured", "1 MiB", "extended_client", "dollars_per_million")),
+    )),
     Bench("ops.py", "Ops Lambda API calls over 1,000 queues", (
         Figure("queue alarm calls, source scope (+1 secret read)", ("queue_alarm.source",
                                                                     "aws_calls"), 24),
