@@ -97,16 +97,6 @@ class JobMark:
     fired: bool
 
 
-class TooLate(MessengerError):
-    """A cancel that came after a copy of the job claimed it: the job runs (or ran)."""
-
-    def __init__(self, job_id: str, claim: FiredElsewhere, channel: str) -> None:
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(claim.claimed_at))
-        super().__init__(f"too late: scheduled job {job_id!r} fired at {when} (taken by SQS "
-                         f"message {claim.sqs_message_id} on {channel}); not cancelled")
-        self.job_id, self.claim, self.channel = job_id, claim, channel
-
-
 def claim_key(channel: str, job_id: str) -> str:
     return f"{KEY_PREFIX}{channel}#{job_id}"
 
@@ -270,6 +260,24 @@ def cancel(clients: ClientFactory, settings: Settings, job_id: str, channels: Se
             return channel, _claimer(job_id, item)
     raise MessengerError(f"cancelling job {job_id!r}: DynamoDB refused the marks "
                          f"({[r.get('Code') for r in reasons]}); not cancelled, try again")
+
+
+def claim_of(clients: ClientFactory, settings: Settings, channel: str, job_id: str
+             ) -> FiredElsewhere | Cancelled | None:
+    """The live claim of `job_id` on a consumer channel (one consistent GetItem): a copy's, a
+    cancel's, or None (unclaimed, past its window, or no dedup table)."""
+    try:
+        item = clients.client("dynamodb").get_item(
+            TableName=DedupTable(clients, settings).name,
+            Key={"dedup_key": {"S": claim_key(channel, job_id)}},
+            ConsistentRead=True).get("Item")
+    except ClientError as error:
+        if error_code(error) != "ResourceNotFoundException":
+            raise
+        return None  # no table: nothing was ever claimed
+    if not item or float(item.get(EXPIRES_AT, {}).get("N", 0)) <= time.time():
+        return None
+    return _holder(job_id, item)
 
 
 def _claimer(job_id: str, item: Mapping[str, Any]) -> FiredElsewhere:

@@ -335,23 +335,81 @@ class ScheduleStore:
         return None
 
     def cancel(self, job_id: str, channel: str | None = None, actor: str = "") -> ScheduledJob:
-        """Delete the job's schedule before it fires; ScheduleNotFound when there is none.
-        actor: who cancelled it (an operator's name), recorded on the job's status timeline
-        (CANCELLED, reason 'cancelled by <who>') when the namespace keeps one."""
+        """Cancel the job before it fires: it will not run. ScheduleNotFound when there is no
+        such waiting job; TooLate (a ScheduleNotFound) when a firing of it was claimed by a
+        consumer first (it runs, or ran). actor: who cancelled it (an operator's name),
+        recorded on the job's status timeline (CANCELLED, reason 'cancelled by <who>') when
+        the namespace keeps one.
+
+        First the job's claim is taken on every consumer channel its schedule sends to (one
+        conditional write, `messenger.jobs.fired.cancel`): a firing that races the cancel (the
+        schedule fired and its message is in a queue, or Scheduler sends it while the schedule
+        is deleted) finds the claim cancelled and is deleted unrun. Then the schedule is
+        deleted."""
+        from messenger.jobs import fired
+
         job = self.find(job_id, channel)
         if job is None:
+            claim = fired.claim_of(self.clients, self.settings, channel, job_id) \
+                if channel is not None else None
+            if isinstance(claim, fired.FiredElsewhere):  # its schedule fired, a consumer took it
+                raise TooLate(job_id, claim.claimed_at, claim.sqs_message_id, channel or "")
             raise ScheduleNotFound(
                 f"no scheduled job {job_id!r} in schedule group {self.group!r}: unknown, "
                 f"already fired or already cancelled")
+        by = actor or "unknown"
+        channels = self._consumer_channels(job)
+        due = job.due.timestamp() if job.due is not None else 0.0
+        first = fired.cancel(self.clients, self.settings, job.job_id, channels, by, due)
+        if first is not None:
+            raise TooLate(job.job_id, first[1].claimed_at, first[1].sqs_message_id, first[0])
         try:
             self.scheduler.delete_schedule(Name=job.name, GroupName=self.group)
         except ClientError as error:
             if error_code(error) != "ResourceNotFoundException":
-                raise
-            raise ScheduleNotFound(f"scheduled job {job_id!r} fired or was cancelled just "
-                                   f"now") from None
+                raise  # marked: the job will not run; a cancel again deletes the schedule
+            # fired just now: its message is deleted unrun where it arrives (the claim)
         self._record_cancelled(job, channel, actor)
         return job
+
+    def _consumer_channels(self, job: ScheduledJob) -> tuple[str, ...]:
+        """The consumer channels a job's schedule sends to, whose claims a cancel takes: its
+        queue's channel, or the channel of every queue subscribed to its topic (read from
+        their `messenger:channel` tags; a priority level's queue: its channel's)."""
+        from messenger.provision import QUEUE_MISSING_CODES
+
+        if not job.destination.startswith("arn:"):
+            return (self._queue_channel(job.destination),)
+        sns, sqs = self.clients.client("sns"), self.clients.client("sqs")
+        channels: dict[str, None] = {}  # in the subscriptions' order, once each
+        for page in sns.get_paginator("list_subscriptions_by_topic").paginate(
+                TopicArn=job.destination):
+            for subscription in page.get("Subscriptions", []):
+                if subscription.get("Protocol") != "sqs":
+                    continue
+                account, name = subscription["Endpoint"].split(":")[4:6]
+                try:
+                    url = sqs.get_queue_url(QueueName=name,
+                                            QueueOwnerAWSAccountId=account)["QueueUrl"]
+                except ClientError as error:
+                    if error_code(error) not in QUEUE_MISSING_CODES:
+                        raise
+                    continue  # a subscription of a deleted queue: nothing receives it
+                channels[self._queue_channel(str(url))] = None
+        return tuple(channels)
+
+    def _queue_channel(self, url: str) -> str:
+        """The consumer channel of a queue: its tags', else its name without the namespace
+        and '.fifo'."""
+        from messenger.channel import FIFO_SUFFIX, TAG_CHANNEL, TAG_PRIORITY_CHANNEL
+
+        tags = self.clients.client("sqs").list_queue_tags(QueueUrl=url).get("Tags", {})
+        channel = tags.get(TAG_PRIORITY_CHANNEL) or tags.get(TAG_CHANNEL)
+        if channel:
+            return str(channel)
+        name = url.rstrip("/").rsplit("/", 1)[-1].removesuffix(FIFO_SUFFIX)
+        prefix = f"{self.settings.namespace}-" if self.settings.namespace else ""
+        return name.removeprefix(prefix)
 
     def _record_cancelled(self, job: ScheduledJob, channel: str | None, actor: str) -> None:
         """CANCELLED on the job's timeline, with who and when (as an operator's requeue or
@@ -368,3 +426,16 @@ class ScheduleStore:
         status.record(StatusRecord(job.job_id, StatusEvent.CANCELLED, channel, actor=by,
                                    error=f"cancelled by {by}{due}"))
         status.flush()
+
+
+class TooLate(ScheduleNotFound):
+    """A cancel that came after a consumer claimed a firing of the job (`fired_at`, epoch s):
+    the job runs or ran; nothing was cancelled."""
+
+    def __init__(self, job_id: str, fired_at: float, sqs_message_id: str, channel: str
+                 ) -> None:
+        when = datetime.fromtimestamp(fired_at, timezone.utc)
+        super().__init__(f"too late: scheduled job {job_id!r} fired at "
+                         f"{when:%Y-%m-%d %H:%M:%S} UTC (taken by SQS message "
+                         f"{sqs_message_id} on {channel}); not cancelled")
+        self.job_id, self.fired_at, self.channel = job_id, fired_at, channel

@@ -11,7 +11,9 @@ calls the schedule's universal target (`arn:aws:scheduler:::aws-sdk:<service>:<a
 - a failed call is retried with backoff (1 s, 2 s, 4 s, ... capped at a minute) up to the
   target's RetryPolicy (attempts, event age), then the input goes to its DeadLetterConfig queue
   with the error in the message attributes Scheduler uses (ERROR_CODE, ERROR_MESSAGE, ...);
-- after success, `ActionAfterCompletion=DELETE` deletes the schedule; others are not fired again.
+- after success, `ActionAfterCompletion=DELETE` deletes the schedule; others are not fired again;
+- each due schedule is read again (GetSchedule) right before it is fired: one deleted since the
+  pass listed the schedules (a cancel) is not fired.
 
 Unlike Scheduler it fires at the second given (AWS: within the minute), ignores
 FlexibleTimeWindow, the role (moto checks no permissions) and templated targets, and does not
@@ -152,6 +154,8 @@ class ScheduleFirer:
     def _fire(self, schedule: dict[str, Any], due: datetime, pending: _Pending,
               now: float) -> bool:
         key = (schedule.get("GroupName", "default"), schedule["Name"])
+        if not self._still_there(key):  # deleted (cancelled) since this pass listed it
+            return False
         target = schedule["Target"]
         pending.attempts += 1
         try:
@@ -173,6 +177,21 @@ class ScheduleFirer:
         self._pending.pop(key, None)
         self._complete(schedule)
         return True
+
+    def _still_there(self, key: tuple[str, str]) -> bool:
+        """Whether the schedule still exists, asked right before it is fired (a pass lists
+        every schedule first: one cancelled since must not fire from that list). False: it is
+        forgotten. Scheduler has the same race between a firing and a DeleteSchedule, only
+        narrower: a cancel takes the job's claim first (`messenger.jobs.fired`)."""
+        try:
+            self.client_for("scheduler").get_schedule(Name=key[1], GroupName=key[0])
+            return True
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "ResourceNotFoundException":
+                raise
+        self._known.pop(key, None)
+        self._pending.pop(key, None)
+        return False
 
     def _complete(self, schedule: dict[str, Any]) -> None:
         key = (schedule.get("GroupName", "default"), schedule["Name"])
