@@ -5,9 +5,14 @@
     messenger schedules cancel 3f2a...         # delete its schedule before it fires
     messenger schedules cancel 3f2a... --as ada  # who cancelled it, on the job's timeline
 
-`cancel` exits 2 with one line when the id is unknown, already fired or already cancelled (a
-fired schedule deletes itself: `ActionAfterCompletion=DELETE`). Its calls retry within the
-command's budget (`messenger.tools.runtime`). A view over `messenger.jobs.schedule_store`;
+`cancel` answers "cancelled" only when the job will not run: it takes the job's claim on each
+consumer channel first, so a firing that races it is deleted unrun where it arrives
+(`messenger.jobs.fired`, docs/guarantees.md). It exits 2 with one line when the id is unknown,
+already fired or already cancelled (a fired schedule deletes itself:
+`ActionAfterCompletion=DELETE`), and with "too late: scheduled job '<id>' fired at <T> UTC ...;
+not cancelled" when a consumer took a firing of it first (also after its schedule is gone, when
+`--channel` names the channel). Its calls retry within the command's budget
+(`messenger.tools.runtime`). A view over `messenger.jobs.schedule_store`;
 recurring schedules are the CDK app's (`stack.add_schedule`).
 """
 
@@ -64,7 +69,8 @@ def run_cli(args: argparse.Namespace) -> int:
             print(render(args.channel, jobs))
         return 0
     actor = args.actor or default_actor()
-    job = store.cancel(args.job_id, args.channel, actor=actor)  # ScheduleNotFound: exit 2
+    # ScheduleNotFound (TooLate among them: a firing was claimed first): exit 2
+    job = store.cancel(args.job_id, args.channel, actor=actor)
     due = f" (was due {job.due:%Y-%m-%d %H:%M:%S} UTC)" if job.due else ""
     print(f"cancelled scheduled job {job.job_id}{due}, by {actor}")
     return 0
@@ -77,7 +83,8 @@ def add_parser(commands: Any) -> None:
     listing.add_argument("channel", help="the producer's channel ('queue' or 'exchange')")
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(run=run_cli)
-    cancel = actions.add_parser("cancel", help="delete a scheduled job before it fires")
+    cancel = actions.add_parser("cancel", help="cancel a scheduled job: it will not run "
+                                "('too late', exit 2, when it fired first)")
     cancel.add_argument("job_id", help="the id push(at=...) returned")
     cancel.add_argument("--channel", default=None,
                         help="its channel: looked up directly instead of scanning the group")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from messenger import ConsumerSettings, Producer
+from messenger import ConsumerSettings, MultiProducer, Producer
 from messenger.aws import ClientFactory
 from messenger.channel import schedule_group_name
 from messenger.jobs.dedup import DedupTable
@@ -243,3 +243,47 @@ def test_the_local_firing_loop_never_fires_a_schedule_deleted_during_its_pass(
     assert completed == 1 and len(sent) == 1
     url = queue_url(clients.client("sqs"), f"{settings.namespace}-bursts")
     assert visible(clients.client("sqs"), url) == 1
+
+
+class Alerts(MultiProducer):
+    channel = "alerts"
+
+
+class MailAlerts(Recording):
+    channel = "alerts.mail"
+
+
+class SmsAlerts(Recording):
+    channel = "alerts.sms"
+
+
+def test_a_cancelled_exchange_job_runs_on_none_of_its_channels(
+        settings: Settings, clients: ClientFactory, endpoint: str,
+        runtime: ConsumerSettings) -> None:  # noqa: F811
+    # Given an exchange with two consumer channels, running
+    runs = [Running(cls(settings=settings, clients=clients, runtime=runtime))
+            for cls in (MailAlerts, SmsAlerts)]
+    try:
+        for run in runs:
+            wait_until(lambda run=run: run.consumer.resources, 30)
+        # And a job published to it, due in an hour
+        job_id = Alerts(settings=settings, clients=clients).push({"n": 1},
+                                                                 delay=timedelta(hours=1))
+        schedule = clients.client("scheduler").get_schedule(
+            Name=schedule_name("alerts", job_id),
+            GroupName=schedule_group_name(settings.namespace))
+        # When it is cancelled, and a firing Scheduler had under way reaches both queues after
+        # the cancel answered (a DeleteSchedule racing a firing)
+        ScheduleStore(clients, settings).cancel(job_id, "alerts", actor="ada")
+        invoke_target(local_clients(endpoint), schedule["Target"], schedule["Arn"],
+                      datetime.now(UTC))
+        # Then each channel's consumer deletes its copy unrun
+        for run in runs:
+            wait_until(lambda run=run: run.consumer.named("cancelled_unrun"), 30)
+    finally:
+        for run in runs:
+            run.stop()
+    for run in runs:
+        assert run.consumer.handled == []
+        (unrun,) = run.consumer.named("cancelled_unrun")
+        assert unrun.message_id == job_id
