@@ -370,10 +370,9 @@ class PartitionPublisher:
             fingerprint.add(self.mapping.job_id(row))
         if fingerprint.text() != finished.fingerprint:
             raise InvalidSettings(
-                f"run_key {self.run.run_key!r}: partition {index} now holds {fingerprint.rows} "
-                f"rows, not the {finished.rows} an earlier attempt published (other rows under "
-                f"the same run key: the input changed); publish a changed input with a new "
-                f"run_key"
+                f"run_key {self.run.run_key!r}: partition {index} holds other rows than the "
+                f"attempt that finished it ({fingerprint.rows} now, {finished.rows} then: the "
+                f"input changed); publish a changed input with a new run_key"
             )
         self.counters["skipped"].add(fingerprint.rows)
         self.counters["partitions"].add(1 if fingerprint.rows else 0)
@@ -432,16 +431,16 @@ class PartitionPublisher:
                 failure = (row, type(error).__name__, str(error))
                 yield from settle(_BatchOutcome([failure]), sent=False)
                 continue
-            if ledger is not None and item_digest(item) in ledger.published:
-                counts["skipped"] += 1  # published by an earlier attempt of this run
-                continue
-            if run is not None:
+            if run is not None:  # every row counts in the fingerprint, skipped ones too
                 assert item.message_id is not None
                 fingerprint.add(item.message_id)
                 if item.message_id in seen:  # the same key columns as an earlier row
                     counts["duplicates"] += 1
                     continue
                 seen.add(item.message_id)
+            if ledger is not None and item_digest(item) in ledger.published:
+                counts["skipped"] += 1  # published by an earlier attempt of this run
+                continue
             if producer.ordered:  # a group always takes the same lane: its order is kept
                 group = (item.group_id or "").encode("utf-8")
                 lane = zlib.crc32(group) % len(lanes)
