@@ -12,6 +12,8 @@ alarms go to the `alarm_topic` (subscribe an e-mail, a pager or a chat integrati
 
 from __future__ import annotations
 
+from typing import Any
+
 from aws_cdk import Aws, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
@@ -35,6 +37,7 @@ from messenger.channel import (
 from stacks.bundle import lambda_bundle
 from stacks.dashboard_service import PAUSE_RECORDS_PARTITION
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
+from stacks.ownership import ownership_condition
 
 RUNTIME = lambda_.Runtime.PYTHON_3_11
 SOURCE_ALERT_SCHEDULE = events.Schedule.rate(Duration.minutes(15))
@@ -53,8 +56,11 @@ ALARM_UNSCOPED_ACTIONS = ("sqs:ListQueues", "tag:GetResources", "cloudwatch:GetM
 #: The queue alarm also puts back what a deploy undid of an operator's pause
 #: (`messenger.ops.pauses`): it reads the pause records in the worker registry, re-tags a paused
 #: queue of the namespace and disables again the mappings of the namespace's Lambda consumers.
-ALARM_QUEUE_ACTIONS = ("sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags",
-                       "sqs:TagQueue")
+ALARM_QUEUE_ACTIONS = ("sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags")
+#: ... and puts a paused queue's tag back (that tag key only: `PAUSE_TAG`).
+ALARM_TAG_ACTIONS = ("sqs:TagQueue",)
+#: `messenger.jobs.controls.TAG_PAUSED` (tests/infra check they agree).
+PAUSE_TAG = "messenger:paused"
 CLEANER_UNSCOPED_ACTIONS = ("tag:GetResources", "cloudwatch:GetMetricData", "sns:ListSubscriptions")
 CLEANER_QUEUE_ACTIONS = ("sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags")
 CLEANER_TOPIC_ACTIONS = (
@@ -158,6 +164,11 @@ class OpsFunctions(Construct):
             resources=[f"{lambda_arn}:event-source-mapping:*"],
             conditions={"ArnLike": {"lambda:FunctionArn": [
                 f"{lambda_arn}:function:{lambda_consumer_prefix(self.namespace)}*"]}}))
+        role.add_to_principal_policy(iam.PolicyStatement(
+            sid="ReapplyPauseTags", actions=list(ALARM_TAG_ACTIONS),
+            resources=[self._name_pattern("sqs")],
+            conditions={**self.ownership_condition(),
+                        "ForAllValues:StringEquals": {"aws:TagKeys": [PAUSE_TAG]}}))
         key.grant_decrypt(role)
         policy = role.node.find_child("DefaultPolicy")
         acknowledge_wildcard_resource(
@@ -224,23 +235,21 @@ class OpsFunctions(Construct):
         prefix = f"{self.namespace}-" if self.namespace else ""
         return f"arn:{Aws.PARTITION}:{service}:{Aws.REGION}:{Aws.ACCOUNT_ID}:{prefix}*"
 
-    def ownership_condition(self) -> dict[str, dict[str, str]]:
+    def ownership_condition(self) -> dict[str, dict[str, Any]]:
         """The resource is the platform's, in this namespace: tagged `messenger:managed=true`
-        and `messenger:namespace=<ns>`, or, for the default namespace, without that tag."""
-        managed = {f"aws:ResourceTag/{TAG_MANAGED}": "true"}
-        if self.namespace:
-            return {"StringEquals": {**managed,
-                                     f"aws:ResourceTag/{TAG_NAMESPACE}": self.namespace}}
-        return {"StringEquals": managed, "Null": {f"aws:ResourceTag/{TAG_NAMESPACE}": "true"}}
+        and `messenger:namespace=<ns>`, or, for the default namespace, without that tag
+        (`stacks.ownership`)."""
+        return ownership_condition(self.namespace)
 
     def _scope_reason(self) -> str:
         if self.namespace:
-            return (f"Channel resources are created by users at any time; reads are limited to "
-                    f"the namespace's name prefix '{self.namespace}-', and deleting also needs "
-                    f"the tags {TAG_MANAGED}=true and {TAG_NAMESPACE}={self.namespace} "
-                    f"(aws:ResourceTag conditions).")
-        return ("The default namespace has no name prefix, so the reads cover the account's "
-                "queues and topics in this region; deleting needs the tag "
+            return (f"Channel resources are created by users at any time; every read, tag and "
+                    f"delete is limited to the namespace's name prefix '{self.namespace}-' and "
+                    f"needs the tags {TAG_MANAGED}=true and {TAG_NAMESPACE}={self.namespace} "
+                    f"(aws:ResourceTag conditions): namespace {self.namespace}-eu's resources "
+                    f"match the prefix, never the tag.")
+        return ("The default namespace has no name prefix, so the pattern covers the account's "
+                "queues and topics in this region; reading, tagging and deleting needs the tag "
                 f"{TAG_MANAGED}=true and no {TAG_NAMESPACE} tag (aws:ResourceTag conditions): "
                 "only the platform's own default-namespace resources.")
 
@@ -289,9 +298,10 @@ class OpsFunctions(Construct):
         )
         role.add_to_policy(iam.PolicyStatement(actions=list(unscoped_actions), resources=["*"]))
         for service, actions in (scoped_actions or {}).items():
-            role.add_to_policy(
-                iam.PolicyStatement(actions=list(actions), resources=[self._name_pattern(service)])
-            )
+            role.add_to_policy(iam.PolicyStatement(
+                actions=list(actions), resources=[self._name_pattern(service)],
+                conditions=self.ownership_condition(),
+            ))
         for service, actions in (guarded_actions or {}).items():
             role.add_to_policy(iam.PolicyStatement(
                 actions=list(actions), resources=[self._name_pattern(service)],
