@@ -12,6 +12,7 @@
 | MESSENGER_BUCKET_TLS_POLICY   | bucket_tls_policy        | true (the local endpoint: false) |
 | MESSENGER_WORKER_INTERVAL     | worker_interval          | 30 s (0.5 to 30)                 |
 | MESSENGER_TRACING             | tracing                  | 'auto' ('auto', 'on' or 'off')   |
+| MESSENGER_SCHEDULER_ROLE_ARN  | scheduler_role_arn       | '' (the namespace's role)        |
 | AWS_REGION / AWS_DEFAULT_REGION | region                 | 'us-east-1'                      |
 
 `AWS_ENDPOINT_URL` is honoured by boto3 itself: messenger never passes an endpoint explicitly.
@@ -74,6 +75,9 @@ class Settings:
     #: Trace context on messages (`messenger.tracing`): 'auto' when the process set an
     #: OpenTelemetry tracer provider, 'on' or 'off'.
     tracing: str = "auto"
+    #: The role EventBridge Scheduler assumes to send one-time jobs ('' = the namespace's,
+    #: `scheduler_role_name`); the HTTP API's function gets one that reaches its channels only.
+    scheduler_role_arn: str = ""
 
     def __post_init__(self) -> None:
         try:
@@ -139,6 +143,7 @@ class Settings:
                 env, "MESSENGER_WORKER_INTERVAL", DEFAULT_WORKER_INTERVAL, float
             ),
             "tracing": env.get("MESSENGER_TRACING", "auto") or "auto",
+            "scheduler_role_arn": env.get("MESSENGER_SCHEDULER_ROLE_ARN", ""),
         }
         values.update(overrides)
         return cls(**values)

@@ -97,8 +97,10 @@ class HttpEnqueue(Construct):
 
     channels: the channels it enqueues to (at least one; exchanges by their topic).
     foundation: the platform key, offload bucket and job tables (grants).
-    schedules: the namespace's `ScheduleWiring`: the function's role gets its producers' policy
-        (CreateSchedule in the group, PassRole of the scheduler role to Scheduler only), so a
+    schedules: the namespace's `ScheduleWiring`: the function's role gets its producers'
+        statements (CreateSchedule in the group, PassRole to Scheduler only of a scheduler role
+        of the API's own, `.scheduler_role`, which may send to the API's channels and the
+        schedule DLQ only; MESSENGER_SCHEDULER_ROLE_ARN), so a
         job with `at` or a `delay_seconds` beyond SQS's 15 minutes (any, on an ordered channel
         or an exchange) becomes a one-time schedule (default None: the function may not
         create schedules, and such a job is not accepted). `add_http_enqueue` passes the
@@ -148,9 +150,18 @@ class HttpEnqueue(Construct):
         self.channels = list(channels)
         served = api_channels(self.channels)
         self.function, self.role = self._function(
-            foundation, namespace, served, memory_mib, idempotency_window, log_retention)
+            foundation, namespace, served, memory_mib, idempotency_window, log_retention,
+            schedules=schedules is not None)
+        self.scheduler_role: iam.Role | None = None
         if schedules is not None:
-            schedules.grant_one_time(self.role)  # jobs due later: one-time schedules
+            # Jobs due later: one-time schedules, sent by a scheduler role of the API's own,
+            # which may send to the API's channels only (the namespace's role reaches every
+            # channel of the namespace).
+            self.scheduler_role = schedules.scheduler_role_for(self, "SchedulerRole",
+                                                               self.channels)
+            schedules.grant_one_time(self.role, scheduler_role=self.scheduler_role)
+            self.function.add_environment("MESSENGER_SCHEDULER_ROLE_ARN",
+                                          self.scheduler_role.role_arn)
         self.access_logs = logs.LogGroup(self, "AccessLogs", retention=log_retention,
                                           removal_policy=RemovalPolicy.DESTROY)
         self.api = apigw.RestApi(
@@ -194,8 +205,8 @@ class HttpEnqueue(Construct):
         CfnOutput(self, "Url", value=self.api.url)
 
     def _function(self, foundation: Foundation, namespace: str, served: list[dict[str, Any]],
-                  memory_mib: int, window: Duration, retention: logs.RetentionDays
-                  ) -> tuple[lambda_.Function, iam.Role]:
+                  memory_mib: int, window: Duration, retention: logs.RetentionDays,
+                  schedules: bool) -> tuple[lambda_.Function, iam.Role]:
         log_group = logs.LogGroup(self, "Logs", retention=retention,
                                   removal_policy=RemovalPolicy.DESTROY)
         # An explicit role: the default one carries the AWS-managed basic execution policy,
@@ -241,7 +252,9 @@ class HttpEnqueue(Construct):
         assert policy is not None
         acknowledge(policy, "AwsSolutions-IAM5[Resource::*]",
                     "Active tracing: X-Ray's PutTraceSegments and PutTelemetryRecords have no "
-                    "resource types, so IAM grants them on * only; nothing else is on *.")
+                    "resource types, so IAM grants them on * only"
+                    + ("; so has scheduler:ListSchedules (listing the jobs due later)"
+                       if schedules else "") + "; nothing else is on *.")
         acknowledge(function, "AwsSolutions-L1",
                     "Pinned to Python 3.11, the version the library, its bundled dependencies "
                     "and the tests use; upgraded together with the project's Python.")

@@ -20,6 +20,7 @@ retried firing is the same job. Its role may send to this channel and the schedu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from aws_cdk import Aws, Duration, RemovalPolicy, Stack
@@ -38,11 +39,17 @@ from messenger.channel import (
 from messenger.schedule_spec import RecurringSchedule, retry_policy, target_arn
 from stacks.channel import Channel
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
+from stacks.ownership import any_name, ownership_condition, ownership_reason
 
 SCHEDULER_PRINCIPAL = "scheduler.amazonaws.com"
 #: What a producer does with its one-time schedules (create; list/get/cancel for the CLI).
 PRODUCER_ACTIONS = ("scheduler:CreateSchedule", "scheduler:GetSchedule",
                     "scheduler:DeleteSchedule")
+SCHEDULES_REASON = ("one schedule per job, named by its job id at push time, within the "
+                    "namespace's own schedule group only (named exactly)")
+LIST_SCHEDULES_REASON = ("scheduler:ListSchedules has no resource types in IAM (the Service "
+                         "Authorization Reference): '*' is its only resource; it reads "
+                         "schedule names")
 
 
 def _scheduler_role(scope: Construct, id: str, **kwargs: Any) -> iam.Role:
@@ -80,57 +87,85 @@ class ScheduleWiring(Construct):
                     "this queue is itself the dead-letter queue of the namespace's schedules "
                     "(Scheduler's DeadLetterConfig), which cdk-nag cannot see")
         prefix = f"{namespace}-" if namespace else ""
-        self.queues_arn = f"arn:{Aws.PARTITION}:sqs:{Aws.REGION}:{Aws.ACCOUNT_ID}:{prefix}*"
-        self.topics_arn = f"arn:{Aws.PARTITION}:sns:{Aws.REGION}:{Aws.ACCOUNT_ID}:{prefix}*"
+        # Any producer of the namespace schedules jobs on any of its channels, made at deploy
+        # or at run time: the namespace's tags decide (`stacks.ownership`), not a name prefix
+        # ('shop-*' would match namespace shop-eu's queues; '' has no prefix at all).
+        self.queues_arn = any_name("sqs")
+        self.topics_arn = any_name("sns")
         self.role = _scheduler_role(self, "Role", role_name=scheduler_role_name(namespace),
                                     description="EventBridge Scheduler sends the namespace's "
                                                 "one-time jobs")
         self.role.add_to_principal_policy(iam.PolicyStatement(
-            actions=["sqs:SendMessage"], resources=[self.queues_arn]))
+            sid="SendToTheNamespacesQueues", actions=["sqs:SendMessage"],
+            resources=[self.queues_arn], conditions=ownership_condition(namespace)))
         self.role.add_to_principal_policy(iam.PolicyStatement(
-            actions=["sns:Publish"], resources=[self.topics_arn]))
+            sid="PublishToTheNamespacesTopics", actions=["sns:Publish"],
+            resources=[self.topics_arn], conditions=ownership_condition(namespace)))
         key.grant(self.role, "kms:GenerateDataKey", "kms:Decrypt")
-        reason = ("a producer schedules a job on any channel of its namespace: the role may "
-                  "send only to the namespace's own queues and topics (name prefix)")
-        acknowledge_wildcard_resource(self.role, self.queues_arn, reason)
-        acknowledge_wildcard_resource(self.role, self.topics_arn, reason)
+        for pattern in (self.queues_arn, self.topics_arn):
+            acknowledge_wildcard_resource(self.role, pattern, ownership_reason(namespace))
         self.schedules_arn = (f"arn:{Aws.PARTITION}:scheduler:{Aws.REGION}:{Aws.ACCOUNT_ID}:"
                               f"schedule/{self.group_name}/*")
+        self.group_arn = (f"arn:{Aws.PARTITION}:scheduler:{Aws.REGION}:{Aws.ACCOUNT_ID}:"
+                          f"schedule-group/{self.group_name}")
         self.producer_policy = iam.ManagedPolicy(
             self, "ProducerPolicy",
             managed_policy_name=f"{prefix}messenger-schedule-producers",
             description="create, read and cancel one-time jobs in the namespace's schedule group",
-            statements=[
-                iam.PolicyStatement(actions=list(PRODUCER_ACTIONS),
-                                    resources=[self.schedules_arn]),
-                iam.PolicyStatement(
-                    actions=["scheduler:ListSchedules", "scheduler:GetScheduleGroup"],
-                    resources=["*"]),
-                # A producer (provisioning=verify) finds the schedule DLQ's ARN by its URL.
-                iam.PolicyStatement(actions=["sqs:GetQueueUrl"],
-                                    resources=[self.dlq.queue_arn]),
-                iam.PolicyStatement(
-                    actions=["iam:PassRole"], resources=[self.role.role_arn],
-                    conditions={"StringEquals": {"iam:PassedToService": SCHEDULER_PRINCIPAL}}),
-            ],
+            statements=self.producer_statements(self.role),
         )
         acknowledge_wildcard_resource(
-            self.producer_policy, self.schedules_arn,
-            "one schedule per job, named by its job id at push time, within the namespace's "
-            "own schedule group only")
-        acknowledge_wildcard_resource(
-            self.producer_policy, "*",
-            "ListSchedules and GetScheduleGroup support no resource-level permissions in IAM; "
-            "they only read schedule names")
+            self.producer_policy, self.schedules_arn, SCHEDULES_REASON)
+        acknowledge_wildcard_resource(self.producer_policy, "*", LIST_SCHEDULES_REASON)
 
-    def grant_one_time(self, grantee: iam.IGrantable) -> None:
-        """Let `grantee` (a producer's role) create, read and cancel one-time jobs."""
-        if isinstance(grantee, iam.Role):
+    def producer_statements(self, scheduler_role: iam.IRole) -> list[iam.PolicyStatement]:
+        """What a producer needs for one-time jobs sent by `scheduler_role`: create, read and
+        cancel them in the group, list them, find the schedule DLQ, pass that role (to
+        Scheduler only)."""
+        return [
+            iam.PolicyStatement(actions=list(PRODUCER_ACTIONS), resources=[self.schedules_arn]),
+            # No resource types in IAM: '*' is the only resource it can have.
+            iam.PolicyStatement(actions=["scheduler:ListSchedules"], resources=["*"]),
+            iam.PolicyStatement(actions=["scheduler:GetScheduleGroup"],
+                                resources=[self.group_arn]),
+            # A producer (provisioning=verify) finds the schedule DLQ's ARN by its URL.
+            iam.PolicyStatement(actions=["sqs:GetQueueUrl"], resources=[self.dlq.queue_arn]),
+            iam.PolicyStatement(
+                actions=["iam:PassRole"], resources=[scheduler_role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": SCHEDULER_PRINCIPAL}}),
+        ]
+
+    def scheduler_role_for(self, scope: Construct, id: str,
+                           channels: Sequence[Channel]) -> iam.Role:
+        """A scheduler role of its own for producers that serve only `channels` (the HTTP API):
+        it may send to those channels' queues or topics (exact ARNs) and the schedule DLQ, and
+        nowhere else. The producer finds it by MESSENGER_SCHEDULER_ROLE_ARN."""
+        role = _scheduler_role(scope, id, description="EventBridge Scheduler sends one-time "
+                               "jobs to " + ", ".join(c.spec.name for c in channels))
+        for channel in channels:
+            channel.grant_publish(role)
+        # Undeliverable jobs: Scheduler sends them to the DLQ as this role.
+        role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["sqs:SendMessage"], resources=[self.dlq.queue_arn]))
+        self.key.grant(role, "kms:GenerateDataKey", "kms:Decrypt")
+        return role
+
+    def grant_one_time(self, grantee: iam.IGrantable,
+                       scheduler_role: iam.IRole | None = None) -> None:
+        """Let `grantee` (a producer's role) create, read and cancel one-time jobs, sent by the
+        namespace's scheduler role, or by `scheduler_role` (`scheduler_role_for`): then the
+        grantee may pass only that one."""
+        if scheduler_role is None and isinstance(grantee, iam.Role):
             grantee.add_managed_policy(self.producer_policy)
-        else:
-            for statement in self.producer_policy.document.to_json()["Statement"]:
-                grantee.grant_principal.add_to_principal_policy(
-                    iam.PolicyStatement.from_json(statement))
+            return
+        statements = self.producer_statements(scheduler_role or self.role)
+        for statement in statements:
+            grantee.grant_principal.add_to_principal_policy(statement)
+        principal = grantee.grant_principal
+        policy = principal.node.try_find_child("DefaultPolicy") \
+            if isinstance(principal, iam.Role) else None
+        if policy is not None:
+            acknowledge_wildcard_resource(policy, self.schedules_arn, SCHEDULES_REASON)
 
 
 class RecurringJob(Construct):

@@ -162,6 +162,8 @@ class ScheduleStore:
                 raise
 
     def _ensure_role(self) -> str:
+        if self.settings.scheduler_role_arn:  # deployed for this producer (the HTTP API's)
+            return self.settings.scheduler_role_arn
         name = scheduler_role_name(self.settings.namespace)
         arn = f"arn:aws:iam::{self.provisioner.account_id}:role/{name}"
         if not self.provisioner.auto:

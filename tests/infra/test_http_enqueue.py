@@ -170,8 +170,9 @@ def test_the_function_may_send_to_its_channels_and_nothing_else(
               and not r["Properties"]["QueueName"].endswith("-dlq")}
     assert len(queues) == 2
     topics = {k for k, r in resources.items() if r["Type"] == "AWS::SNS::Topic"}
+    # (scheduler and iam: one-time schedules, `test_the_function_may_schedule_jobs_...`)
     assert {action.split(":")[0] for action in by_action} == {
-        "sqs", "sns", "kms", "s3", "dynamodb", "logs", "xray"}
+        "sqs", "sns", "kms", "s3", "dynamodb", "logs", "xray", "scheduler", "iam"}
     # Send: exactly the orders levels' queues (never a DLQ), publish: the exchange's topic
     assert sorted(by_action["sqs:SendMessage"]) == sorted(
         json.dumps({"Fn::GetAtt": [q, "Arn"]}) for q in queues)
@@ -192,30 +193,54 @@ def test_the_function_may_send_to_its_channels_and_nothing_else(
     assert by_action["dynamodb:Query"] == [tables["Status"]]
     assert "dynamodb:Scan" not in by_action
     wildcard = {a for a, refs in by_action.items() if '"*"' in refs}
-    assert wildcard == {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+    assert wildcard == {"xray:PutTraceSegments", "xray:PutTelemetryRecords",
+                        "scheduler:ListSchedules"}
 
 
 def test_the_function_may_schedule_jobs_in_its_namespace_group_only(
         synthesized: Synthesized) -> None:
     # Given the API built with the namespace's schedule wiring (jobs with at / delay_seconds)
     _, function = _function(synthesized, "Default")
-    role = synthesized.templates["Default"]["Resources"][
-        function["Properties"]["Role"]["Fn::GetAtt"][0]]
-    # Then its role carries the producers' managed policy, and only that one
-    (attached,) = role["Properties"]["ManagedPolicyArns"]
-    policies = synthesized.of_type("Default", "AWS::IAM::ManagedPolicy")
-    assert set(policies) == {attached["Ref"]}
-    statements = policies[attached["Ref"]]["Properties"]["PolicyDocument"]["Statement"]
-    # CreateSchedule on the namespace's group only
+    resources = synthesized.templates["Default"]["Resources"]
+    role = resources[function["Properties"]["Role"]["Fn::GetAtt"][0]]
+    # Then its role carries no managed policy (the namespace producers' passes the namespace's
+    # scheduler role, which reaches every channel of the namespace) ...
+    assert "ManagedPolicyArns" not in role["Properties"]
+    statements = _role_statements(synthesized, "Default")
+    # ... CreateSchedule on the namespace's group only
     (create,) = [s for s in statements if "scheduler:CreateSchedule" in as_list(s["Action"])]
-    assert f":schedule/{NAMESPACE}-messenger/*" in json.dumps(create["Resource"])
-    # PassRole of the scheduler role only, and only to Scheduler
+    assert create["Resource"] == {"Fn::Join": ["", [
+        "arn:", {"Ref": "AWS::Partition"}, ":scheduler:", {"Ref": "AWS::Region"}, ":",
+        {"Ref": "AWS::AccountId"}, f":schedule/{NAMESPACE}-messenger/*"]]}
+    # ... PassRole of the API's own scheduler role only, and only to Scheduler
     (passing,) = [s for s in statements if s["Action"] == "iam:PassRole"]
     assert passing["Condition"] == {
         "StringEquals": {"iam:PassedToService": "scheduler.amazonaws.com"}}
     scheduler_role = passing["Resource"]["Fn::GetAtt"][0]
-    assert synthesized.templates["Default"]["Resources"][scheduler_role]["Properties"][
-        "RoleName"] == f"{NAMESPACE}-messenger-scheduler"
+    assert "JobsSchedulerRole" in scheduler_role
+    assert "RoleName" not in resources[scheduler_role]["Properties"]
+    # ... which the function's producers use (MESSENGER_SCHEDULER_ROLE_ARN)
+    assert function["Properties"]["Environment"]["Variables"][
+        "MESSENGER_SCHEDULER_ROLE_ARN"] == {"Fn::GetAtt": [scheduler_role, "Arn"]}
+    # And that role may send to the API's channels and the schedule DLQ, nowhere else
+    (policy,) = [r for r in synthesized.of_type("Default", "AWS::IAM::Policy").values()
+                 if {"Ref": scheduler_role} in r["Properties"]["Roles"]]
+    sending = policy["Properties"]["PolicyDocument"]["Statement"]
+    sends = {a for s in sending for a in as_list(s["Action"])
+             if a.startswith(("sqs:", "sns:"))}
+    # (a channel's publish grant lets a producer check it too: reads of the same resources)
+    assert sends - {"sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sns:GetTopicAttributes"} \
+        == {"sqs:SendMessage", "sns:Publish"}
+    queues = sorted(json.dumps(r) for s in sending if "sqs:SendMessage" in as_list(s["Action"])
+                    for r in as_list(s["Resource"]))
+    assert len(queues) == 3  # orders' two priority levels, the schedule DLQ
+    assert any("SchedulesDeadLetters" in q for q in queues)
+    assert sum("Channel0" in q for q in queues) == 2
+    topics = [r for s in sending if "sns:Publish" in as_list(s["Action"])
+              for r in as_list(s["Resource"])]
+    assert topics == [{"Ref": next(k for k in synthesized.of_type("Default", "AWS::SNS::Topic"))}]
+    assert "*" not in json.dumps([s["Resource"] for s in sending
+                                  if not as_list(s["Action"])[0].startswith("kms:")])
     # And the Options API, built without schedules, may not create any
     options = synthesized.of_type("Options", "AWS::IAM::Role")
     assert not any("ManagedPolicyArns" in r["Properties"] for r in options.values())

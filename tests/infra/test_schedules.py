@@ -143,17 +143,24 @@ def test_producers_may_create_schedules_in_the_group_and_pass_only_the_scheduler
         f"{NAMESPACE}-messenger-scheduler"
 
 
-def test_the_http_apis_function_gets_the_producers_schedule_policy(scheduled_app):
+def test_the_http_apis_function_passes_a_scheduler_role_of_its_own(scheduled_app):
     # Given a channel stack's add_http_enqueue line
     channels = scheduled_app["channels"]
     (function,) = [r for r in channels.find_resources("AWS::Lambda::Function").values()
                    if r["Properties"].get("Handler") == "lambdas.http_enqueue.handler.handler"]
-    role = channels.find_resources("AWS::IAM::Role")[
-        function["Properties"]["Role"]["Fn::GetAtt"][0]]
-    # Then its role carries the platform's producers' managed policy (imported from it)
-    (attached,) = role["Properties"]["ManagedPolicyArns"]
-    assert "ImportValue" in json.dumps(attached)
-    assert "SchedulesProducerPolicy" in json.dumps(attached)
+    role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
+    # Then its role carries no managed policy: the namespace's producers' policy passes the
+    # namespace's scheduler role, which reaches every channel of the namespace
+    assert "ManagedPolicyArns" not in channels.find_resources("AWS::IAM::Role")[role_id][
+        "Properties"]
+    statements = [s for r in channels.find_resources("AWS::IAM::Policy").values()
+                  if {"Ref": role_id} in r["Properties"]["Roles"]
+                  for s in r["Properties"]["PolicyDocument"]["Statement"]]
+    (passing,) = [s for s in statements if s["Action"] == "iam:PassRole"]
+    passed = passing["Resource"]["Fn::GetAtt"][0]
+    assert function["Properties"]["Environment"]["Variables"][
+        "MESSENGER_SCHEDULER_ROLE_ARN"] == {"Fn::GetAtt": [passed, "Arn"]}
+    assert "RoleName" not in channels.find_resources("AWS::IAM::Role")[passed]["Properties"]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

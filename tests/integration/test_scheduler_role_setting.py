@@ -1,0 +1,40 @@
+"""MESSENGER_SCHEDULER_ROLE_ARN: a producer's one-time jobs are sent by the role it names (the
+HTTP API's own, which reaches the API's channels only: stacks/http_enqueue.py), not by the
+namespace's scheduler role, which it then neither looks up nor creates."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from messenger import Producer
+from messenger.channel import schedule_group_name
+from messenger.settings import Settings
+from tests.faults import injected
+
+
+class Later(Producer):
+    channel = "later"
+
+
+def test_the_setting_is_read_from_the_environment() -> None:
+    arn = "arn:aws:iam::123456789012:role/api-scheduler"
+    assert Settings.from_env({"MESSENGER_SCHEDULER_ROLE_ARN": arn}).scheduler_role_arn == arn
+    assert Settings.from_env({}).scheduler_role_arn == ""
+
+
+def test_a_producer_passes_the_role_it_is_given(settings, clients) -> None:
+    arn = f"arn:aws:iam::123456789012:role/{settings.namespace}-api-scheduler"
+    producer = Later(settings=settings.with_changes(scheduler_role_arn=arn), clients=clients)
+    calls: list[str] = []
+    created: list[dict[str, Any]] = []
+    with injected(clients, "before-call", lambda model, **_: calls.append(model.name)), \
+            injected(clients, "provide-client-params.scheduler.CreateSchedule",
+                     lambda params, **_: created.append(dict(params))):
+        pushed = producer.push({"n": 1}, at=datetime.now(UTC) + timedelta(hours=2))
+    assert pushed.scheduled
+    (request,) = created
+    assert request["Target"]["RoleArn"] == arn
+    assert request["GroupName"] == schedule_group_name(settings.namespace)
+    # The namespace's role is neither read nor made (GetRole / CreateRole / PutRolePolicy)
+    assert not {"GetRole", "CreateRole", "PutRolePolicy"} & set(calls), calls
