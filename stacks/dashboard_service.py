@@ -26,11 +26,20 @@ it (the app client may read, not write, it).
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aws_cdk import Aws, CfnOutput, Duration, RemovalPolicy, SecretValue, Stack
+from aws_cdk import (
+    Aws,
+    CfnOutput,
+    Duration,
+    Names,
+    RemovalPolicy,
+    SecretValue,
+    Stack,
+)
 from aws_cdk import aws_certificatemanager as acm
 from aws_cdk import aws_cognito as cognito
 from aws_cdk import aws_dynamodb as dynamodb
@@ -41,10 +50,10 @@ from aws_cdk import aws_elasticloadbalancingv2_targets as elbv2_targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
 from messenger.channel import (
-    DLQ_SUFFIX,
     audit_table_name,
     lambda_consumer_prefix,
     schedule_group_name,
@@ -52,18 +61,29 @@ from messenger.channel import (
     workers_table_name,
 )
 from stacks.bundle import IGNORE_CODE, REPO_ROOT, staging_root
-from stacks.foundation import Foundation
+from stacks.foundation import Foundation, log_access
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
+from stacks.ownership import any_name, ownership_condition, ownership_reason
 
 #: The partition of the pause records in the worker registry's table
 #: (`messenger.jobs.controls.PAUSE_PARTITION`; tests/infra check they agree).
 PAUSE_RECORDS_PARTITION = "~paused"
+#: The queue tag a pause sets (`messenger.jobs.controls.TAG_PAUSED`): the only tag key the
+#: dashboard may put or remove.
+TAG_PAUSED = "messenger:paused"
+#: The attributes of a cancel request's item (`messenger.jobs.controls.CancelRequest.item`):
+#: the only ones the dashboard's cancel may write (a worker's entry has others).
+CANCEL_REQUEST_ATTRIBUTES = ("channel", "worker_id", "by", "at", "expires_at")
 
 #: What the image's Dockerfile needs from the repository (its build context, staged at synth).
 IMAGE_FILES = ("messenger", "lambdas/dashboard", "pyproject.toml", "requirements.txt",
                "README.md")
 #: The load balancer gives a Lambda target at most this long; the app answers sooner.
 FUNCTION_TIMEOUT = Duration.seconds(30)
+#: ALB target group names have at most 32 characters.
+TARGET_GROUP_NAME_LENGTH = 32
+#: Where the load balancer's access logs go in the platform's access-log bucket.
+ACCESS_LOG_PREFIX = "dashboard-alb"
 #: The claim a pool created here keeps a user's groups in.
 COGNITO_GROUPS_CLAIM = "custom:groups"
 
@@ -93,8 +113,10 @@ class OidcLogin:
 
     issuer, authorization_endpoint, token_endpoint, user_info_endpoint: the provider's.
     client_id / client_secret: the app client registered there (callback
-    `https://<domain_name>/oauth2/idpresponse`); keep the secret in Secrets Manager
-    (`SecretValue.secrets_manager(...)`). groups_claim: the userinfo claim with the groups.
+    `https://<domain_name>/oauth2/idpresponse`); the secret must be a Secrets Manager secret
+    (`SecretValue.secrets_manager(...)` or a `Secret`'s `secret_value`): any other SecretValue
+    (`unsafe_plain_text`) is refused at synth, it would be in the template in plain text.
+    groups_claim: the userinfo claim with the groups.
     """
 
     issuer: str
@@ -116,6 +138,11 @@ class DashboardService(Construct):
     operator_groups: groups whose members may requeue and delete (default ("operators",)).
     allowed_cidrs: who may reach the load balancer (default everyone: the login guards it).
     refresh_seconds: live updates' interval (default 5). memory_mib: default 1024.
+    web_acl_arn: a WAFv2 web ACL (scope REGIONAL) to associate with the load balancer (default
+        none). deletion_protection: the load balancer's (default on: a `cdk destroy` or a
+        replacement fails until it is turned off).
+    The load balancer's access logs go to the platform's access-log bucket (`dashboard-alb/`),
+    also when the stack is environment-agnostic (`foundation.log_access`).
     Outputs: `load_balancer`, `function`, `role`, `user_pool` (None for OIDC or a given pool),
     `https_listener`, `url`.
     """
@@ -126,6 +153,7 @@ class DashboardService(Construct):
         login: CognitoLogin | OidcLogin, operator_groups: Sequence[str] = ("operators",),
         allowed_cidrs: Sequence[str] = ("0.0.0.0/0",), refresh_seconds: int = 5,
         memory_mib: int = 1024, log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+        web_acl_arn: str | None = None, deletion_protection: bool = True,
     ) -> None:
         super().__init__(scope, id)
         if not domain_name or "/" in domain_name:
@@ -135,6 +163,8 @@ class DashboardService(Construct):
                 and not login.domain_prefix:
             raise ValueError(f"DashboardService {id!r}: CognitoLogin needs domain_prefix (or a "
                              f"user pool, client and domain of your own)")
+        if isinstance(login, OidcLogin):
+            _require_secret_reference(self, login.client_secret)
         if not allowed_cidrs:
             raise ValueError(f"DashboardService {id!r}: allowed_cidrs is empty: nobody could "
                              f"reach it")
@@ -154,8 +184,14 @@ class DashboardService(Construct):
             self, "LoadBalancer", vpc=vpc, internet_facing=True, security_group=security_group,
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
             drop_invalid_header_fields=True, http2_enabled=True,
+            deletion_protection=deletion_protection,
         )
-        self.load_balancer.log_access_logs(foundation.access_logs, prefix="dashboard-alb")
+        log_access(self.load_balancer, foundation.access_logs, ACCESS_LOG_PREFIX)
+        self.web_acl = None
+        if web_acl_arn is not None:
+            self.web_acl = wafv2.CfnWebACLAssociation(
+                self, "WebAcl", web_acl_arn=web_acl_arn,
+                resource_arn=self.load_balancer.load_balancer_arn)
         cognito_parts = None
         if isinstance(login, OidcLogin):
             self.client_id = login.client_id
@@ -167,15 +203,25 @@ class DashboardService(Construct):
         self.audit_table = self._audit_table(foundation)
         self.function, self.role = self._function(foundation, login, operator_groups,
                                                   refresh_seconds, memory_mib, log_retention)
+        # Named, so that the invoke permission can name it before it exists: the group
+        # registers the function only once the permission does (a Ref would be a cycle).
+        self.target_group_name = Names.unique_resource_name(
+            self, max_length=TARGET_GROUP_NAME_LENGTH, separator="-")
         target_group = elbv2.ApplicationTargetGroup(
-            self, "Target", targets=[elbv2_targets.LambdaTarget(self.function)])
+            self, "Target", target_group_name=self.target_group_name,
+            targets=[elbv2_targets.LambdaTarget(self.function)])
         # LambdaTarget lets elasticloadbalancing.amazonaws.com invoke the function with no
-        # condition; limit it to this account's load balancers (a target group's ARN cannot be
-        # the condition: the group registers the function only once the permission exists).
+        # condition; limit it to this target group: its name (unique in the account and
+        # region) and the ARN's random suffix, which only the deploy makes.
+        stack = Stack.of(self)
+        self.target_group_arn_pattern = (
+            f"arn:{Aws.PARTITION}:elasticloadbalancing:{stack.region}:{stack.account}:"
+            f"targetgroup/{self.target_group_name}/*")
         for child in self.function.node.find_all():
             if isinstance(child, lambda_.CfnPermission) \
                     and child.principal == "elasticloadbalancing.amazonaws.com":
-                child.add_property_override("SourceAccount", Stack.of(self).account)
+                child.add_property_override("SourceAccount", stack.account)
+                child.add_property_override("SourceArn", self.target_group_arn_pattern)
         forward = elbv2.ListenerAction.forward([target_group])
         self.https_listener = self.load_balancer.add_listener(
             "Https", port=443, protocol=elbv2.ApplicationProtocol.HTTPS,
@@ -298,14 +344,18 @@ class DashboardService(Construct):
         return function, role
 
     def _grant(self, role: iam.Role, foundation: Foundation) -> None:
+        """The role's statements (docs/cdk-guide.md lists them): exact ARNs where the names are
+        known at synth (tables, the schedule group), else the namespace's tags
+        (`stacks.ownership`): a name prefix is no boundary (`shop-*` matches `shop-eu-...`, and
+        the default namespace has none)."""
         stack = Stack.of(self)
-        prefix = f"{self.namespace}-" if self.namespace else ""
-        queues = f"arn:{Aws.PARTITION}:sqs:{stack.region}:{stack.account}:{prefix}*"
-        dlqs = [f"{queues}{DLQ_SUFFIX}", f"{queues}{DLQ_SUFFIX}.fifo"]
+        queues = any_name("sqs", stack.region, stack.account)
         table = f"arn:{Aws.PARTITION}:dynamodb:{stack.region}:{stack.account}:table/"
+        workers = table + workers_table_name(self.namespace)
         lambda_arn = f"arn:{Aws.PARTITION}:lambda:{stack.region}:{stack.account}"
         schedules = (f"arn:{Aws.PARTITION}:scheduler:{stack.region}:{stack.account}:schedule/"
                      f"{schedule_group_name(self.namespace)}/*")
+        ours = ownership_condition(self.namespace)
         statements = [
             # Reading: which queues are the namespace's (tags), their depths, their metrics.
             iam.PolicyStatement(sid="FindQueuesByTag", actions=["tag:GetResources"],
@@ -314,20 +364,23 @@ class DashboardService(Construct):
                                 resources=["*"]),
             iam.PolicyStatement(sid="ReadQueues",
                                 actions=["sqs:GetQueueUrl", "sqs:GetQueueAttributes",
-                                         "sqs:ListQueueTags"], resources=[queues]),
-            # A DLQ page holds its letters while it reads them; requeue and delete take them.
+                                         "sqs:ListQueueTags"], resources=[queues],
+                                conditions=ours),
+            # A DLQ page holds its letters while it reads them; requeue and delete take them:
+            # only the namespace's dead-letter queues (messenger:role=dlq).
             iam.PolicyStatement(sid="OperateDeadLetters",
                                 actions=["sqs:ReceiveMessage", "sqs:ChangeMessageVisibility",
-                                         "sqs:DeleteMessage"], resources=dlqs),
+                                         "sqs:DeleteMessage"], resources=[queues],
+                                conditions=ownership_condition(self.namespace, "dlq")),
             # Requeue: a letter goes back to its own queue of the namespace.
             iam.PolicyStatement(sid="RequeueToQueues", actions=["sqs:SendMessage"],
-                                resources=[queues]),
+                                resources=[queues], conditions=ours),
             iam.PolicyStatement(sid="ReadStatusAndWorkers",
                                 actions=["dynamodb:DescribeTable", "dynamodb:Query",
                                          "dynamodb:Scan"],
-                                resources=[table + status_table_name(self.namespace),
-                                           table + workers_table_name(self.namespace)]),
-            # Scheduled jobs: list them, and an operator's cancel deletes one's schedule.
+                                resources=[table + status_table_name(self.namespace), workers]),
+            # Scheduled jobs: list them (no resource types in IAM), and an operator's cancel
+            # deletes one's schedule, in the namespace's own group (named exactly).
             iam.PolicyStatement(sid="ListScheduledJobs", actions=["scheduler:ListSchedules"],
                                 resources=["*"]),
             iam.PolicyStatement(sid="CancelScheduledJobs",
@@ -343,27 +396,39 @@ class DashboardService(Construct):
             iam.PolicyStatement(sid="RecordOperatorActions",
                                 actions=["dynamodb:BatchWriteItem", "dynamodb:PutItem"],
                                 resources=[table + status_table_name(self.namespace)]),
-            # Pause and resume a channel's consumers: the queue's messenger:paused tag ...
-            iam.PolicyStatement(sid="PauseQueues", actions=["sqs:TagQueue", "sqs:UntagQueue"],
-                                resources=[queues]),
+            # Pause and resume a channel's consumers: the queue's messenger:paused tag (no
+            # other tag key: the namespace tags decide what the platform may touch) ...
+            iam.PolicyStatement(
+                sid="PauseQueues", actions=["sqs:TagQueue", "sqs:UntagQueue"],
+                resources=[queues],
+                conditions={**ours, "ForAllValues:StringEquals": {"aws:TagKeys": [TAG_PAUSED]}}),
             # ... and its Lambda consumers' event source mappings (listing has no resource type)
             iam.PolicyStatement(sid="FindEventSourceMappings",
                                 actions=["lambda:ListEventSourceMappings"], resources=["*"]),
             # A mapping's ARN is a UUID made at deploy time: the mappings that may be updated
-            # are those invoking the namespace's consumer functions (named by LambdaConsumer).
+            # are those invoking the namespace's consumer functions (named by LambdaConsumer;
+            # another namespace's are '<its namespace>-messenger-consumer-...').
             iam.PolicyStatement(
                 sid="PauseLambdaConsumers", actions=["lambda:UpdateEventSourceMapping"],
                 resources=[f"{lambda_arn}:event-source-mapping:*"],
                 conditions={"ArnLike": {"lambda:FunctionArn": [
                     f"{lambda_arn}:function:{lambda_consumer_prefix(self.namespace)}*"]}}),
-            # Cancel a running job: a request in the worker registry's table.
-            iam.PolicyStatement(sid="CancelRunningJobs", actions=["dynamodb:PutItem"],
-                                resources=[table + workers_table_name(self.namespace)]),
+            # Cancel a running job: a request item (partition: the channel; attributes: a cancel
+            # request's only) in the worker registry's table; never a pause record, nor a
+            # worker's entry (its attributes are others).
+            iam.PolicyStatement(
+                sid="CancelRunningJobs", actions=["dynamodb:PutItem"], resources=[workers],
+                conditions={
+                    "ForAllValues:StringNotEquals": {
+                        "dynamodb:LeadingKeys": [PAUSE_RECORDS_PARTITION]},
+                    "ForAllValues:StringEquals": {
+                        "dynamodb:Attributes": list(CANCEL_REQUEST_ATTRIBUTES)},
+                }),
             # A pause's record there (its source of truth, which no deploy touches): pause
             # puts it, resume deletes it.
             iam.PolicyStatement(sid="RecordPauses",
                                 actions=["dynamodb:PutItem", "dynamodb:DeleteItem"],
-                                resources=[table + workers_table_name(self.namespace)],
+                                resources=[workers],
                                 conditions={"ForAllValues:StringEquals": {
                                     "dynamodb:LeadingKeys": [PAUSE_RECORDS_PARTITION]}}),
         ]
@@ -389,16 +454,21 @@ class DashboardService(Construct):
         acknowledge_wildcard_resource(
             policy, schedules,
             "Scheduled jobs are schedules created at run time in the namespace's own "
-            "schedule group; an operator's cancel deletes one of them.")
-        acknowledge_wildcard_resource(
-            policy, queues,
-            "The namespace's queues are made by channel stacks and at run time; the "
-            "prefix is the namespace, and the only write is SendMessage (requeue).")
-        for dlq in dlqs:
-            acknowledge_wildcard_resource(
-                policy, dlq,
-                "Receive and delete are limited to the namespace's dead-letter queues "
-                "(names ending -dlq): the operators' requeue and delete.")
+            "schedule group (named exactly); an operator's cancel deletes one of them.")
+        acknowledge_wildcard_resource(policy, queues, ownership_reason(self.namespace))
+
+
+def _require_secret_reference(scope: Construct, secret: SecretValue) -> None:
+    """An OIDC client secret must reach the template as a Secrets Manager dynamic reference,
+    never as its value (`SecretValue.unsafe_plain_text` would put it there in plain text)."""
+    # (unwrapped only to look at what the template would get; nothing is written)
+    resolved = json.dumps(Stack.of(scope).resolve(secret.unsafe_unwrap()))
+    if "{{resolve:secretsmanager:" not in resolved:
+        raise ValueError(
+            "OidcLogin.client_secret must come from Secrets Manager "
+            "(SecretValue.secrets_manager('<secret name>') or a Secret's secret_value): "
+            "another SecretValue (unsafe_plain_text, a parameter) would be written into the "
+            "template in plain text")
 
 
 def _image_context() -> str:

@@ -7,11 +7,24 @@ finds them.
 
 from __future__ import annotations
 
-from aws_cdk import Aws, Duration, RemovalPolicy, Stack, Tags
+from aws_cdk import (
+    Aws,
+    CfnCondition,
+    CfnMapping,
+    Duration,
+    Fn,
+    ICfnConditionExpression,
+    RemovalPolicy,
+    Stack,
+    Tags,
+    Token,
+)
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_elasticloadbalancingv2 as elbv2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
+from aws_cdk.region_info import RegionInfo
 from constructs import Construct
 
 from messenger.channel import (
@@ -45,6 +58,73 @@ def deliver_access_logs_by_bucket_policy(scope: Construct) -> None:
     """Buckets under `scope` receive server access logs through their bucket policy, whatever the
     app's feature flags (context set on `scope` alone, before it has children)."""
     scope.node.set_context(SERVER_ACCESS_LOGS_USE_BUCKET_POLICY, True)
+
+
+#: Regions launched after August 2022 deliver ALB access logs as this service principal; older
+#: ones as Elastic Load Balancing's account of the region (RegionInfo's elbv2Account).
+ELB_LOG_DELIVERY_PRINCIPAL = "logdelivery.elasticloadbalancing.amazonaws.com"
+
+
+def log_access(load_balancer: elbv2.ApplicationLoadBalancer, bucket: s3.IBucket,
+               prefix: str) -> None:
+    """The load balancer's access logs into `bucket` under `prefix`.
+
+    With the stack's region known this is CDK's `log_access_logs`. An environment-agnostic stack
+    (the README's offline `npx cdk synth`: no account, no region) has no region to pick the
+    delivering principal by, where CDK fails (RegionRequiredEnableBvAccess); here the bucket
+    policy picks it at deploy time instead: Elastic Load Balancing's account of the region
+    (a CloudFormation mapping of RegionInfo's accounts, under a condition that the region is
+    one of them), and the log-delivery service principal of the newer regions. Same
+    attributes, same objects (`<prefix>/AWSLogs/<account>/*`)."""
+    stack = Stack.of(load_balancer)
+    if not Token.is_unresolved(stack.region):
+        load_balancer.log_access_logs(bucket, prefix=prefix)
+        return
+    load_balancer.set_attribute("access_logs.s3.enabled", "true")
+    load_balancer.set_attribute("access_logs.s3.bucket", bucket.bucket_name)
+    load_balancer.set_attribute("access_logs.s3.prefix", prefix)
+    objects = bucket.arn_for_objects(f"{prefix}/AWSLogs/{Aws.ACCOUNT_ID}/*")
+    mapping, legacy = _elb_accounts(stack)
+    elb_account = Fn.condition_if(
+        legacy.logical_id,
+        f"arn:{Aws.PARTITION}:iam::{mapping.find_in_map(Aws.REGION, 'account')}:root",
+        # a newer region: nobody more than the bucket owner (the service principal delivers)
+        f"arn:{Aws.PARTITION}:iam::{Aws.ACCOUNT_ID}:root").to_string()
+    for principal in (iam.ArnPrincipal(elb_account),
+                      iam.ServicePrincipal(ELB_LOG_DELIVERY_PRINCIPAL)):
+        bucket.add_to_resource_policy(iam.PolicyStatement(
+            actions=["s3:PutObject"], principals=[principal], resources=[objects]))
+    delivery = iam.ServicePrincipal("delivery.logs.amazonaws.com")
+    bucket.add_to_resource_policy(iam.PolicyStatement(
+        actions=["s3:PutObject"], principals=[delivery], resources=[objects],
+        conditions={"StringEquals": {"s3:x-amz-acl": "bucket-owner-full-control"}}))
+    bucket.add_to_resource_policy(iam.PolicyStatement(
+        actions=["s3:GetBucketAcl"], principals=[delivery], resources=[bucket.bucket_arn]))
+    if bucket.policy is not None:
+        load_balancer.node.add_dependency(bucket.policy)
+
+
+def _elb_accounts(stack: Stack) -> tuple[CfnMapping, CfnCondition]:
+    """The stack's mapping region -> Elastic Load Balancing's account, and the condition that
+    the deploying region is in it (made once per stack)."""
+    found = stack.node.try_find_child("ElbLogDeliveryAccounts")
+    if isinstance(found, CfnMapping):
+        condition = stack.node.find_child("ElbLogDeliveryByAccount")
+        assert isinstance(condition, CfnCondition)
+        return found, condition
+    accounts = {region.name: region.elbv2_account for region in RegionInfo.regions
+                if region.elbv2_account}
+    mapping = CfnMapping(stack, "ElbLogDeliveryAccounts", mapping={
+        name: {"account": account} for name, account in sorted(accounts.items())})
+    equals: list[ICfnConditionExpression] = [
+        Fn.condition_equals(Aws.REGION, name) for name in sorted(accounts)]
+    # Fn::Or takes 2 to 10 conditions
+    chunks = [equals[start:start + 10] for start in range(0, len(equals), 10)]
+    groups = [chunk[0] if len(chunk) == 1 else Fn.condition_or(*chunk) for chunk in chunks]
+    condition = CfnCondition(stack, "ElbLogDeliveryByAccount",
+                             expression=Fn.condition_or(*groups) if len(groups) > 1
+                             else groups[0])
+    return mapping, condition
 
 
 class Foundation(Construct):

@@ -7,6 +7,7 @@ reads the namespace and writes only what operators do."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +17,29 @@ from aws_cdk import aws_certificatemanager as acm
 from aws_cdk.assertions import Match
 from cdk_nag import AwsSolutionsChecks
 
-from messenger.jobs.controls import PAUSE_PARTITION
+from messenger.channel import TAG_NAMESPACE
+from messenger.jobs.controls import PAUSE_PARTITION, TAG_PAUSED, CancelRequest
+from messenger.jobs.workers import WorkerEntry
 from stacks.config import MessengerConfig
-from stacks.dashboard_service import PAUSE_RECORDS_PARTITION, CognitoLogin, OidcLogin
+from stacks.dashboard_service import (
+    CANCEL_REQUEST_ATTRIBUTES,
+    PAUSE_RECORDS_PARTITION,
+    CognitoLogin,
+    OidcLogin,
+)
+from stacks.dashboard_service import TAG_PAUSED as DASHBOARD_TAG_PAUSED
+from stacks.messenger_app import build_app
+from stacks.ops import PAUSE_TAG as OPS_PAUSE_TAG
+from stacks.ownership import ownership_condition
 from stacks.platform_stack import PlatformStack
+from tests.docs import code_blocks, doc_text
 from tests.infra.conftest import ACCOUNT, REGION
 from tests.infra.synthesized import Synthesized, synthesize
 
 REPO = Path(__file__).resolve().parents[2]
 CONTEXT = json.loads((REPO / "cdk.json").read_text())["context"]
 CERT = f"arn:aws:acm:{REGION}:{ACCOUNT}:certificate/11111111-2222-3333-4444-555555555555"
+WEB_ACL = f"arn:aws:wafv2:{REGION}:{ACCOUNT}:regional/webacl/dashboard/1234"
 
 
 @pytest.fixture(scope="session")
@@ -34,19 +48,25 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     app = cdk.App(outdir=str(outdir), context=CONTEXT, builtin_cloud_formation_validation=False)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     env = cdk.Environment(account=ACCOUNT, region=REGION)
-    for name, login in (
-        ("dcog", CognitoLogin(domain_prefix="dcog-messenger")),
-        ("doidc", OidcLogin(
-            issuer="https://idp.example", authorization_endpoint="https://idp.example/auth",
-            token_endpoint="https://idp.example/token",
-            user_info_endpoint="https://idp.example/userinfo", client_id="dashboard",
-            client_secret=cdk.SecretValue.secrets_manager("messenger/dashboard-oidc"))),
+    for name, login, options in (
+        ("dcog", CognitoLogin(domain_prefix="dcog-messenger"), {}),
+        ("doidc", _oidc(cdk.SecretValue.secrets_manager("messenger/dashboard-oidc")),
+         {"web_acl_arn": WEB_ACL, "deletion_protection": False}),
     ):
         platform = PlatformStack(app, name, config=MessengerConfig(namespace=name), env=env)
         platform.add_dashboard(
             certificate=acm.Certificate.from_certificate_arn(platform, "Cert", CERT),
-            domain_name=f"{name}.example.com", login=login, operator_groups=["ops", "admins"])
+            domain_name=f"{name}.example.com", login=login, operator_groups=["ops", "admins"],
+            **options)
     return synthesize(app, outdir)
+
+
+def _oidc(secret: cdk.SecretValue) -> OidcLogin:
+    return OidcLogin(
+        issuer="https://idp.example", authorization_endpoint="https://idp.example/auth",
+        token_endpoint="https://idp.example/token",
+        user_info_endpoint="https://idp.example/userinfo", client_id="dashboard",
+        client_secret=secret)
 
 
 STACKS = ("dcog", "doidc")
@@ -94,6 +114,14 @@ def test_only_the_load_balancer_invokes_the_function(synthesized: Synthesized,
                      if p["Properties"]["Principal"] == "elasticloadbalancing.amazonaws.com"]
     # ... of this account only (and the app checks the header's signer: this very ALB)
     assert permission["SourceAccount"] == ACCOUNT
+    # ... and through this target group only: its name (unique in the account and region),
+    # its ARN's random suffix (made at deploy, after the permission: a Ref would be a cycle)
+    (group,) = synthesized.of_type(stack, "AWS::ElasticLoadBalancingV2::TargetGroup").values()
+    name = group["Properties"]["Name"]
+    assert isinstance(name, str) and len(name) <= 32 and stack in name.lower()
+    assert permission["SourceArn"] == {"Fn::Join": ["", [
+        "arn:", {"Ref": "AWS::Partition"},
+        f":elasticloadbalancing:{REGION}:{ACCOUNT}:targetgroup/{name}/*"]]}
     dashboard = [p for p in synthesized.of_type(stack, "AWS::Lambda::Permission").values()
                  if "DashboardFunction" in json.dumps(p["Properties"]["FunctionName"])]
     assert len(dashboard) == 1
@@ -153,13 +181,18 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     # Only the operators' writes: SQS receive/delete on the namespace's DLQs, send to its
     # queues, status records
     by_sid = {s.get("Sid"): s for s in statements if s.get("Sid")}
-    assert by_sid["OperateDeadLetters"]["Resource"] == [
-        {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"},
-                           f":sqs:{REGION}:{ACCOUNT}:dcog-*-dlq"]]},
-        {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"},
-                           f":sqs:{REGION}:{ACCOUNT}:dcog-*-dlq.fifo"]]}]
+    # (queues are made at run time too: the namespace's tags say which are its own; a name
+    # prefix would not: 'dcog-*' matches namespace dcog-eu's queues)
+    every_queue = {"Fn::Join": ["", ["arn:", {"Ref": "AWS::Partition"},
+                                     f":sqs:{REGION}:{ACCOUNT}:*"]]}
+    ours = ownership_condition("dcog")
+    assert ours["StringEquals"][f"aws:ResourceTag/{TAG_NAMESPACE}"] == "dcog"
+    assert by_sid["OperateDeadLetters"]["Resource"] == every_queue
+    assert by_sid["OperateDeadLetters"]["Condition"] == ownership_condition("dcog", "dlq")
+    assert by_sid["ReadQueues"]["Condition"] == ours
     assert _actions(by_sid["RequeueToQueues"]) == ["sqs:SendMessage"]
-    assert f":sqs:{REGION}:{ACCOUNT}:dcog-*" in json.dumps(by_sid["RequeueToQueues"])
+    assert by_sid["RequeueToQueues"]["Resource"] == every_queue
+    assert by_sid["RequeueToQueues"]["Condition"] == ours
     assert sorted(_actions(by_sid["RecordOperatorActions"])) == [
         "dynamodb:BatchWriteItem", "dynamodb:PutItem"]
     assert "table/dcog-messenger-status" in json.dumps(by_sid["RecordOperatorActions"])
@@ -168,7 +201,9 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     assert "schedule/dcog-messenger/*" in json.dumps(by_sid["CancelScheduledJobs"])
     # Pause/resume: the namespace's queues' tag and Lambda mappings; cancel: a registry item
     assert sorted(_actions(by_sid["PauseQueues"])) == ["sqs:TagQueue", "sqs:UntagQueue"]
-    assert f":sqs:{REGION}:{ACCOUNT}:dcog-*" in json.dumps(by_sid["PauseQueues"])
+    # ... the messenger:paused tag only (never the tags that say whose a queue is)
+    assert by_sid["PauseQueues"]["Condition"] == {
+        **ours, "ForAllValues:StringEquals": {"aws:TagKeys": [TAG_PAUSED]}}
     # ... and only the mappings invoking the namespace's consumer functions (a mapping's ARN
     # is a UUID, so the condition on the function it invokes is what limits it)
     pause_lambda = by_sid["PauseLambdaConsumers"]
@@ -181,6 +216,19 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
         f":lambda:{REGION}:{ACCOUNT}:function:dcog-messenger-consumer-*"]]}]}}
     assert _actions(by_sid["CancelRunningJobs"]) == ["dynamodb:PutItem"]
     assert "table/dcog-messenger-workers" in json.dumps(by_sid["CancelRunningJobs"])
+    # A cancel request's item only: never in the pause records' partition (which would void
+    # RecordPauses' condition), never with a worker entry's attributes
+    assert by_sid["CancelRunningJobs"]["Condition"] == {
+        "ForAllValues:StringNotEquals": {"dynamodb:LeadingKeys": [PAUSE_PARTITION]},
+        "ForAllValues:StringEquals": {"dynamodb:Attributes": list(
+            CANCEL_REQUEST_ATTRIBUTES)}}
+    assert sorted(CancelRequest("orders", "m-1", "ann", 1.0).item()) == sorted(
+        CANCEL_REQUEST_ATTRIBUTES)
+    worker = set(WorkerEntry.__dataclass_fields__)
+    assert worker - set(CANCEL_REQUEST_ATTRIBUTES)  # a worker's entry is refused
+    put_items = [s for s in statements if "dynamodb:PutItem" in _actions(s)
+                 and "workers" in json.dumps(s["Resource"])]
+    assert all("Condition" in s for s in put_items), put_items
     every_action = {a for s in statements for a in _actions(s)}
     assert not any(a.endswith("*") and a != "kms:GenerateDataKey*" for a in every_action), \
         every_action
@@ -205,3 +253,97 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
 
 def test_the_grants_name_the_pause_records_partition_the_library_writes() -> None:
     assert PAUSE_RECORDS_PARTITION == PAUSE_PARTITION
+    assert DASHBOARD_TAG_PAUSED == TAG_PAUSED == OPS_PAUSE_TAG
+
+
+# -- WAF, deletion protection, the OIDC secret (issue 50 items 6, 14) ---------------------------
+def test_deletion_protection_is_on_by_default_and_a_web_acl_when_given(
+        synthesized: Synthesized) -> None:
+    def attributes(stack: str) -> dict[str, str]:
+        (alb,) = synthesized.of_type(stack, "AWS::ElasticLoadBalancingV2::LoadBalancer").values()
+        return {a["Key"]: a["Value"] for a in alb["Properties"]["LoadBalancerAttributes"]}
+
+    assert attributes("dcog")["deletion_protection.enabled"] == "true"
+    assert attributes("doidc")["deletion_protection.enabled"] == "false"  # asked for
+    assert synthesized.of_type("dcog", "AWS::WAFv2::WebACLAssociation") == {}
+    (association,) = synthesized.of_type("doidc", "AWS::WAFv2::WebACLAssociation").values()
+    (alb,) = synthesized.of_type("doidc", "AWS::ElasticLoadBalancingV2::LoadBalancer")
+    assert association["Properties"] == {"WebACLArn": WEB_ACL, "ResourceArn": {"Ref": alb}}
+
+
+def test_an_oidc_secret_in_plain_text_is_refused_at_synth(tmp_path: Path) -> None:
+    app = cdk.App(outdir=str(tmp_path), context=CONTEXT)
+    platform = PlatformStack(app, "plain", config=MessengerConfig(namespace="plain"),
+                             env=cdk.Environment(account=ACCOUNT, region=REGION))
+    certificate = acm.Certificate.from_certificate_arn(platform, "Cert", CERT)
+    for secret in (cdk.SecretValue.unsafe_plain_text("s3cr3t-value"),
+                   cdk.SecretValue.ssm_secure("/dashboard/oidc")):
+        with pytest.raises(ValueError, match="must come from Secrets Manager") as error:
+            platform.add_dashboard(id=f"D{len(platform.node.children)}", certificate=certificate,
+                                   domain_name="plain.example.com", login=_oidc(secret))
+        assert "\n" not in str(error.value) and "s3cr3t" not in str(error.value)
+
+
+# -- the docs' snippet, offline (issue 50 item 12) ----------------------------------------------
+@pytest.fixture(scope="session")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """docs/dashboard.md's `add_dashboard` lines, exactly as written, in the app as the README's
+    `npx cdk synth` builds it without credentials: no account, no region (environment-agnostic
+    stacks), cdk-nag on; the platform only."""
+    (snippet,) = [b for b in code_blocks(doc_text("docs/dashboard.md"), "python")
+                  if "platform.add_dashboard(" in b]
+    outdir = tmp_path_factory.mktemp("dashboard-offline")
+    app = cdk.App(outdir=str(outdir), context=CONTEXT, builtin_cloud_formation_validation=False)
+    config = MessengerConfig(example_channels=False, pipeline=False)
+    assert config.account is None and config.region is None
+    platform = build_app(app, config).platform
+    exec(compile(snippet, "docs/dashboard.md", "exec"),  # noqa: S102
+         {"__name__": "app_main", "app": app, "platform": platform})
+    return synthesize(app, outdir)
+
+
+@pytest.mark.xdist_group("dashboard-offline")
+def test_the_docs_dashboard_synthesizes_offline_with_its_access_logs(
+        offline: Synthesized) -> None:
+    assert offline.violations == []  # no RegionRequiredEnableBvAccess, cdk-nag clean
+    (stack,) = offline.templates
+    template = offline.templates[stack]
+    (alb_id, alb), = offline.of_type(stack, "AWS::ElasticLoadBalancingV2::LoadBalancer").items()
+    attributes = {a["Key"]: a["Value"] for a in alb["Properties"]["LoadBalancerAttributes"]}
+    assert attributes["access_logs.s3.enabled"] == "true"
+    assert attributes["access_logs.s3.prefix"] == "dashboard-alb"
+    bucket = attributes["access_logs.s3.bucket"]["Ref"]
+    assert offline.of_type(stack, "AWS::S3::Bucket")[bucket]
+    # The bucket policy lets the region's delivering principal write, chosen at deploy time:
+    # Elastic Load Balancing's account in the regions that have one, the service principal
+    (policy_id, policy), = [(k, p) for k, p in offline.of_type(
+        stack, "AWS::S3::BucketPolicy").items() if p["Properties"]["Bucket"] == {"Ref": bucket}]
+    assert policy_id in alb["DependsOn"]
+    puts = [s for s in policy["Properties"]["PolicyDocument"]["Statement"]
+            if s["Action"] == "s3:PutObject" and s["Effect"] == "Allow"
+            and "/offload/" not in json.dumps(s["Resource"])]  # (S3's own server access logs)
+    principals = [s["Principal"] for s in puts]  # (minimized: one statement may hold both)
+    assert any(p.get("Service") == "logdelivery.elasticloadbalancing.amazonaws.com"
+               for p in principals)
+    (by_account,) = [p["AWS"] for p in principals if "AWS" in p]
+    condition, legacy, newer = by_account["Fn::If"]
+    assert "ElbLogDeliveryAccounts" in json.dumps(legacy)
+    assert "AWS::AccountId" in json.dumps(newer)
+    for statement in puts:
+        assert "/dashboard-alb/AWSLogs/" in json.dumps(statement["Resource"])
+    accounts = template["Mappings"]["ElbLogDeliveryAccounts"]
+    assert accounts["eu-west-1"] == {"account": "156460612806"}  # AWS's documented account
+    assert accounts["us-east-1"] == {"account": "127311923021"}
+    regions = set(re.findall(r'"([a-z]{2}(?:-[a-z]+)+-\d)"', json.dumps(
+        template["Conditions"][condition])))
+    assert regions == set(accounts)
+
+
+def test_with_a_region_the_access_logs_are_cdks_own(synthesized: Synthesized) -> None:
+    # The pinned case (account and region known) is CDK's log_access_logs: the region's
+    # account, no mapping
+    template = synthesized.templates["dcog"]
+    assert "ElbLogDeliveryAccounts" not in json.dumps(template)
+    policies = json.dumps([p["Properties"] for p in synthesized.of_type(
+        "dcog", "AWS::S3::BucketPolicy").values()])
+    assert ":iam::156460612806:root" in policies
