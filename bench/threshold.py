@@ -88,6 +88,28 @@ def stored(bytes_put: int) -> Usage:
     return Usage({"s3.gb_month": bytes_put / GB * STORED_DAYS * 24 / HOURS_PER_MONTH})
 
 
+def receive_all(sqs: Any, url: str, messages: int, check: Any) -> None:
+    """Receive (10 per call) and delete (in batches) `messages` messages, `check` on each."""
+    received = 0
+    while received < messages:
+        batch = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
+                                    MessageAttributeNames=["All"],
+                                    WaitTimeSeconds=1).get("Messages", [])
+        for message in batch:
+            check(message)
+        if batch:
+            sqs.delete_message_batch(QueueUrl=url, Entries=[
+                {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(batch)])
+        received += len(batch)
+
+
+def billed(meter: Any, messages: int) -> dict[str, Any]:
+    """Dollars per million messages of what `meter` saw for `messages`, storage included."""
+    usage = meter.usage.plus([stored(meter.s3_bytes_put)])
+    return {"dollars_per_million": round(usage.scaled(1_000_000 / messages).total_dollars(), 2),
+            "offloaded": meter.requests.get("s3.PutObject", 0), "requests": meter.requests}
+
+
 def messenger_side(threshold: int | None, messages: int) -> dict[str, Any]:
     """Send, receive and delete `messages` bodies of each size with messenger's producer."""
     from messenger.aws import ClientFactory
@@ -112,25 +134,16 @@ def messenger_side(threshold: int | None, messages: int) -> dict[str, Any]:
         body = json.loads(body_of(size))
         for _ in range(messages):
             producer.push(body)
-        received = 0
-        while received < messages:
-            answer = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
-                                         MessageAttributeNames=["All"], WaitTimeSeconds=1)
-            batch = answer.get("Messages", [])
-            for message in batch:
-                pointer = OffloadPointer.parse(message["Body"], message["MessageAttributes"])
-                text = message["Body"] if pointer is None else PayloadStore(
-                    clients.client("s3"), pointer.bucket).get(pointer)
-                assert json.loads(text) == body
-            if batch:
-                sqs.delete_message_batch(QueueUrl=url, Entries=[
-                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
-                    for n, m in enumerate(batch)])
-            received += len(batch)
-        usage = meter.usage.plus([stored(meter.s3_bytes_put)])
-        results[label] = {"dollars_per_million": round(
-            usage.scaled(1_000_000 / messages).total_dollars() , 2),
-            "offloaded": meter.requests.get("s3.PutObject", 0), "requests": meter.requests}
+        s3 = clients.client("s3")
+
+        def check(message: dict[str, Any], body: Any = body, s3: Any = s3) -> None:
+            pointer = OffloadPointer.parse(message["Body"], message["MessageAttributes"])
+            text = message["Body"] if pointer is None else PayloadStore(
+                s3, pointer.bucket).get(pointer)
+            assert json.loads(text) == body
+
+        receive_all(sqs, url, messages, check)
+        results[label] = billed(meter, messages)
     return results
 
 
@@ -140,7 +153,7 @@ EXTENDED_SIDE = textwrap.dedent('''
     import sqs_extended_client  # replaces boto3.session.Session in this process
     sys.path.insert(0, sys.argv[3])
     from messenger.ops.cost import WireMeter
-    from bench.threshold import SIZES, body_of, stored
+    from bench.threshold import SIZES, billed, body_of, receive_all
 
     messages = int(sys.argv[1])
     bucket = sys.argv[2]
@@ -155,22 +168,11 @@ EXTENDED_SIDE = textwrap.dedent('''
         body = body_of(size)
         for _ in range(messages):
             sqs.send_message(QueueUrl=url, MessageBody=body)
-        received = 0
-        while received < messages:
-            batch = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
-                                        MessageAttributeNames=["All"],
-                                        WaitTimeSeconds=1).get("Messages", [])
-            for message in batch:
-                assert message["Body"] == body
-            if batch:
-                sqs.delete_message_batch(QueueUrl=url, Entries=[
-                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
-                    for n, m in enumerate(batch)])
-            received += len(batch)
-        usage = meter.usage.plus([stored(meter.s3_bytes_put)])
-        results[label] = {"dollars_per_million": round(
-            usage.scaled(1_000_000 / messages).total_dollars(), 2),
-            "offloaded": meter.requests.get("s3.PutObject", 0), "requests": meter.requests}
+        def check(message, body=body):
+            assert message["Body"] == body
+
+        receive_all(sqs, url, messages, check)
+        results[label] = billed(meter, messages)
     print(json.dumps(results))
 ''')
 
