@@ -1,18 +1,24 @@
 """`make demo`: the whole flow on the embedded local endpoint, with a readable summary.
 
-Every step checks that it did what it claims; the demo exits non-zero if any step did not.
+Every step checks that it did what it claims; the demo exits non-zero if any step did not. On a
+terminal it then keeps its endpoint, with the channels and messages the steps left, and a
+dashboard on namespace 'demo' up until Ctrl-C (`--serve` / `--no-serve` to choose); elsewhere
+it stops them and says how to get them.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -124,6 +130,8 @@ CONSUMERS = {
     "orders": "examples.wishlist:OrdersConsumer",
 }
 SHUTDOWN_TIMEOUT = 10
+#: Longest wait for the dashboard to answer its first request (a start, not a duration).
+DASHBOARD_START_SECONDS = 120
 
 
 # -- steps ---------------------------------------------------------------------------------
@@ -447,7 +455,14 @@ STEPS: list[tuple[str, Callable[[DemoContext], str]]] = [
 ]
 
 
-def run(steps: list[tuple[str, Callable[[DemoContext], str]]]) -> int:
+def run(steps: list[tuple[str, Callable[[DemoContext], str]]], serve: bool | None = None,
+        until: Callable[[str], None] | None = None) -> int:
+    """Run the steps on a local endpoint of their own and print a summary. serve: then keep
+    that endpoint, with what the steps made, and a dashboard on the demo's namespace up until
+    `until(dashboard_url)` returns (default: until Ctrl-C); None: serve when run on a terminal
+    (`make demo`), not in scripts and tests."""
+    if serve is None:
+        serve = sys.stdin.isatty() and sys.stdout.isatty()
     started = time.monotonic()
     console.rule("[bold]messenger demo")
     server = start_local_process()
@@ -473,10 +488,12 @@ def run(steps: list[tuple[str, Callable[[DemoContext], str]]]) -> int:
             results.append((title, ok, summary, took))
             mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
             console.print(f"{mark} [bold]{title}[/bold] ({took:.1f} s)\n   {summary}")
+    except BaseException:
+        server.stop()
+        raise
     finally:
         for consumer in ctx.consumers.values():
             consumer.stop(timeout=SHUTDOWN_TIMEOUT + 10)
-        server.stop()
     table = Table(title="summary")
     for column in ("step", "result", "seconds"):
         table.add_column(column)
@@ -487,21 +504,102 @@ def run(steps: list[tuple[str, Callable[[DemoContext], str]]]) -> int:
     console.print(
         f"{len(results) - failed} of {len(results)} steps ok in {time.monotonic() - started:.0f} s"
     )
-    console.print(dashboard_hint(), markup=False)
+    if serve:
+        serve_until_stopped(ctx, server, until or wait_for_ctrl_c)
+        return 1 if failed else 0
+    server.stop()
+    console.print(stopped_hint(), markup=False, soft_wrap=True)
     console.print(f"logs: {workdir}", soft_wrap=True)
     return 1 if failed else 0
 
 
-def dashboard_hint() -> str:
-    """How to look at channels like these in the browser (the demo opens nothing)."""
-    return ("Browse channels in the browser (pip install 'messenger[dashboard]'): "
-            "`messenger local --port 4566`, then in another shell with the exports it prints: "
-            f"`MESSENGER_NAMESPACE={NAMESPACE} messenger dashboard --port 8080` and open "
-            "http://127.0.0.1:8080/ (docs/dashboard.md)")
+def stopped_hint() -> str:
+    """What to do to look at the demo's channels, once its endpoint has stopped (a run not on
+    a terminal): its state lived in that endpoint's memory, a new endpoint has none of it."""
+    return ("The demo's endpoint has stopped, and its channels with it (they lived in its "
+            "memory). To browse them in the dashboard, run `make demo` in a terminal (or "
+            "`python -m examples.demo --serve`): it keeps the endpoint and a dashboard on "
+            f"namespace {NAMESPACE!r} up until Ctrl-C (docs/dashboard.md).")
 
 
-def main() -> int:
-    return run(STEPS)
+def free_port() -> int:
+    """A port nothing listens on now, on loopback."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_dashboard(ctx: DemoContext) -> tuple[subprocess.Popen[bytes], str]:
+    """`messenger dashboard` on the demo's endpoint and namespace, on a free port: the process
+    and its URL, once it answers (its output goes to dashboard.log in the demo's folder)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    with open(ctx.workdir / "dashboard.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "messenger", "dashboard", "--port", str(port)],
+            env={**os.environ, **ctx.env}, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + DASHBOARD_START_SECONDS
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=10):
+                return process, url
+        except OSError:
+            time.sleep(0.2)
+    stop_process(process)
+    log_text = (ctx.workdir / "dashboard.log").read_text(errors="replace")
+    raise StepFailed(f"the dashboard did not start: {log_text[-500:]}")
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_for_ctrl_c(url: str) -> None:
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+
+
+def serve_until_stopped(ctx: DemoContext, server: Any, until: Callable[[str], None]) -> None:
+    """Keep the demo's endpoint, with its channels, and a dashboard on them up until
+    `until(dashboard_url)` returns; then stop both."""
+    exports = " ".join(f"{key}={value}" for key, value in ctx.env.items())
+    try:
+        dashboard: subprocess.Popen[bytes] | None = None
+        try:
+            dashboard, url = start_dashboard(ctx)
+            where = f"dashboard: {url} (namespace {NAMESPACE!r}; its log: dashboard.log)"
+        except (StepFailed, OSError) as error:  # e.g. without the dashboard's extra
+            url, where = "", f"no dashboard ({error})"
+        console.print(f"The demo's endpoint stays up with its channels until Ctrl-C.\n"
+                      f"  {where}\n  in another shell: export {exports}\n"
+                      f"  then e.g. messenger top --once", markup=False, soft_wrap=True)
+        console.print(f"logs: {ctx.workdir}", soft_wrap=True)
+        until(url)
+    except KeyboardInterrupt:  # Ctrl-C before the wait began
+        pass
+    finally:
+        if dashboard is not None:
+            stop_process(dashboard)
+        server.stop()
+    console.print("endpoint and dashboard stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m examples.demo", description=__doc__)
+    parser.add_argument("--serve", action=argparse.BooleanOptionalAction, default=None,
+                        help="after the steps, keep the endpoint and a dashboard on namespace "
+                             "'demo' up until Ctrl-C (default: when run on a terminal)")
+    args = parser.parse_args(argv)
+    return run(STEPS, serve=args.serve)
 
 
 if __name__ == "__main__":
