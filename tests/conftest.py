@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from messenger.aws import ClientFactory
-from messenger.produce.producer import _BaseProducer
+from messenger.produce.producer import BaseProducer
 from messenger.settings import Settings
 from messenger.tools.local import LOCAL_CREDENTIALS, LocalProcess, reset, start_local_process
 from tests.xdist_groups import PathGroupScheduling, group_of, misplaced
@@ -82,9 +82,9 @@ def local_endpoint() -> Iterator[LocalProcess]:
 def endpoint(local_endpoint: LocalProcess) -> Iterator[str]:
     """A clean moto server for one test: every resource of earlier tests is gone."""
     reset(local_endpoint.url)
-    _BaseProducer.reset_instances()
+    BaseProducer.reset_instances()
     yield local_endpoint.url
-    _BaseProducer.reset_instances()
+    BaseProducer.reset_instances()
 
 
 @pytest.fixture
