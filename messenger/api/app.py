@@ -6,15 +6,17 @@
 
 Every job goes through the channel's own `Producer.push` / `push_many`, so offload, priorities,
 routing keys, `max_attempts`, dedup and the QUEUED record are those of any Python producer.
-An `Idempotency-Key` header makes the push run at most once per key and channel (Powertools'
-idempotency utility on the idempotency table, the request's job as its payload): the same key and
-job again answer the first job id without sending; another job under the key is 422; a request
-still being accepted under the key is 409. The key also becomes the job's message id (a UUID
-derived from channel and key) pushed with dedup on, so a push whose record was lost (a crash
-between SQS and the record) is still not sent twice within the window.
+An `Idempotency-Key` header makes the push run at most once per key and channel, on both POST
+routes (Powertools' public `idempotent_function` on the idempotency table, the request's job or
+batch as its payload): the same key and request again answer the first answer without sending;
+another job or batch under the key is 422; a request still being accepted under the key is 409.
+The key also becomes the job's message id (a UUID derived from channel and key, and a batch
+job's index) pushed with dedup on, so a push whose record was lost (a crash between SQS and the
+record) is still not sent twice within the window, and a consumer claiming job ids runs it once.
 
 What a status code promises: 2xx only for jobs SQS (or SNS) accepted; once a job is accepted,
 never a 5xx (a failure to record the idempotency result after the send is logged, not answered).
+A request has one deadline (`handle`, `messenger.api.deadline`) shared by all its AWS calls.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Header
 from pydantic import ValidationError
 
 from messenger.api.channels import CHANNELS_VARIABLE, ApiChannel, parse_channels
-from messenger.api.deadline import DeadlineGuard, RequestState
+from messenger.api.deadline import DeadlineGuard, DeadlinePassed, RequestState
 from messenger.api.requests import (
     MAX_IDEMPOTENCY_KEY_LENGTH,
     MAX_REQUEST_BYTES,
@@ -259,9 +261,11 @@ class JobApi:
             for result in results:
                 if "job_id" in result:
                     result["location"] = self._location(app, result["job_id"])
-            headers = {"Idempotent-Replayed": "true"} if replayed else None
+            headers = {"Idempotent-Replayed": "true"} if replayed else {}
+            if any(result.get("status") in RETRY_STATUSES for result in results):
+                headers["Retry-After"] = str(RETRY_AFTER_THROTTLED)
             return Response(status, JSON, json.dumps(_batch_answer(status, served.name, results)),
-                            headers=headers)
+                            headers=headers or None)
 
         @app.get("/jobs/<job_id>")
         def job_status(job_id: str):
@@ -424,6 +428,12 @@ class JobApi:
                 if job_id is not None:
                     results[positions[position]].update(status=202, job_id=job_id)
             for failure in outcome.failures:
+                if failure.code == DeadlinePassed.__name__:  # out of time, not a bad job
+                    state = self.guard.current()
+                    late = _deadline_error(state) if state is not None else None
+                    results[positions[failure.index]].update(
+                        status=503, error=late.message if late else failure.reason)
+                    continue
                 status = 429 if failure.code in RETRYABLE_CODES else 400
                 results[positions[failure.index]].update(status=status, error=failure.reason)
         statuses = {result["status"] for result in results}
@@ -431,7 +441,7 @@ class JobApi:
             return 202, results
         if 202 in statuses:
             return 207, results  # some accepted: each job's own status says which
-        return (429 if 429 in statuses else 400), results
+        return (503 if 503 in statuses else 429 if 429 in statuses else 400), results
 
     # -- status -------------------------------------------------------------------------------
     def _timeline(self, job_id: str) -> dict[str, Any]:
