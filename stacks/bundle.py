@@ -106,10 +106,10 @@ def compile_bytecode(folder: Path) -> bool:
 
 def library_bundle() -> Path:
     """A directory holding the EMR part of `messenger/` (the files `messenger emr submit` zips:
-    `messenger.tools.emr.emr_package_files`) and `spark_jobs/`, zipped by its asset: the EMR
+    `messenger.emr_step.emr_package_files`) and `spark_jobs/`, zipped by its asset: the EMR
     steps' --py-files, so a job may import the library and its sibling modules. Nothing else:
     EMR's Python provides boto3."""
-    from messenger.tools.emr import emr_package_files
+    from messenger.emr_step import emr_package_files
 
     cache_key = ("library",)
     if cache_key not in _staged:

@@ -10,7 +10,7 @@ execution's, and a Catch that leads to terminating the cluster (or, when none wa
 failure); EMR throttling is retried; the failure carries its cause. When the execution is stopped
 or terminating fails anyway, the cluster ends itself: a failed step terminates it
 (ActionOnFailure), and an idle cluster terminates after `idle_timeout` (auto-termination policy).
-The driver and executors run Python 3.11 (`messenger.tools.emr.EMR_PYTHON`), set in the cluster's
+The driver and executors run Python 3.11 (`messenger.emr_step.EMR_PYTHON`), set in the cluster's
 spark-env/spark-defaults and in the step; a bootstrap action makes sure it imports boto3.
 """
 
@@ -28,7 +28,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from messenger.tools.emr import EMR_PYTHON, python_confs
+from messenger.emr_step import EMR_PYTHON, python_confs
 from stacks.bundle import REPO_ROOT, library_bundle, spark_job_scripts
 from stacks.channel import Channel
 from stacks.foundation import Foundation, deliver_access_logs_by_bucket_policy
@@ -48,7 +48,7 @@ EMR_MANAGED_TAG = "for-use-with-amazon-emr-managed-policies"
 PIPELINE_TAG = "messenger:pipeline"
 #: Prefix of the code bucket where jobs may read and write their data.
 DATA_PREFIX = "data/"
-#: Where `messenger emr submit` uploads code (`messenger.tools.emr.CODE_PREFIX`); only uploaded
+#: Where `messenger emr submit` uploads code (`messenger.emr_step.CODE_PREFIX`); only uploaded
 #: code expires, never the jobs' input and output under `data/`.
 CODE_UPLOAD_PREFIX = "emr/"
 CODE_EXPIRY = Duration.days(30)

@@ -45,7 +45,6 @@ from collections import deque
 from dataclasses import asdict
 from typing import IO, Any
 
-import messenger
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 
 logger = logging.getLogger("messenger.status")
@@ -138,8 +137,9 @@ class StatusWriterProcess:
             "call_budget": clients.call_budget, "retention_seconds": store.retention_seconds,
             "flush_interval": store.flush_interval,
         }
-        # messenger as this process imported it (a checkout on sys.path, not installed)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(messenger.__file__)))
+        # messenger as this process imported it (a checkout on sys.path, not installed): the
+        # folder above messenger/jobs/ holding this module
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
         self._process = subprocess.Popen(
             [sys.executable, "-m", "messenger.jobs.status_writer"],

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from messenger.tools.emr import EMR_PYTHON
+from messenger.emr_step import EMR_PYTHON
 from stacks.emr_pipeline import (
     CREATE_CLUSTER_TIMEOUT,
     DEFAULT_IDLE_TIMEOUT,

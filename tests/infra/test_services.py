@@ -8,8 +8,8 @@ import pytest
 
 from examples.cdk import EXAMPLE_CONSUMERS
 from examples.channels import example_channels
+from messenger.emr_step import CODE_PREFIX, emr_package_files
 from messenger.jobs.controls import PAUSE_PARTITION
-from messenger.tools.emr import CODE_PREFIX, emr_package_files
 from stacks.bundle import spark_job_scripts
 from stacks.emr_pipeline import DATA_PREFIX
 from tests.infra.conftest import (

@@ -13,7 +13,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from messenger.tools.emr import emr_package_files, package_zip
+from messenger.emr_step import emr_package_files, package_zip
 from tests.emr_env import EMR_PYTHON39, boto3_only_site, emr_python
 
 ROOT = Path(__file__).resolve().parents[2]
