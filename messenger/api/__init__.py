@@ -4,6 +4,7 @@
   Lambda `lambdas/http_enqueue` runs).
 - `messenger.api.requests`: the request models and their limits.
 - `messenger.api.channels`: the channels an API serves (`MESSENGER_API_CHANNELS`).
+- `messenger.api.deadline`: one deadline per request, shared by its AWS calls.
 - `messenger.api.local`: the same API on loopback, real HTTP requests turned into API Gateway
   proxy events (`messenger api`).
 

@@ -213,7 +213,11 @@ def test_with_every_aws_call_answering_after_7_s_every_answer_is_in_time_and_no_
             if reply.status == 503:
                 assert int(reply.headers["Retry-After"]) > 0 and "error" in reply.json
         # And every job SQS holds was answered 2xx (no accepted job got a 5xx), and vice versa
-        time.sleep(8)  # a send still on its way after an answer would land by now
+        # the requests' work left after their answers (refused calls, calls on their way) ends
+        finish_by = time.monotonic() + 60
+        while any(t.name == "messenger-api-request" for t in threading.enumerate()):
+            assert time.monotonic() < finish_by, "a request's worker still runs after 60 s"
+            time.sleep(0.2)
         accepted: dict[str, set[str]] = {"http_jobs": set(), "http_cold": set()}
         for (method, path, _, _), (reply, _) in zip(requests, done, strict=True):
             if method != "POST" or reply.status >= 300:
