@@ -16,7 +16,8 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import boto3
@@ -126,6 +127,19 @@ def retry_deadline() -> float | None:
     start)."""
     deadline = getattr(_budget, "deadline", None)
     return getattr(_budget, "call_deadline", None) if deadline is None else deadline
+
+
+@contextmanager
+def deadline_scope(deadline: float) -> Iterator[None]:
+    """Every call this thread makes inside the block stops retrying at `deadline` (monotonic
+    seconds), or earlier at an enclosing scope's or `call_with_budget`'s: no retry and no backoff
+    after it (`BoundedRetries`). One deadline for all the calls of, e.g., an API request."""
+    outer = getattr(_budget, "deadline", None)
+    _budget.deadline = deadline if outer is None else min(outer, deadline)
+    try:
+        yield
+    finally:
+        _budget.deadline = outer
 
 
 class BoundedRetries:

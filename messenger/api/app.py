@@ -49,7 +49,7 @@ from messenger.api.requests import (
     JobRequest,
     describe_errors,
 )
-from messenger.aws import ClientFactory
+from messenger.aws import ClientFactory, deadline_scope
 from messenger.channel import ChannelSpec, idempotency_table_name
 from messenger.errors import (
     ChannelNotFound,
@@ -183,7 +183,8 @@ class JobApi:
         def work() -> None:
             self.guard.enter(state)
             try:
-                answered.append(_shaped(dict(self.app.resolve(event, context))))
+                with deadline_scope(state.answer_by):  # no retry, no backoff past it
+                    answered.append(_shaped(dict(self.app.resolve(event, context))))
             except Exception:  # an accepted job never raises out of a route; see _late_answer
                 logger.exception("request failed")
                 answered.append(_late_answer(state, event, failed=True))
