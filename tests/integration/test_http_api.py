@@ -438,6 +438,38 @@ def test_an_idempotency_key_makes_a_batch_once_and_replays_its_answer(
     assert drain(clients.client("sqs"), _queue(clients, settings, "http_jobs")) == []
 
 
+def test_a_batch_key_still_being_accepted_is_409_and_the_batch_is_sent_once(
+        call: Call, clients: ClientFactory, settings: Settings) -> None:
+    # Given a first batch held inside its SendMessageBatch
+    entered, release = threading.Event(), threading.Event()
+    sends: list[str] = []
+
+    def hold(**_: Any) -> None:
+        sends.append("SendMessageBatch")
+        entered.set()
+        release.wait(20)
+
+    batch = {"jobs": [{"body": 1}, {"body": 2}]}
+    first: list[Reply] = []
+    with injected(clients, "before-send.sqs.SendMessageBatch", hold):
+        thread = threading.Thread(target=lambda: first.append(call(
+            "POST", "/channels/http_jobs/jobs/batch", batch,
+            headers={"Idempotency-Key": "b-slow"})))
+        thread.start()
+        assert entered.wait(20)
+        # When the same key arrives meanwhile
+        second = call("POST", "/channels/http_jobs/jobs/batch", batch,
+                      headers={"Idempotency-Key": "b-slow"})
+        release.set()
+        thread.join(30)
+    # Then it is told to come back, the first is accepted, and the batch was sent once
+    assert second.status == 409 and int(second.headers["Retry-After"]) > 0, second.raw
+    assert set(second.json) == {"error"}
+    assert first[0].status == 202, first[0].raw
+    assert sends == ["SendMessageBatch"]
+    assert len(drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))) == 2
+
+
 def test_a_batch_with_a_throttled_job_keeps_no_answer_and_its_retry_sends_only_the_rest(
         serve: Callable[..., LocalApi], clients: ClientFactory, settings: Settings) -> None:
     api = serve(retry_budget_seconds=1.0)
