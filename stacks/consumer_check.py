@@ -141,6 +141,19 @@ print(json.dumps(found))
 """
 
 
+def check_class_path(owner: str, consumer_class: str) -> None:
+    """ValueError unless `consumer_class` names a class as 'package.module:Class' (what
+    `messenger consume` and the Lambda handler load); `owner` names the construct, e.g.
+    "ConsumerService 'Orders'"."""
+    module, _, class_name = consumer_class.partition(":")
+    if not class_name.isidentifier() or not all(
+        part.isidentifier() for part in module.split(".")
+    ):
+        raise ValueError(
+            f"{owner}: consumer_class must be 'package.module:Class', got {consumer_class!r}"
+        )
+
+
 def provided_modules(requirements: Path | None) -> list[str]:
     """The top-level modules a requirements file's distributions provide (by name)."""
     if requirements is None or not requirements.is_file():

@@ -24,6 +24,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
 from stacks.channel import Channel
+from stacks.consumer_check import check_class_path
 from stacks.consumer_image import DEFAULT_ARCHITECTURE, ConsumerImage
 from stacks.consumer_scaling import BacklogPerTask, FargateCapacity, Scaling
 from stacks.foundation import Foundation
@@ -160,14 +161,7 @@ class ConsumerService(ConsumerClassFacts):
         idempotent: bool | None = None,
     ) -> None:
         super().__init__(scope, id)
-        module, _, class_name = consumer_class.partition(":")
-        if not class_name.isidentifier() or not all(
-            part.isidentifier() for part in module.split(".")
-        ):
-            raise ValueError(
-                f"ConsumerService {id!r}: consumer_class must be 'package.module:Class', "
-                f"got {consumer_class!r}"
-            )
+        check_class_path(f"ConsumerService {id!r}", consumer_class)
         if not isinstance(image, ConsumerImage):
             image = ConsumerImage.from_image(image)
         container_image = image.container_image(cpu_architecture)  # checks the architecture
@@ -191,7 +185,7 @@ class ConsumerService(ConsumerClassFacts):
         topology = Topology.of(self)
         if image.code_dir is not None and image.contains(consumer_class):
             topology.request_consumer(image.code_dir, consumer_class, image.requirements)
-        topology.attach(self, _ClassValidation(self).validate, _TimeoutValidation(self).validate,
+        topology.attach(self, ClassValidation(self).validate, _TimeoutValidation(self).validate,
                         _ClusterValidation(cluster, scaling, self.capacity).validate)
 
         self.log_group = logs.LogGroup(
@@ -324,7 +318,7 @@ class ConsumerService(ConsumerClassFacts):
         return self.task_definition.task_role
 
 
-class _ClassValidation:
+class ClassValidation:
     """The consumer class is in the image, importable from its code, and consumes the channel."""
 
     def __init__(self, service: ConsumerService) -> None:

@@ -24,8 +24,9 @@ from constructs import Construct
 from messenger.channel import lambda_consumer_prefix
 from stacks.bundle import consumer_lambda_bundle
 from stacks.channel import Channel
+from stacks.consumer_check import check_class_path
 from stacks.consumer_image import ConsumerImage
-from stacks.consumer_service import ConsumerClassFacts, _ClassValidation
+from stacks.consumer_service import ClassValidation, ConsumerClassFacts
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge
 from stacks.topology import Topology
@@ -108,14 +109,7 @@ class LambdaConsumer(ConsumerClassFacts):
         idempotent: bool | None = None,
     ) -> None:
         super().__init__(scope, id)
-        module, _, class_name = consumer_class.partition(":")
-        if not class_name.isidentifier() or not all(
-            part.isidentifier() for part in module.split(".")
-        ):
-            raise ValueError(
-                f"LambdaConsumer {id!r}: consumer_class must be 'package.module:Class', "
-                f"got {consumer_class!r}"
-            )
+        check_class_path(f"LambdaConsumer {id!r}", consumer_class)
         ordered = channel.spec.ordered
         largest = MAX_FIFO_BATCH if ordered else MAX_STANDARD_BATCH
         if not 1 <= batch_size <= largest:
@@ -161,7 +155,7 @@ class LambdaConsumer(ConsumerClassFacts):
         topology = Topology.of(self)
         if self.image.contains(consumer_class):
             topology.request_consumer(self.image.code_dir, consumer_class)
-        topology.attach(self, _ClassValidation(self).validate, self._validate_timeouts)
+        topology.attach(self, ClassValidation(self).validate, self._validate_timeouts)
 
         log_group = logs.LogGroup(
             self, "Logs", retention=logs.RetentionDays.ONE_MONTH,
