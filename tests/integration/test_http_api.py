@@ -27,6 +27,7 @@ from messenger.api.local import LocalApi
 from messenger.api.requests import MAX_BATCH_JOBS, MAX_DELAY_SECONDS, MAX_REQUEST_BYTES
 from messenger.aws import ClientFactory
 from messenger.channel import queue_name_for
+from messenger.jobs.fired import JOB_WINDOW_HEADER
 from messenger.jobs.schedule_store import ScheduleStore
 from messenger.settings import Settings
 from tests.faults import Throttle, injected
@@ -217,6 +218,8 @@ def test_the_same_idempotency_key_and_job_again_answers_the_first_id_and_sends_n
     held = drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))
     assert sorted(decode(m).message_id for m in held) == sorted(
         [first.json["job_id"], fresh.json["job_id"]])
+    # each marked for the consumer's claim of its job id for the key's window (issue 49 item 6)
+    assert all(decode(m).meta_headers.get(JOB_WINDOW_HEADER) == "86400" for m in held)
 
 
 def test_a_key_still_being_accepted_is_409_and_the_job_is_sent_once(
@@ -428,6 +431,9 @@ def test_an_idempotency_key_makes_a_batch_once_and_replays_its_answer(
     assert accepted == [job_id_for_key("http_jobs", f"batch-1\nbatch\n{i}") for i in (0, 2)]
     held = drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))
     assert sorted(decode(m).message_id for m in held) == sorted(accepted)
+    # marked for the consumer's claim of the job id for the key's window (two copies SQS
+    # delivered run once, issue 49 item 6)
+    assert all(decode(m).meta_headers.get(JOB_WINDOW_HEADER) == "86400" for m in held)
     # And another batch under the key is refused, as is the key on the single route
     other = call("POST", "/channels/http_jobs/jobs/batch", {"jobs": [{"body": 9}]},
                  headers={"Idempotency-Key": "batch-1"})
