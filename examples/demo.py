@@ -2,7 +2,7 @@
 
 Every step checks that it did what it claims; the demo exits non-zero if any step did not. On a
 terminal it then keeps its endpoint, with the channels and messages the steps left, and a
-dashboard on namespace 'demo' up until Ctrl-C (`--serve` / `--no-serve` to choose); elsewhere
+dashboard on namespace 'demo' up until Enter (`--serve` / `--no-serve` to choose); elsewhere
 it stops them and says how to get them.
 """
 
@@ -459,7 +459,8 @@ def run(steps: list[tuple[str, Callable[[DemoContext], str]]], serve: bool | Non
         until: Callable[[str], None] | None = None) -> int:
     """Run the steps on a local endpoint of their own and print a summary. serve: then keep
     that endpoint, with what the steps made, and a dashboard on the demo's namespace up until
-    `until(dashboard_url)` returns (default: until Ctrl-C); None: serve when run on a terminal
+    `until(dashboard_url)` returns (default: until Enter or Ctrl-C); None: serve when run on a
+    terminal
     (`make demo`), not in scripts and tests."""
     if serve is None:
         serve = sys.stdin.isatty() and sys.stdout.isatty()
@@ -505,7 +506,7 @@ def run(steps: list[tuple[str, Callable[[DemoContext], str]]], serve: bool | Non
         f"{len(results) - failed} of {len(results)} steps ok in {time.monotonic() - started:.0f} s"
     )
     if serve:
-        serve_until_stopped(ctx, server, until or wait_for_ctrl_c)
+        serve_until_stopped(ctx, server, until or wait_for_enter)
         return 1 if failed else 0
     server.stop()
     console.print(stopped_hint(), markup=False, soft_wrap=True)
@@ -519,7 +520,7 @@ def stopped_hint() -> str:
     return ("The demo's endpoint has stopped, and its channels with it (they lived in its "
             "memory). To browse them in the dashboard, run `make demo` in a terminal (or "
             "`python -m examples.demo --serve`): it keeps the endpoint and a dashboard on "
-            f"namespace {NAMESPACE!r} up until Ctrl-C (docs/dashboard.md).")
+            f"namespace {NAMESPACE!r} up until you press Enter (docs/dashboard.md).")
 
 
 def free_port() -> int:
@@ -560,11 +561,12 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-def wait_for_ctrl_c(url: str) -> None:
+def wait_for_enter(url: str) -> None:
+    """Until the user presses Enter (or Ctrl-C, or closes the input). Enter, not only Ctrl-C:
+    under `make demo` a Ctrl-C also interrupts make, which then reports the demo as failed."""
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
+        input("Press Enter to stop them. ")
+    except (KeyboardInterrupt, EOFError):
         pass
 
 
@@ -579,7 +581,7 @@ def serve_until_stopped(ctx: DemoContext, server: Any, until: Callable[[str], No
             where = f"dashboard: {url} (namespace {NAMESPACE!r}; its log: dashboard.log)"
         except (StepFailed, OSError) as error:  # e.g. without the dashboard's extra
             url, where = "", f"no dashboard ({error})"
-        console.print(f"The demo's endpoint stays up with its channels until Ctrl-C.\n"
+        console.print(f"The demo's endpoint stays up with its channels until you press Enter.\n"
                       f"  {where}\n  in another shell: export {exports}\n"
                       f"  then e.g. messenger top --once", markup=False, soft_wrap=True)
         console.print(f"logs: {ctx.workdir}", soft_wrap=True)
@@ -597,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.demo", description=__doc__)
     parser.add_argument("--serve", action=argparse.BooleanOptionalAction, default=None,
                         help="after the steps, keep the endpoint and a dashboard on namespace "
-                             "'demo' up until Ctrl-C (default: when run on a terminal)")
+                             "'demo' up until Enter (default: when run on a terminal)")
     args = parser.parse_args(argv)
     return run(STEPS, serve=args.serve)
 

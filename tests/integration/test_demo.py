@@ -46,7 +46,7 @@ def test_not_on_a_terminal_the_demo_says_its_endpoint_stopped(capsys) -> None:
     out = " ".join(printed.split())
     # It does not send the user to a new, empty endpoint; it says how to keep the demo's
     assert "The demo's endpoint has stopped, and its channels with it" in out
-    assert "run `make demo` in a terminal" in out and "until Ctrl-C" in out
+    assert "run `make demo` in a terminal" in out and "until you press Enter" in out
     assert "messenger local --port" not in out
 
 
@@ -61,7 +61,7 @@ def test_served_the_dashboard_it_points_to_shows_its_channels_until_stopped(caps
     seen: dict[str, str] = {}
 
     def browse(url: str) -> None:
-        """The user, while the demo waits: opens the dashboard it printed, then Ctrl-C."""
+        """The user, while the demo waits: opens the dashboard it printed, then presses Enter."""
         with urllib.request.urlopen(url, timeout=60) as page:
             seen["page"] = page.read().decode()
         seen["url"], seen["endpoint"] = url, os.environ["AWS_ENDPOINT_URL"]
