@@ -36,6 +36,7 @@ from stacks.config import MessengerConfig
 from stacks.dashboard_service import CognitoLogin
 from stacks.messenger_app import build_app
 from stacks.ownership import ownership_condition
+from tests.docs import doc_text
 from tests.infra.conftest import ACCOUNT, REGION, as_list
 from tests.infra.synthesized import Synthesized, synthesize
 
@@ -305,3 +306,22 @@ def test_no_acknowledgement_covers_an_avoidable_wildcard(apps: dict[str, Synthes
             assert "aws:ResourceTag condition" in reason, reason
     # the queues' and topics' tag-conditioned grants, the schedule group, the mappings
     assert {r.split(":")[2] for r in ours if r != "*"} >= {"sqs", "sns", "scheduler", "lambda"}
+
+
+@pytest.mark.xdist_group("namespace-grants")
+def test_the_cdk_guide_lists_the_dashboard_roles_statements(apps: dict[str, Synthesized]) -> None:
+    # Each statement of the dashboard function's role is a row of docs/cdk-guide.md's table,
+    # with its actions
+    guide = doc_text("docs/cdk-guide.md", "Least privilege: each role's statements")
+    rows = {cell.strip(): line for line in guide.splitlines() if line.startswith("| ")
+            for cell in line.split("|")[1].split(",")}
+    (policy,) = [r for r in apps["shop"].templates["shop-MessengerPlatform"]["Resources"].values()
+                 if r["Type"] == "AWS::IAM::Policy" and "DashboardRole" in json.dumps(
+                     r["Properties"]["Roles"])]
+    sids = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if "Sid" in s]
+    assert len(sids) >= 14
+    for statement in sids:
+        row = rows.get(statement["Sid"])
+        assert row is not None, statement["Sid"]
+        for action in as_list(statement["Action"]):
+            assert action.split(":")[1] in row, (statement["Sid"], action)
