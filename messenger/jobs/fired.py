@@ -191,6 +191,24 @@ class JobClaims:
                            "its window is taken for a repeat): %s", job_id, self.channel, error)
 
 
+def release_dead_copies(clients: ClientFactory, settings: Settings, channel: str,
+                        messages: Sequence[Mapping[str, Any]]) -> int:
+    """Before a requeue sends received DLQ messages back: each that carries a job id gives back
+    the claim its copy holds on `channel` (the channel whose DLQ they are in), so the requeue
+    runs. A copy SQS's redrive moved to the DLQ keeps its SQS MessageId and its claim (its
+    consumer stopped during the last attempt, and never gave it back; a copy the consumer
+    dead-lettered itself gave it back already). Only that copy's claim: another copy's stays.
+    One conditional DeleteItem per message with a job id; returns how many were asked."""
+    claims = JobClaims(clients, settings, channel)
+    asked = 0
+    for raw in messages:
+        mark = received_job_mark(raw)
+        if mark is not None:
+            claims.release(mark.job_id, str(raw["MessageId"]))
+            asked += 1
+    return asked
+
+
 #: The consumers' claims were of fired jobs only before; the name stays for their callers.
 FiringClaims = JobClaims
 

@@ -149,6 +149,8 @@ class Requeuer:
         self.provisioner = Provisioner(self.clients, self.settings)
         self.sqs = self.clients.client("sqs")
         self.source = self._find_source(source_queue)
+        #: The channel whose DLQ the source is (read at the first job with an id moved).
+        self._source_channel: str | None = None
         self.ordered = self.source.name.endswith(FIFO_SUFFIX) if ordered is None else ordered
         self.destination_channel = destination_channel
         self.destination_type = destination_type
@@ -308,6 +310,7 @@ class Requeuer:
     ) -> None:
         outgoing = [self._outgoing(message) for message in messages]
         try:
+            self._release_claims(messages)
             self._refresh_payloads(messages)
             sent_at = time.time()  # the destination's consumer receives them after this
             with requeue_span(self.settings.tracing, *_traced_as(target), messages):
@@ -331,6 +334,28 @@ class Requeuer:
             self._record_requeued(sent, sent_at)
         # Failed ones stay in the source, hidden until the visibility timeout ends (released now,
         # this run would take them again at once); the report counts them as in flight.
+
+    def _release_claims(self, messages: list[dict[str, Any]]) -> None:
+        """Jobs with an id that SQS's redrive moved here still hold their consumer's claim
+        (`messenger.jobs.fired`): given back before they are sent, so the requeue runs them
+        instead of being deleted unrun as a repeat. The claims are the source channel's (its
+        DLQ's `messenger:channel` tag)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from messenger.channel import TAG_CHANNEL, TAG_PRIORITY_CHANNEL
+        from messenger.jobs.fired import received_job_mark, release_dead_copies
+
+        if self.dry_run or not any(received_job_mark(m) is not None for m in messages):
+            return
+        if self._source_channel is None:
+            try:
+                tags = self.sqs.list_queue_tags(QueueUrl=self.source.url).get("Tags", {})
+            except (ClientError, BotoCoreError) as error:  # untagged: the destination's name
+                logger.warning("reading the tags of %s failed: %s", self.source.name, error)
+                tags = {}
+            self._source_channel = str(tags.get(TAG_PRIORITY_CHANNEL) or tags.get(TAG_CHANNEL)
+                                       or self.destination_channel)
+        release_dead_copies(self.clients, self.settings, self._source_channel, messages)
 
     def _refresh_payloads(self, messages: list[dict[str, Any]]) -> None:
         """A requeued message lives 14 more days: so must the payload it points to."""

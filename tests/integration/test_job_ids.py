@@ -28,6 +28,7 @@ from messenger.jobs.dedup import Claim, DedupStore
 from messenger.jobs.fired import JOB_WINDOW_HEADER, FiredElsewhere, JobClaims
 from messenger.jobs.schedules import schedule_name
 from messenger.message import sendable_attributes
+from messenger.operations.requeue import Requeuer
 from messenger.settings import Settings
 from messenger.tools.scheduler_fire import invoke_target, local_clients
 from tests.faults import injected
@@ -345,3 +346,32 @@ def test_a_failed_sends_release_never_deletes_a_newer_producers_claim(
         TableName=second.table, Key={"dedup_key": {"S": newer.key}},
         ConsistentRead=True).get("Item")
     assert item is not None and item["token"]["S"] == newer.token
+
+
+def test_a_job_sqs_moved_to_its_dlq_after_its_consumer_died_runs_when_requeued(
+        settings: Settings, clients: ClientFactory, runtime: ConsumerSettings) -> None:  # noqa: F811
+    # Given a job with an id whose consumer claimed it and died during each of its attempts
+    # (received 3 times, never deleted: SQS's redrive moves it to the DLQ at the 4th receive,
+    # keeping its SQS message id; no consumer gave its claim back)
+    IdJobs(settings=settings, clients=clients).push({"n": 5}, message_id="order-5")
+    sqs = clients.client("sqs")
+    url = queue_url(sqs, f"{settings.namespace}-job_ids")
+    claims = JobClaims(clients, settings, "job_ids")
+    for _ in range(3):
+        (copy,) = wait_until(lambda: sqs.receive_message(
+            QueueUrl=url, VisibilityTimeout=0, WaitTimeSeconds=1).get("Messages"), 15)
+        assert claims.claim("order-5", copy["MessageId"], 300) is None
+    dlq = queue_url(sqs, f"{settings.namespace}-job_ids-dlq")
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1).get("Messages", []) == []
+    wait_until(lambda: visible(sqs, dlq) == 1, 15)
+
+    # When an operator requeues it
+    report = Requeuer(source_queue="job_ids-dlq", destination_channel="job_ids",
+                      settings=settings, clients=clients).start()
+    assert (report.moved, report.failed) == (1, 0)
+
+    # Then its consumer runs it: the requeue gave the dead copy's claim back first
+    consumer = IdConsumer(settings=settings, clients=clients, runtime=runtime)
+    consume(consumer, sqs, url, "lambda", lambda: consumer.named("completed"), expected=1)
+    assert [m.message_id for m in consumer.handled] == ["order-5"]
+    assert consumer.named("duplicate_job") == []
