@@ -101,6 +101,10 @@ class ScheduleWiring(Construct):
         self.role.add_to_principal_policy(iam.PolicyStatement(
             sid="PublishToTheNamespacesTopics", actions=["sns:Publish"],
             resources=[self.topics_arn], conditions=ownership_condition(namespace)))
+        # Undeliverable jobs: Scheduler sends them to the schedule DLQ as this role.
+        self.role.add_to_principal_policy(iam.PolicyStatement(
+            sid="DeadLetterUndeliverableJobs", actions=["sqs:SendMessage"],
+            resources=[self.dlq.queue_arn]))
         key.grant(self.role, "kms:GenerateDataKey", "kms:Decrypt")
         for pattern in (self.queues_arn, self.topics_arn):
             acknowledge_wildcard_resource(self.role, pattern, ownership_reason(namespace))

@@ -180,12 +180,22 @@ class ScheduleStore:
             "Action": "sts:AssumeRole",
             "Condition": {"StringEquals": {"aws:SourceAccount": self.provisioner.account_id}},
         }]}
-        prefix = f"{self.settings.namespace}-" if self.settings.namespace else ""
+        # The namespace's own queues and topics by their tags, as the CDK app's role
+        # (stacks/ownership.py): a name prefix is no boundary ('shop-*' matches namespace
+        # shop-eu's queues, the default namespace has none); the schedule DLQ by its ARN.
+        managed = {f"aws:ResourceTag/{TAG_MANAGED}": "true"}
+        ours: dict[str, Any] = (
+            {"StringEquals": {**managed,
+                              f"aws:ResourceTag/{TAG_NAMESPACE}": self.settings.namespace}}
+            if self.settings.namespace else
+            {"StringEquals": managed, "Null": {f"aws:ResourceTag/{TAG_NAMESPACE}": "true"}})
         policy = {"Version": "2012-10-17", "Statement": [
             {"Effect": "Allow", "Action": "sqs:SendMessage",
-             "Resource": self.provisioner.arn("sqs", f"{prefix}*")},
+             "Resource": self.provisioner.arn("sqs", "*"), "Condition": ours},
+            {"Effect": "Allow", "Action": "sqs:SendMessage",
+             "Resource": self.provisioner.arn("sqs", schedule_dlq_name(self.settings.namespace))},
             {"Effect": "Allow", "Action": "sns:Publish",
-             "Resource": self.provisioner.arn("sns", f"{prefix}*")},
+             "Resource": self.provisioner.arn("sns", "*"), "Condition": ours},
             {"Effect": "Allow", "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
              "Resource": self.provisioner.key_arn()},
         ]}

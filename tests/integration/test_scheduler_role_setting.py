@@ -38,3 +38,26 @@ def test_a_producer_passes_the_role_it_is_given(settings, clients) -> None:
     assert request["GroupName"] == schedule_group_name(settings.namespace)
     # The namespace's role is neither read nor made (GetRole / CreateRole / PutRolePolicy)
     assert not {"GetRole", "CreateRole", "PutRolePolicy"} & set(calls), calls
+
+
+def test_a_role_made_at_run_time_sends_by_the_namespaces_tags(settings, clients) -> None:
+    # Given auto provisioning and no scheduler role yet: the first scheduled push makes it
+    producer = Later(settings=settings, clients=clients)
+    assert producer.push({"n": 1}, at=datetime.now(UTC) + timedelta(hours=2)).scheduled
+    iam = clients.client("iam")
+    name = f"{settings.namespace}-messenger-scheduler" if settings.namespace \
+        else "messenger-scheduler"
+    document = iam.get_role_policy(RoleName=name, PolicyName="send-scheduled-jobs")[
+        "PolicyDocument"]
+    statements = document["Statement"]
+    # Then every wildcard send needs the namespace's tags (a prefix would reach 'shop-eu'
+    # from 'shop'), and the schedule DLQ (not tagged messenger:managed) is named exactly
+    for statement in statements:
+        if "*" in statement["Resource"]:
+            assert statement["Resource"].endswith(":*")
+            assert statement["Condition"]["StringEquals"] == {
+                "aws:ResourceTag/messenger:managed": "true",
+                "aws:ResourceTag/messenger:namespace": settings.namespace}
+    sends = [s for s in statements if s["Action"] == "sqs:SendMessage" and "Condition" not in s]
+    assert [s["Resource"].rsplit(":", 1)[1] for s in sends] == [
+        f"{settings.namespace}-messenger-schedules-dlq"]
