@@ -54,7 +54,9 @@ from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
 from messenger.channel import (
+    FIRED_CLAIM_PREFIX,
     audit_table_name,
+    dedup_table_name,
     lambda_consumer_prefix,
     schedule_group_name,
     status_table_name,
@@ -386,6 +388,17 @@ class DashboardService(Construct):
             iam.PolicyStatement(sid="CancelScheduledJobs",
                                 actions=["scheduler:GetSchedule", "scheduler:DeleteSchedule"],
                                 resources=[schedules]),
+            # A cancel takes the job's claim first (messenger.jobs.fired.cancel: "cancelled"
+            # means it never runs), and a requeue gives a redriven copy's claim back: the dedup
+            # table's consumer claims only (fired@...), never a producer's dedup claim.
+            iam.PolicyStatement(sid="ClaimCancelledJobs",
+                                actions=["dynamodb:GetItem", "dynamodb:PutItem",
+                                         "dynamodb:DeleteItem"],
+                                resources=[table + dedup_table_name(self.namespace)],
+                                conditions={"ForAllValues:StringLike": {
+                                    "dynamodb:LeadingKeys": [f"{FIRED_CLAIM_PREFIX}*"]}}),
+            iam.PolicyStatement(sid="CheckClaimsTable", actions=["dynamodb:DescribeTable"],
+                                resources=[table + dedup_table_name(self.namespace)]),
             # The audit trail: append (each entry put under attribute_not_exists) and read;
             # no UpdateItem, DeleteItem or BatchWriteItem, so no entry is changed or removed.
             iam.PolicyStatement(sid="AppendAuditTrail",

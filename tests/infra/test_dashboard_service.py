@@ -199,6 +199,14 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     assert sorted(_actions(by_sid["CancelScheduledJobs"])) == [
         "scheduler:DeleteSchedule", "scheduler:GetSchedule"]
     assert "schedule/dcog-messenger/*" in json.dumps(by_sid["CancelScheduledJobs"])
+    # ... after taking the job's claim: the dedup table's consumer claims (fired@) only
+    claims = by_sid["ClaimCancelledJobs"]
+    assert sorted(_actions(claims)) == [
+        "dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem"]
+    assert "table/dcog-messenger-dedup" in json.dumps(claims)
+    assert claims["Condition"] == {"ForAllValues:StringLike": {
+        "dynamodb:LeadingKeys": ["fired@*"]}}
+    assert _actions(by_sid["CheckClaimsTable"]) == ["dynamodb:DescribeTable"]
     # Pause/resume: the namespace's queues' tag and Lambda mappings; cancel: a registry item
     assert sorted(_actions(by_sid["PauseQueues"])) == ["sqs:TagQueue", "sqs:UntagQueue"]
     # ... the messenger:paused tag only (never the tags that say whose a queue is)
@@ -238,7 +246,7 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     assert by_sid["RecordPauses"]["Condition"] == {"ForAllValues:StringEquals": {
         "dynamodb:LeadingKeys": [PAUSE_PARTITION]}}
     assert [s for s in statements if "dynamodb:DeleteItem" in _actions(s)] == \
-        [by_sid["RecordPauses"]]
+        [by_sid["ClaimCancelledJobs"], by_sid["RecordPauses"]]
     for forbidden in ("sqs:DeleteQueue", "sqs:PurgeQueue", "sqs:SetQueueAttributes",
                       "dynamodb:UpdateItem", "s3:PutObject",
                       "s3:DeleteObject", "sns:Publish", "iam:PassRole"):
