@@ -24,6 +24,9 @@ slower than that may be sent twice (at least once, never dropped). A claim expir
 
 Table `<namespace->messenger-dedup`: partition key `dedup_key`; attributes `token`, `state`
 (CLAIMED, SENT), `lease_until` (epoch seconds), `claimed_at`, `expires_at` (TTL).
+
+The flow a producer runs around its sends with these claims (which key, claim, mark or release)
+is `messenger.jobs.enqueue_dedup.EnqueueDedup`.
 """
 
 from __future__ import annotations
