@@ -325,3 +325,25 @@ def test_the_cdk_guide_lists_the_dashboard_roles_statements(apps: dict[str, Synt
         assert row is not None, statement["Sid"]
         for action in as_list(statement["Action"]):
             assert action.split(":")[1] in row, (statement["Sid"], action)
+
+
+@pytest.mark.xdist_group("namespace-grants")
+@pytest.mark.parametrize("namespace", NAMESPACES, ids=_name)
+def test_every_queue_and_topic_carries_the_tags_the_conditions_need(
+        apps: dict[str, Synthesized], namespace: str) -> None:
+    # The tag conditions reach the app's own queues and topics: each is tagged
+    # messenger:managed=true and with its namespace (none in the default namespace), and a
+    # channel's dead-letter queues messenger:role=dlq (the dashboard's DLQ operations)
+    seen = 0
+    for template in apps[namespace].templates.values():
+        for logical_id, resource in template["Resources"].items():
+            if resource["Type"] not in ("AWS::SQS::Queue", "AWS::SNS::Topic"):
+                continue
+            seen += 1
+            tags = {t["Key"]: t["Value"] for t in resource["Properties"].get("Tags", [])}
+            assert tags.get(TAG_MANAGED) == "true", logical_id
+            assert tags.get(TAG_NAMESPACE) == (namespace or None), logical_id
+            name = resource["Properties"].get("QueueName", "")
+            if logical_id.startswith("Channel") and "-dlq" in name:
+                assert tags["messenger:role"] == "dlq", logical_id
+    assert seen >= 12
