@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -312,7 +314,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
 
 @pytest.mark.xdist_group("dashboard-offline")
 def test_the_docs_dashboard_synthesizes_offline_with_its_access_logs(
-        offline: Synthesized) -> None:
+        offline: Synthesized, tmp_path: Path) -> None:
     assert offline.violations == []  # no RegionRequiredEnableBvAccess, cdk-nag clean
     (stack,) = offline.templates
     template = offline.templates[stack]
@@ -345,6 +347,15 @@ def test_the_docs_dashboard_synthesizes_offline_with_its_access_logs(
     regions = set(re.findall(r'"([a-z]{2}(?:-[a-z]+)+-\d)"', json.dumps(
         template["Conditions"][condition])))
     assert regions == set(accounts)
+    # And CloudFormation takes it in a region with an account, one without, the US (cfn-lint:
+    # the mapping, the nested Fn::Or, Fn::If in the principal)
+    path = tmp_path / "offline.template.json"
+    path.write_text(json.dumps(template))
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "cfn-lint"), "--regions", "eu-west-1", "us-east-1",
+         "ap-east-2", "--ignore-checks", "W3005", "--", str(path)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_with_a_region_the_access_logs_are_cdks_own(synthesized: Synthesized) -> None:
