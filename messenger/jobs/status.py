@@ -440,8 +440,19 @@ CONSUMER_EVENTS = frozenset({
 })
 #: Events after which a job's state does not change by itself (it ran, or will never run).
 FINAL_EVENTS = frozenset({StatusEvent.COMPLETED, StatusEvent.DELETED, StatusEvent.CANCELLED})
+#: Events that say a consumer holds the job now (received, its handler running): a job whose
+#: last record is one of them is running, and an operator may cancel it (`running_channel`).
+RUNNING_EVENTS = frozenset({StatusEvent.RECEIVED, StatusEvent.STARTED})
 #: Seconds a process trusts a channel's declaration it read (`TrackingDeclarations`).
 DECLARATION_TTL_SECONDS = 60.0
+
+
+def running_channel(records: list[StatusRecord]) -> str:
+    """The channel a job runs on when its timeline (time order) ends with one of
+    RUNNING_EVENTS, else '' (never ran, or it ended, failed, waits for a retry or was
+    dead-lettered). The dashboard offers its Cancel button by this."""
+    last = records[-1] if records else None
+    return last.channel if last is not None and last.event in RUNNING_EVENTS else ""
 
 
 def queue_tracking(sqs: Any, queue_url: str) -> bool | None:
