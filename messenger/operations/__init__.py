@@ -5,4 +5,5 @@ dashboard are views over these public names.
     snapshot      the queue snapshot behind `messenger top` and the dashboard's overview
     deadletters   the dead-letter workbench: list, show, requeue and delete single letters
     requeue       `Requeuer`: move a queue's messages (usually a DLQ's) back to a channel
+    scheduled     `cancel_scheduled`: cancel scheduled jobs in bulk, one answer per job
 """

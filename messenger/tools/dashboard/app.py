@@ -39,8 +39,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from messenger.aws import ClientFactory
 from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSettings, MessengerError
 from messenger.jobs.controls import CancelRequests
-from messenger.jobs.schedule_store import ScheduleNotFound, ScheduleStore
-from messenger.jobs.status import StatusStore
+from messenger.jobs.schedule_store import ScheduleStore
+from messenger.jobs.status import StatusStore, running_channel
 from messenger.jobs.workers import list_workers
 from messenger.operations.audit import DEFAULT_DAYS, RETENTION_DAYS, AuditEntry, AuditTrail
 from messenger.operations.deadletters import DeadLetterListing, DeadLetterWorkbench, read_channels
@@ -48,6 +48,7 @@ from messenger.operations.history import WINDOWS, channel_history
 from messenger.operations.pause import pause, paused_channels, resume
 from messenger.operations.progress import describe_progress
 from messenger.operations.queues import channel_queues
+from messenger.operations.scheduled import cancel_scheduled
 from messenger.operations.selection import (
     DEFAULT_PER_CHANNEL,
     DEFAULT_SCAN,
@@ -326,7 +327,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         timeline = store.timeline(job) if store.exists() else []
         # The cancel button comes and goes with the live timeline (a job starting, ending).
         return render(request, "job_live.html", letter_id=job, timeline=timeline,
-                      running=_running(timeline),
+                      running=running_channel(timeline),
                       progress=describe_progress(dashboard.clients, dashboard.settings, timeline))
 
     def letter(request: Request) -> Response:
@@ -365,7 +366,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
                            f"no status recorded for {letter_id!r}; name its channel to search "
                            f"that channel's dead letters")
         return render(request, "lookup.html", letter_id=letter_id, timeline=timeline,
-                      searched=searched, running=_running(timeline),
+                      searched=searched, running=running_channel(timeline),
                       progress=describe_progress(dashboard.clients, dashboard.settings, timeline))
 
     def selection(request: Request) -> Response:
@@ -450,11 +451,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
              user: Identity) -> Response:
         actor = user.name
         if kind in ("requeue", "delete"):
-            if not ids:
-                raise InvalidSettings("select at least one dead letter")
-            if len(ids) > MAX_IDS:
-                raise InvalidSettings(f"at most {MAX_IDS} dead letters per action, got {len(ids)}")
-            ids = [_id(i) for i in ids]
+            ids = _action_ids(ids, "dead letters")
             bench = dashboard.workbench(name, actor)
             if not confirmed:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=ids,
@@ -485,27 +482,18 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
 
             return audited(request, user, kind, name, [str(r.dlq) for r in rows], move_all)
         if kind == "cancel-scheduled":
-            if not ids or len(ids) > MAX_IDS:
-                raise InvalidSettings(f"name 1 to {MAX_IDS} scheduled jobs")
-            ids = [_id(i) for i in ids]
+            ids = _action_ids(ids, "scheduled jobs")
             if not confirmed:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=ids)
 
-            def cancel_scheduled() -> tuple[str, dict[str, Any], str, str]:
-                store = ScheduleStore(dashboard.clients, dashboard.settings)
-                outcomes = []
-                for job_id in ids:
-                    try:
-                        store.cancel(job_id, name, actor=actor)
-                        outcomes.append((job_id, True, f"cancelled by {actor}"))
-                    except ScheduleNotFound as error:
-                        outcomes.append((job_id, False, str(error)))
-                done = sum(1 for _, ok, _ in outcomes if ok)
-                result = "done" if done == len(ids) else "partial" if done else "failed"
-                return ("result.html", dict(channel=name, kind=kind, cancelled=outcomes), result,
-                        "; ".join(f"{job}: {text}" for job, _, text in outcomes))
+            def cancel_jobs() -> tuple[str, dict[str, Any], str, str]:
+                report = cancel_scheduled(dashboard.clients, dashboard.settings, ids, name,
+                                          actor=actor)
+                outcomes = [(o.job_id, o.cancelled, o.text) for o in report.outcomes]
+                return ("result.html", dict(channel=name, kind=kind, cancelled=outcomes),
+                        report.result, report.summary())
 
-            return audited(request, user, kind, name, ids, cancel_scheduled)
+            return audited(request, user, kind, name, ids, cancel_jobs)
         if kind in ("pause", "resume"):
             if not confirmed:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=[])
@@ -519,9 +507,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
 
             return audited(request, user, kind, name, [], switch)
         if kind == "cancel-job":
-            if not ids or len(ids) > MAX_IDS:
-                raise InvalidSettings(f"name 1 to {MAX_IDS} running jobs")
-            ids = [_id(i) for i in ids]
+            ids = _action_ids(ids, "running jobs")
             channel_queues(dashboard.clients, dashboard.settings, name)  # ChannelNotFound: 404
             if not confirmed:
                 return render(request, "confirm.html", channel=name, kind=kind, ids=ids)
@@ -652,14 +638,6 @@ def _listing(dashboard: Dashboard, channel: str, limit: int) -> DeadLetterListin
         dlqs=[dlq for part in parts for dlq in part.dlqs])
 
 
-def _running(timeline: list[Any]) -> str:
-    """The channel of a job whose last record is RECEIVED or STARTED (it runs: an operator may
-    cancel it), else ''."""
-    last = timeline[-1] if timeline else None
-    return str(last.channel) if last is not None and str(last.event) in (
-        "RECEIVED", "STARTED") else ""
-
-
 def _paused(dashboard: Dashboard) -> dict[str, str]:
     """The namespace's paused channels → "paused by <who> at <time>" (one tag query)."""
     return {channel: str(mark) for channel, mark in
@@ -693,9 +671,18 @@ def _utc(at: float) -> Markup:
 
 
 def _id(value: str) -> str:
+    """One id a request names (a dead letter's, a job's), checked: InvalidSettings (400) else."""
     if not value or len(value) > MAX_ID_LENGTH or not value.isprintable():
-        raise InvalidSettings(f"a dead letter id is 1 to {MAX_ID_LENGTH} printable characters")
+        raise InvalidSettings(f"an id is 1 to {MAX_ID_LENGTH} printable characters")
     return value
+
+
+def _action_ids(ids: list[str], what: str) -> list[str]:
+    """The ids an action names, checked: 1 to MAX_IDS of them (`what` they are, in the error),
+    each an id (`_id`); InvalidSettings (400, nothing changed) else."""
+    if not ids or len(ids) > MAX_IDS:
+        raise InvalidSettings(f"name 1 to {MAX_IDS} {what} per action, got {len(ids)}")
+    return [_id(i) for i in ids]
 
 
 def _int_param(raw: str | None, name: str, default: int, maximum: int) -> int:
