@@ -35,6 +35,7 @@ from messenger.errors import (
     PublishFailed,
     QueueCallFailed,
     RetryBudgetExhausted,
+    Unrecoverable,
 )
 from messenger.message import Message
 from messenger.settings import Settings
@@ -100,5 +101,6 @@ __all__ = [
     "ReceivedMessage",
     "RetryBudgetExhausted",
     "Settings",
+    "Unrecoverable",
     "register_hook",
 ]

@@ -59,3 +59,9 @@ class ProvisioningError(MessengerError):
 
 class DeadLetterNotFound(MessengerError):
     """A dead letter asked for by id is not in the channel's DLQ (or could not be seen)."""
+
+
+class Unrecoverable(MessengerError):
+    """Raised by a handler: this message's failure is final. The consumer dead-letters it at
+    once, without its remaining attempts, with the reason 'unrecoverable: <type>: <message>'
+    (a consumer's `final_errors` makes other exception classes final too)."""

@@ -149,6 +149,9 @@ class Consumer:
     channel does not start (InvalidChannelSpec naming both).
     max_attempts: runs a message gets before the consumer dead-letters it with its error, 1 to
     max_receives (default None: max_receives); a producer's `push(..., max_attempts=N)` wins.
+    final_errors: exception classes whose failure is final (default none): a handler raising
+    one, or `messenger.Unrecoverable`, has its message dead-lettered at once, whatever attempts
+    are left, with the reason 'unrecoverable: <type>: <message>'.
     retry_delay: seconds before the second attempt, 0-43200 (default 5; ConsumerSettings'
     retry_delay wins); retry_backoff: factor per later attempt, 1-100 (default 2; 1: the same
     delay each time); max_retry_delay: the longest delay, retry_delay-43200 (default 600). Each
@@ -174,6 +177,7 @@ class Consumer:
     priority_mode: ClassVar[str] = "weighted"
     track_status: ClassVar[bool] = False
     max_attempts: ClassVar[int | None] = None
+    final_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     retry_delay: ClassVar[float] = RETRY_DELAY_SECONDS
     retry_backoff: ClassVar[float] = 2.0
     max_retry_delay: ClassVar[float] = 600
@@ -359,6 +363,7 @@ class Consumer:
         if self.max_attempts is not None:
             _check_count(f"{name}.max_attempts", self.max_attempts, self.max_receives,
                          f"{name}.max_receives")
+        _check_final_errors(f"{name}.final_errors", self.final_errors)
         _check_number(f"{name}.retry_delay", self.retry_delay, 0, MAX_RETRY_DELAY_SECONDS)
         _check_number(f"{name}.max_retry_delay", self.max_retry_delay, self.retry_delay,
                       MAX_RETRY_DELAY_SECONDS, note=f" (at least {name}.retry_delay)")
@@ -651,6 +656,14 @@ def _check_number(
         kind = "a whole number" if whole else "a number"
         raise InvalidChannelSpec(f"{what} must be {kind} from {low:g} to {high:g} seconds"
                                  f"{note}, got {value!r}")
+
+
+def _check_final_errors(what: str, value: Any) -> None:
+    """A tuple of exception classes (messenger.Unrecoverable is final without being named)."""
+    if not isinstance(value, tuple) or not all(
+            isinstance(item, type) and issubclass(item, BaseException) for item in value):
+        raise InvalidChannelSpec(f"{what} must be a tuple of exception classes, e.g. "
+                                 f"(ValueError, KeyError), got {value!r}")
 
 
 def _check_count(what: str, value: Any, high: int, limit: str) -> None:

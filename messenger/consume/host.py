@@ -52,6 +52,9 @@ class RuntimeHost(Protocol):
     @property
     def retry_policy(self) -> RetryPolicy: ...
 
+    @property
+    def final_errors(self) -> tuple[type[BaseException], ...]: ...
+
     def handler(self, message: ReceivedMessage) -> None: ...
 
     def emit(self, name: str, message_id: str | None = None, duration: float | None = None,

@@ -58,16 +58,18 @@ from botocore.exceptions import ClientError
 
 from messenger.aws import call_with_budget, error_code
 from messenger.channel import MAX_BATCH_ENTRIES
+from messenger.consume import decision
 from messenger.consume.consumer import Consumer, load_consumer
 from messenger.consume.controls import READ_TIMEOUT_SECONDS as CONTROL_READ_TIMEOUT
 from messenger.consume.controls import act_on_cancels, stop_now
+from messenger.consume.decision import GROUP_BLOCKED, OUT_OF_TIME, Action
 from messenger.consume.lifecycle import (
     ConsumerState,
     configure_json_logging,
     one_received_line,
 )
 from messenger.consume.mailbox import Delivery, EntryError, Mailbox, Stage
-from messenger.consume.outcome import OutcomePolicy, Verdict
+from messenger.consume.outcome import Outcome, OutcomePolicy
 from messenger.consume.watchdog import ProcessingTimeout, interrupt
 from messenger.errors import InvalidSettings, MessengerError
 from messenger.jobs.controls import CancelRequests
@@ -87,9 +89,8 @@ STUCK_GRACE_SECONDS = 1.0
 CANCEL_CHECK_SECONDS = 5.0
 #: The environment variable naming the consumer class ('package.module:Class').
 CONSUMER_VARIABLE = "MESSENGER_CONSUMER"
-#: Release reasons (the 'released' event's `reason`).
-OUT_OF_TIME = "out_of_time"
-GROUP_BLOCKED = "group_blocked"
+#: Release reasons (the 'released' event's `reason`), decided in `messenger.consume.decision`.
+RELEASE_REASONS = (OUT_OF_TIME, GROUP_BLOCKED)
 #: `_Batch._expire`: the message's deadline moved on (the idempotency store's time).
 _NOT_YET = "not_yet"
 
@@ -387,8 +388,11 @@ class _Batch:
             })
             raise MessageNotFinished(f"{source} is not a queue of channel "
                                      f"{self.consumer.spec.name!r}")
-        if time.monotonic() >= self.deadline:
-            self.release(delivery, OUT_OF_TIME)
+        outcomes = self.runtime.outcomes
+        first = decision.on_receive(outcomes.facts(delivery), outcomes.rules, time.monotonic(),
+                                    self.deadline)
+        if first.action is Action.RELEASE:
+            self.release(delivery, first.reason)
             raise MessageNotFinished("the invocation's time ran out before it started")
         if not self.process(delivery):
             raise MessageNotFinished("not finished: see its lifecycle events")
@@ -404,8 +408,8 @@ class _Batch:
         with delivery.lock:
             delivery.stage = Stage.RUNNING
             delivery.started_at = time.monotonic()
-            delivery.deadline = min(delivery.started_at + self.consumer.processing_timeout,
-                                    self.deadline)
+            delivery.deadline = decision.deadline(delivery.started_at,
+                                                  self.consumer.processing_timeout, self.deadline)
         running = self.runtime.handler_thread().submit(self._run_guarded, delivery)
         interval = self.runtime.cancel_interval
         next_check = None if interval is None else delivery.started_at + interval
@@ -436,13 +440,13 @@ class _Batch:
                 self.consumer.emit("stuck", delivery.log_id, fields={"cut": cut})
                 if cut is None:  # its handler had returned; a retry or forward is under way
                     return False
-                verdict = Verdict.TAKEN
+                verdict = Outcome.TAKEN
             break
-        if verdict is Verdict.TIMED_OUT or verdict is Verdict.TAKEN:
+        if verdict is Outcome.TIMED_OUT or verdict is Outcome.TAKEN:
             return self._timed_out(delivery)
         return verdict.finished
 
-    def _run_guarded(self, delivery: Delivery) -> Verdict:
+    def _run_guarded(self, delivery: Delivery) -> Outcome:
         with delivery.lock:
             delivery.thread_id = threading.get_ident()
         mailbox = delivery.mailbox
@@ -451,7 +455,7 @@ class _Batch:
         try:
             return self.runtime.outcomes.run(delivery, budget, limit=self.deadline)
         except ProcessingTimeout:  # an interruption that arrived as the handler returned
-            return Verdict.TAKEN
+            return Outcome.TAKEN
 
     def _read_cancels(self, delivery: Delivery) -> None:
         """One read of the channel's cancel requests while `delivery` runs: a request naming it
@@ -473,13 +477,12 @@ class _Batch:
         return True
 
     def _cut_of(self, delivery: Delivery) -> str:
-        """Why its deadline came: an operator's cancel, the invocation's end (OUT_OF_TIME) or
-        its processing timeout."""
-        deadline = delivery.deadline
+        """Why its deadline came (the 'stuck' event's `cut`): an operator's cancel, the
+        invocation's end (OUT_OF_TIME) or its processing timeout (`decision.on_deadline`)."""
         if delivery.cancelled_by is not None:
             return "cancelled"
-        return OUT_OF_TIME if deadline is None or deadline >= self.deadline \
-            else "processing_timeout"
+        verdict = self.runtime.outcomes.at_deadline(delivery, self.deadline)
+        return verdict.reason if verdict.action is Action.RELEASE else "processing_timeout"
 
     def _expire(self, delivery: Delivery) -> str | None:
         """The message's deadline came: interrupt its handler; returns why (`_cut_of`), None
@@ -487,7 +490,9 @@ class _Batch:
         with delivery.lock:
             if delivery.stage is not Stage.RUNNING:
                 return None
-            if delivery.deadline is not None and time.monotonic() < delivery.deadline:
+            outcomes = self.runtime.outcomes
+            if decision.on_deadline(outcomes.facts(delivery), outcomes.rules, delivery.deadline,
+                                    self.deadline, now=time.monotonic()).action is Action.RUN:
                 return _NOT_YET
             delivery.stage = Stage.TIMED_OUT
             if delivery.in_handler and delivery.thread_id is not None:
@@ -500,10 +505,11 @@ class _Batch:
         if delivery.stage is not Stage.TIMED_OUT:  # the policy gave its verdict meanwhile
             return False
         delivery.stage = Stage.DONE
-        if self._cut_of(delivery) == OUT_OF_TIME:
-            self.release(delivery, OUT_OF_TIME)
-            return False
         outcomes = self.runtime.outcomes
+        verdict = outcomes.at_deadline(delivery, self.deadline)
+        if verdict.action is Action.RELEASE:  # out of time: runs in another invocation
+            self.release(delivery, verdict.reason)
+            return False
         outcomes.report_timeout(delivery)
         return outcomes.forward_timed_out(delivery).finished
 
@@ -516,11 +522,14 @@ class _Batch:
     def finish(self, processor: BatchProcessor, by_id: dict[str, Delivery]) -> None:
         """Release what did not run (a group blocked behind a failure, the time ran out) in
         one batch call per queue, then write the status records held."""
-        for record in processor.fail_messages:  # short-circuited by the FIFO processor
-            message_id = str(getattr(record, "message_id", ""))
-            delivery = by_id.get(message_id)
-            if message_id not in self.seen and delivery is not None:
-                self.release(delivery, GROUP_BLOCKED)
+        unseen = [by_id[message_id] for message_id in (
+            str(getattr(record, "message_id", "")) for record in processor.fail_messages)
+            if message_id not in self.seen and message_id in by_id]
+        # (short-circuited by the FIFO processor after a message not finished for good)
+        then = decision.after_step(self.consumer.ordered, False, len(unseen))
+        if then.action is Action.RELEASE_REST:
+            for delivery in unseen:
+                self.release(delivery, then.reason)
         if self.releases:
             deliveries = [delivery for delivery, _ in self.releases]
             box = deliveries[0].mailbox

@@ -1,10 +1,13 @@
-"""What happens to a received message: decided here once, for the Fargate runtime
+"""What happens to a received message: carried out here once, for the Fargate runtime
 (`messenger.consume.runtime`) and the Lambda runtime (`messenger.consume.lambda_runtime`).
 
-The runtimes keep transport and threading (receiving, workers, leases, deletes, the batch
-response, watching deadlines); each calls `OutcomePolicy.run` on a RUNNING delivery and acts on
-the `Verdict` it returns (dramatiq's `Retries` middleware is the model: one retry policy for
-every broker). In order:
+Each verdict is decided by `messenger.consume.decision` (pure: facts in, a `decision.Verdict`
+out, table-tested without AWS); `OutcomePolicy` gathers the facts (the delivery, the handler's
+result or exception, the consumer's settings, the clock), asks it, and carries the verdict out
+(the SQS calls, events, hooks, claims). The runtimes keep transport and threading (receiving,
+workers, leases, deletes, the batch response, watching deadlines); each calls
+`OutcomePolicy.run` on a RUNNING delivery and acts on the `Outcome` it returns (dramatiq's
+`Retries` middleware is the model: one retry policy for every broker). In order:
 1. Attempts already used up (SQS's receive count is past the message's attempts: a consumer
    stopped, or was killed, during its last attempt, before any verdict): dead-lettered at once,
    'attempts_exhausted: ...', without running the handler again.
@@ -30,10 +33,11 @@ every broker). In order:
    store that still fails then is logged, `idempotency_record_failed`, and the message is
    deleted all the same: it was processed, a requeue would run it twice), deleted after one
    that failed.
-7. The verdict: COMPLETED; or the failure reported ('failed', ON_ERROR hooks) and, on its last
-   attempt, dead-lettered with its cause (`failed: attempts used up (n of m)` and the failure
-   note), else made visible again after its backoff delay, capped so that it stays within SQS's
-   12 hours in flight.
+7. The verdict: COMPLETED; or the failure reported ('failed', ON_ERROR hooks) and, when it
+   is final (`messenger.Unrecoverable`, one of the consumer's `final_errors`), dead-lettered at
+   once ('unrecoverable: <type>: <message>'); on its last attempt, dead-lettered with its cause
+   (`failed: attempts used up (n of m)` and the failure note), else made visible again after
+   its backoff delay, capped so that it stays within SQS's 12 hours in flight.
 """
 
 from __future__ import annotations
@@ -43,12 +47,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from messenger.consume.failures import (
-    MAX_RETRY_DELAY_SECONDS,
-    HandlerFailure,
-    exhausted_reason,
-    failure_note,
-)
+from messenger.consume import decision
+from messenger.consume.decision import Action, Facts, Rules
+from messenger.consume.failures import HandlerFailure, failure_note
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lifecycle import LifecycleHooks
 from messenger.consume.mailbox import Delivery, Mailbox, ReceivedMessage, Stage, unreadable_reason
@@ -63,7 +64,7 @@ if TYPE_CHECKING:  # loaded by the consumers that use them (status, idempotency)
     from messenger.jobs.status import StatusEvent
 
 
-class Verdict(enum.Enum):
+class Outcome(enum.Enum):
     """What became of a message (`OutcomePolicy.run`)."""
 
     COMPLETED = "completed"  # the handler returned: delete it
@@ -78,37 +79,17 @@ class Verdict(enum.Enum):
     @property
     def deletes(self) -> bool:
         """The runtime deletes the message (Fargate's delete batch, Lambda's response)."""
-        return self in (Verdict.COMPLETED, Verdict.DUPLICATE, Verdict.CANCELLED)
+        return self in (Outcome.COMPLETED, Outcome.DUPLICATE, Outcome.CANCELLED)
 
     @property
     def finished(self) -> bool:
         """Gone from its queue for good (deleted or dead-lettered)."""
-        return self in (Verdict.COMPLETED, Verdict.DUPLICATE, Verdict.CANCELLED,
-                        Verdict.DEAD_LETTERED)
+        return self in (Outcome.COMPLETED, Outcome.DUPLICATE, Outcome.CANCELLED,
+                        Outcome.DEAD_LETTERED)
 
 
-def stopped_reason(receive_count: int, attempts: int) -> str:
-    """The dead-letter reason of a message received after its attempts were used up.
-
-    It names the receive count, not an attempt: a receive that never ran the handler (a long
-    poll still in flight when its process died takes the message all the same) counts too, so
-    which attempt was interrupted is not known."""
-    allowed = "1 attempt" if attempts == 1 else f"{attempts} attempts"
-    return (f"attempts_exhausted: received {receive_count} times, {allowed} allowed "
-            f"(a consumer stopped during its last attempt)")
-
-
-def timeout_reason(processing_timeout: float) -> str:
-    return f"processing_timeout: exceeded {processing_timeout:g} s"
-
-
-def cancelled_reason(by: str) -> str:
-    """The dead-letter reason of a running job an operator cancelled (`messenger cancel`)."""
-    return f"cancelled by {by}"
-
-
-#: Called when a dead-letter forward failed: (delivery, reason, failure or None, error).
-ForwardFailed = Callable[[Delivery, str, HandlerFailure | None, Exception], None]
+#: Stops the consumer with an error (Fargate's `Runtime.fail`): a dead letter it cannot forward.
+StopConsumer = Callable[[BaseException], None]
 
 
 class OutcomePolicy:
@@ -116,23 +97,36 @@ class OutcomePolicy:
 
     consumer: the consumer. store: reads offloaded payloads. done_stage: the stage of a message
     to delete (Fargate: Stage.DELETING, leased until SQS confirms; Lambda: Stage.DONE).
-    forward_failed: called when a dead-letter forward fails (Fargate stops the consumer when
-    there is no DLQ to take an unreadable message); the verdict is KEPT either way.
+    stop: stops the consumer (Fargate's; None: no consumer to stop, Lambda) when a dead letter
+    other than a failed handler's cannot be forwarded (`decision.on_forward_failed`); the
+    outcome is KEPT either way.
     clock: the monotonic clock deadlines are read on (the runtimes': `time.monotonic`; tests
     move one of their own).
     """
 
     def __init__(self, consumer: RuntimeHost, store: PayloadStore,
-                 done_stage: Stage = Stage.DONE, forward_failed: ForwardFailed | None = None,
+                 done_stage: Stage = Stage.DONE, stop: StopConsumer | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.consumer = consumer
         self.store = store
         self.done_stage = done_stage
-        self.forward_failed = forward_failed
+        self.stop = stop
         self.clock = clock
 
+    @property
+    def rules(self) -> Rules:
+        """The consumer's settings the decision reads (`decision.Rules`)."""
+        return Rules.of(self.consumer, can_stop=self.stop is not None)
+
+    def facts(self, delivery: Delivery) -> Facts:
+        """The decision's facts of a delivery (`decision.Facts`), now."""
+        handed_out = delivery.handed_out_after
+        held = time.monotonic() - (delivery.received_at if handed_out is None else handed_out)
+        return Facts(delivery.receive_count, delivery.raw.get("MessageAttributes", {}), held,
+                     delivery.cancelled_by)
+
     # -- one message -------------------------------------------------------------------------
-    def run(self, delivery: Delivery, budget: float, limit: float | None = None) -> Verdict:
+    def run(self, delivery: Delivery, budget: float, limit: float | None = None) -> Outcome:
         """Run one RUNNING delivery (its deadline set) to its verdict, on the handler's thread.
 
         budget: seconds for reading an offloaded body. limit: monotonic time no deadline goes
@@ -140,13 +134,14 @@ class OutcomePolicy:
         called (its calls do not count against the processing timeout)."""
         consumer = self.consumer
         consumer.emit("started", delivery.log_id, fields={"receive_count": delivery.receive_count})
-        attempts = self.attempts(delivery)
-        if delivery.receive_count > attempts:
-            return self._unprocessable(delivery, stopped_reason(delivery.receive_count, attempts))
+        first = decision.on_receive(self.facts(delivery), self.rules, self.clock())
+        if first.action is Action.DEAD_LETTER:
+            return self._unprocessable(delivery, first.reason)
         try:
             message = delivery.decode(self.store, budget, consumer.body_schema)
         except (MessageDecodeError, PayloadMissing) as bad:  # never readable: the DLQ at once
-            return self._unprocessable(delivery, unreadable_reason(bad))
+            return self._unprocessable(delivery, decision.on_unreadable(unreadable_reason(bad))
+                                       .reason)
         except ProcessingTimeout:
             raise
         except Exception as unreadable:  # S3 unreachable past the budget: try again later
@@ -169,18 +164,17 @@ class OutcomePolicy:
             try:
                 key = guard.begin(message)
             except AlreadyDone:
-                return self._delete(delivery, "duplicate_skipped", Verdict.DUPLICATE)
+                return self._delete(delivery, "duplicate_skipped", Outcome.DUPLICATE)
             except InProgressElsewhere as busy:
                 return self._busy(delivery, busy)
             except StoreUnavailable as error:
                 return self._retry(delivery, error=error)
             except Exception as error:  # no key: the handler's failure, as if it had raised it
                 return self._failed(delivery, message, error)
-            timeout_at = time.monotonic() + consumer.processing_timeout
-            if not self._set_deadline(delivery, timeout_at if limit is None
-                                      else min(timeout_at, limit)):
+            if not self._set_deadline(delivery, decision.deadline(
+                    time.monotonic(), consumer.processing_timeout, limit)):
                 self._settle(key, delivery, ProcessingTimeout())
-                return Verdict.TAKEN
+                return Outcome.TAKEN
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)
         raised = run_interruptibly(delivery, consumer.handler, message, consumer.settings.tracing)
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
@@ -191,20 +185,11 @@ class OutcomePolicy:
             return verdict
         if raised is not None:
             return self._failed(delivery, message, raised)
-        return self._delete(delivery, "completed", Verdict.COMPLETED)
+        return self._delete(delivery, "completed", Outcome.COMPLETED)
 
     def attempts(self, delivery: Delivery) -> int:
         """How many attempts the message gets (`RetryPolicy.attempts`)."""
-        return self.consumer.retry_policy.attempts(delivery.raw.get("MessageAttributes", {}))
-
-    def retry_delay(self, delivery: Delivery) -> int:
-        """Seconds a message waits after failing its current attempt: the backoff delay,
-        capped so that it stays within SQS's 12 hours in flight since its receive (counted
-        from the earliest moment SQS can have handed it out)."""
-        handed_out = delivery.handed_out_after
-        held = time.monotonic() - (delivery.received_at if handed_out is None else handed_out)
-        delay = self.consumer.retry_policy.delay(delivery.receive_count)
-        return max(0, min(delay, int(MAX_RETRY_DELAY_SECONDS - held) - 1))
+        return self.rules.retry.attempts(delivery.raw.get("MessageAttributes", {}))
 
     # -- the timeout path (the runtime's deadline watcher marked it TIMED_OUT) ---------------
     def report_timeout(self, delivery: Delivery) -> None:
@@ -218,13 +203,17 @@ class OutcomePolicy:
             "processing_timeout": self.consumer.processing_timeout,
             "receive_count": delivery.receive_count})
 
-    def forward_timed_out(self, delivery: Delivery) -> Verdict:
+    def at_deadline(self, delivery: Delivery, limit: float | None = None) -> decision.Verdict:
+        """What a message whose deadline came gets (`decision.on_deadline`): the DLQ
+        (its processing timeout, or 'cancelled by <who>'), or released when the invocation's
+        end (`limit`) came first."""
+        return decision.on_deadline(self.facts(delivery), self.rules, delivery.deadline, limit)
+
+    def forward_timed_out(self, delivery: Delivery) -> Outcome:
         """ON_PROCESSING_TIMEOUT hooks, then the DLQ with the reason (DEAD_LETTERED or KEPT):
         the timeout's, or 'cancelled by <who>' when an operator cancelled it."""
         self.consumer.run_hooks(LifecycleHooks.ON_PROCESSING_TIMEOUT, delivery.message)
-        reason = (cancelled_reason(delivery.cancelled_by) if delivery.cancelled_by is not None
-                  else timeout_reason(self.consumer.processing_timeout))
-        return self._forward(delivery, reason)
+        return self._forward(delivery, self.at_deadline(delivery).reason)
 
     # -- verdicts ----------------------------------------------------------------------------
     @staticmethod
@@ -236,21 +225,21 @@ class OutcomePolicy:
             delivery.deadline = deadline
             return True
 
-    def _past_deadline(self, delivery: Delivery, then: float | None) -> Verdict | None:
+    def _past_deadline(self, delivery: Delivery, then: float | None) -> Outcome | None:
         """After the handler: TIMED_OUT when it returned past its deadline (marked here), TAKEN
         when the deadline watcher marked it first, else None (its deadline becomes `then`: the
         idempotency store's calls come next)."""
         with delivery.lock:
             if delivery.stage is not Stage.RUNNING:
-                return Verdict.TAKEN
+                return Outcome.TAKEN
             if delivery.deadline is not None and self.clock() >= delivery.deadline:
                 delivery.stage = Stage.TIMED_OUT
-                return Verdict.TIMED_OUT
+                return Outcome.TIMED_OUT
             delivery.deadline = then
             return None
 
     def _claim_job(self, delivery: Delivery, message: ReceivedMessage, limit: float | None
-                   ) -> Verdict | None:
+                   ) -> Outcome | None:
         """Claim a job that carries an id for this copy (`messenger.jobs.fired`): None to run it
         (a plain job, or ours), else the verdict of a repeat (DUPLICATE), of a cancelled job
         (CANCELLED), of a table that failed (RETRY) or TAKEN (timed out meanwhile). The
@@ -269,7 +258,7 @@ class OutcomePolicy:
             return self._retry(delivery, error=error)
         if isinstance(other, Cancelled):
             if not delivery.claim(Stage.RUNNING, self.done_stage):
-                return Verdict.TAKEN
+                return Outcome.TAKEN
             self._note_firing(delivery, message, StatusEvent.CANCELLED, time.time(),
                               f"cancelled by {other.by or 'unknown'}: deleted unrun",
                               actor=other.by or "unknown")
@@ -277,10 +266,10 @@ class OutcomePolicy:
                                duration=delivery.running_for(), fields={
                                    "receive_count": delivery.receive_count, "by": other.by,
                                    "cancelled_at": other.at})
-            return Verdict.CANCELLED
+            return Outcome.CANCELLED
         if other is not None:
             if not delivery.claim(Stage.RUNNING, self.done_stage):
-                return Verdict.TAKEN
+                return Outcome.TAKEN
             what = "a retried firing" if mark.fired else "another copy of the job"
             self._note_firing(delivery, message, StatusEvent.DUPLICATE, time.time(),
                               f"{what}: SQS message {other.sqs_message_id} runs it",
@@ -290,15 +279,14 @@ class OutcomePolicy:
                                    "receive_count": delivery.receive_count,
                                    "claimed_by": other.sqs_message_id,
                                    "claimed_at": other.claimed_at})
-            return Verdict.DUPLICATE
+            return Outcome.DUPLICATE
         if mark.fired and delivery.receive_count == 1:  # Scheduler sent it: nothing says QUEUED
             sent = delivery.raw.get("Attributes", {}).get("SentTimestamp")
             self._note_firing(delivery, message, StatusEvent.QUEUED,
                               float(sent) / 1000.0 if sent else time.time())
-        timeout_at = time.monotonic() + self.consumer.processing_timeout
-        if not self._set_deadline(delivery, timeout_at if limit is None
-                                  else min(timeout_at, limit)):
-            return Verdict.TAKEN
+        if not self._set_deadline(delivery, decision.deadline(
+                time.monotonic(), self.consumer.processing_timeout, limit)):
+            return Outcome.TAKEN
         return None
 
     def _note_firing(self, delivery: Delivery, message: ReceivedMessage, event: StatusEvent,
@@ -332,18 +320,18 @@ class OutcomePolicy:
             self.consumer.emit("idempotency_record_failed", delivery.log_id, fields={
                 "completed": error is None, "error": f"{type(failed).__name__}: {failed}"})
 
-    def _delete(self, delivery: Delivery, event: str, verdict: Verdict) -> Verdict:
+    def _delete(self, delivery: Delivery, event: str, verdict: Outcome) -> Outcome:
         if not delivery.claim(Stage.RUNNING, self.done_stage):
-            return Verdict.TAKEN
+            return Outcome.TAKEN
         self.consumer.emit(event, delivery.log_id, duration=delivery.running_for(),
                            fields={"receive_count": delivery.receive_count})
         return verdict
 
-    def _busy(self, delivery: Delivery, busy: InProgressElsewhere) -> Verdict:
+    def _busy(self, delivery: Delivery, busy: InProgressElsewhere) -> Outcome:
         """Its key runs elsewhere: visible again when that run's claim expires (neither failed
         nor dead-lettered)."""
         if not delivery.claim(Stage.RUNNING, Stage.DONE):
-            return Verdict.TAKEN
+            return Outcome.TAKEN
         fields: dict[str, Any] = {"retry_after": busy.retry_after,
                                   "receive_count": delivery.receive_count}
         try:
@@ -351,30 +339,39 @@ class OutcomePolicy:
         except Exception as failed:  # its lease runs out instead: redelivered a bit later
             fields["error"] = str(failed)
         self.consumer.emit("duplicate_in_progress", delivery.log_id, fields=fields)
-        return Verdict.RETRY
+        return Outcome.RETRY
 
     def _failed(self, delivery: Delivery, message: ReceivedMessage | None,
-                error: BaseException) -> Verdict:
-        """A failed run: reported with its cause; dead-lettered when that was its last
-        attempt, else visible again after its backoff delay."""
+                error: BaseException) -> Outcome:
+        """A failed run: reported with its cause ('failed', `final` when no retry can fix it),
+        then as `decision.on_result` rules: dead-lettered (a final failure, or its last
+        attempt), else visible again after its backoff delay."""
         if not delivery.claim(Stage.RUNNING, Stage.DONE):
-            return Verdict.TAKEN
+            return Outcome.TAKEN
         failure = HandlerFailure.of(error)
-        attempt, attempts = delivery.receive_count, self.attempts(delivery)
-        self.consumer.emit("failed", delivery.log_id, duration=delivery.running_for(), fields={
-            **failure.fields(), "receive_count": attempt, "max_attempts": attempts})
+        rules = self.rules
+        facts = self.facts(delivery)
+        verdict = decision.on_result(facts, rules, error)
+        attempts = rules.attempts(facts)
+        fields: dict[str, Any] = {**failure.fields(), "receive_count": delivery.receive_count,
+                                  "max_attempts": attempts}
+        if verdict.final:
+            fields["final"] = True
+        self.consumer.emit("failed", delivery.log_id, duration=delivery.running_for(),
+                           fields=fields)
         self.consumer.run_hooks(LifecycleHooks.ON_ERROR, message, error)
-        if attempt >= attempts:
-            return self._forward(delivery, exhausted_reason(attempt, attempts), failure)
-        return self._retry(delivery, attempts=attempts)
+        if verdict.action is Action.DEAD_LETTER:
+            return self._forward(delivery, verdict.reason, failure)
+        return self._retry(delivery, attempts=attempts, delay=verdict.delay)
 
     def _retry(self, delivery: Delivery, attempts: int | None = None,
-               error: BaseException | None = None) -> Verdict:
-        """Visible again after the backoff delay; `error`: not the handler's (the idempotency
-        store), reported on the 'retried' event."""
+               error: BaseException | None = None, delay: int | None = None) -> Outcome:
+        """Visible again after `delay` (None: the backoff delay, `decision.retry_delay`);
+        `error`: not the handler's (the idempotency store), reported on the 'retried' event."""
         if error is not None and not delivery.claim(Stage.RUNNING, Stage.DONE):
-            return Verdict.TAKEN
-        delay = self.retry_delay(delivery)
+            return Outcome.TAKEN
+        if delay is None:
+            delay = decision.retry_delay(self.facts(delivery), self.rules)
         fields: dict[str, Any] = {"delay": delay, "receive_count": delivery.receive_count,
                                   "max_attempts": attempts or self.attempts(delivery)}
         if error is not None:
@@ -384,19 +381,19 @@ class OutcomePolicy:
             self.consumer.emit("retried", delivery.log_id, fields=fields)
         except Exception as failed:  # its lease runs out instead: redelivered a bit later
             self.consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failed)})
-        return Verdict.RETRY
+        return Outcome.RETRY
 
-    def _unprocessable(self, delivery: Delivery, reason: str) -> Verdict:
+    def _unprocessable(self, delivery: Delivery, reason: str) -> Outcome:
         """Dead-lettered before any handler ran; its trace ends in a failed `process` span."""
         if not delivery.claim(Stage.RUNNING, Stage.DONE):
-            return Verdict.TAKEN
+            return Outcome.TAKEN
         mailbox = self._mailbox(delivery)
         ProcessTrace.unprocessable(self.consumer.settings.tracing, delivery.raw,
                                    mailbox.queue_url, delivery.log_id, reason)
         return self._forward(delivery, reason)
 
     def _forward(self, delivery: Delivery, reason: str,
-                 failure: HandlerFailure | None = None) -> Verdict:
+                 failure: HandlerFailure | None = None) -> Outcome:
         """To the DLQ with the reason and a note of what failed (`failure_note`), then deleted
         (claimed already)."""
         from messenger.consume.tracking import consumer_id
@@ -407,13 +404,16 @@ class OutcomePolicy:
         except Exception as error:
             self.consumer.emit("dead_letter_failed", delivery.log_id, fields={
                 "reason": reason, "error": f"{type(error).__name__}: {error}"})
-            if self.forward_failed is not None:
-                self.forward_failed(delivery, reason, failure, error)
-            return Verdict.KEPT
+            then = decision.on_forward_failed(self.rules, failure is not None, reason, error,
+                                              timed_out=delivery.stage is Stage.TIMED_OUT)
+            if then.action is Action.STOP_CONSUMER and self.stop is not None:
+                self.stop(ProcessingTimeout(then.reason) if delivery.stage is Stage.TIMED_OUT
+                          else error)
+            return Outcome.KEPT
         self.consumer.emit("dead_lettered", delivery.log_id, duration=delivery.running_for(),
                            fields={"reason": reason, "receive_count": delivery.receive_count})
         self._release_firing(delivery)
-        return Verdict.DEAD_LETTERED
+        return Outcome.DEAD_LETTERED
 
     def _release_firing(self, delivery: Delivery) -> None:
         """A dead-lettered copy of a job that carries an id gives its claim back (only its

@@ -51,8 +51,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from messenger.aws import is_transient
+from messenger.consume import decision
 from messenger.consume.controls import ControlWatcher, stop_now
-from messenger.consume.failures import HandlerFailure
+from messenger.consume.decision import Action
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lease import LeaseKeeper, lapse_event, lease_lapsed
 from messenger.consume.levels import LevelPoller
@@ -64,7 +65,7 @@ from messenger.consume.mailbox import (
     Mailbox,
     Stage,
 )
-from messenger.consume.outcome import OutcomePolicy, Verdict
+from messenger.consume.outcome import Outcome, OutcomePolicy
 from messenger.consume.prefetch import Prefetch
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog
 from messenger.jobs.controls import CancelRequests, PauseMark
@@ -158,9 +159,10 @@ class Runtime:
         self.paused: PauseMark | None = None
         self.controls = (ControlWatcher(self, control_sqs, cancels)
                          if control_sqs is not None else None)
-        #: What happens to each message (shared with the Lambda runtime).
+        #: What happens to each message (shared with the Lambda runtime); a dead letter it
+        #: cannot forward for want of a DLQ stops the consumer (`decision.on_forward_failed`).
         self.outcomes = OutcomePolicy(consumer, store, done_stage=Stage.DELETING,
-                                      forward_failed=self._forward_failed)
+                                      stop=self.fail)
 
     # -- state ------------------------------------------------------------------------------
     def free_slots(self) -> int:
@@ -608,10 +610,10 @@ class Runtime:
                               reason="shutdown")
                 return
             ok = self._process(delivery)
-            if not ok and self.consumer.ordered and position + 1 < len(chain):
-                # Keep the group's order: the rest waits behind the failed message.
+            then = decision.after_step(self.consumer.ordered, ok, len(chain) - position - 1)
+            if then.action is Action.RELEASE_REST:  # the group's order: the rest waits
                 rest = [d for d in chain[position + 1:] if d.claim(Stage.QUEUED, Stage.DONE)]
-                self._release(rest, reason="group_blocked")
+                self._release(rest, reason=then.reason)
                 return
 
     def _process(self, delivery: Delivery) -> bool:
@@ -622,20 +624,21 @@ class Runtime:
                 return False
             delivery.stage = Stage.RUNNING
             delivery.started_at = time.monotonic()
-            delivery.deadline = delivery.started_at + self.consumer.processing_timeout
+            delivery.deadline = decision.deadline(delivery.started_at,
+                                                  self.consumer.processing_timeout)
             delivery.thread_id = threading.get_ident()
         verdict = self.outcomes.run(delivery, self.mailbox.budget)
         self._check_lease(delivery)
-        if verdict is Verdict.TIMED_OUT:  # returned past its deadline before the tick saw it
+        if verdict is Outcome.TIMED_OUT:  # returned past its deadline before the tick saw it
             self.watchdog.timed_out(delivery)
             return False
-        if verdict is Verdict.TAKEN:  # timed out meanwhile: the watchdog dead-letters it
+        if verdict is Outcome.TAKEN:  # timed out meanwhile: the watchdog dead-letters it
             return False
         if verdict.deletes:
             with self._lock:
                 self._deleting[delivery.receipt_handle] = delivery
             self.deleter.add(delivery)
-        self._finish(delivery, progress=verdict is not Verdict.KEPT)
+        self._finish(delivery, progress=verdict is not Outcome.KEPT)
         return verdict.finished
 
     def _check_lease(self, delivery: Delivery) -> None:
@@ -656,18 +659,6 @@ class Runtime:
         """Forward a timed-out message to the DLQ (on the watchdog's forwarder thread)."""
         self.outcomes.forward_timed_out(delivery)
         self._finish(delivery)
-
-    def _forward_failed(self, delivery: Delivery, reason: str, failure: HandlerFailure | None,
-                        error: Exception) -> None:
-        """A dead-letter forward failed. A failed handler's message stays in its queue (back
-        when its lease ends, or SQS's redrive); one dead-lettered for another reason (no DLQ to
-        take it) stops the consumer with the error, the message still in its queue."""
-        if failure is not None:
-            return
-        fatal: BaseException = error
-        if delivery.stage is Stage.TIMED_OUT:
-            fatal = ProcessingTimeout(f"{reason}; forwarding to the DLQ failed: {error}")
-        self.fail(fatal)
 
     def _finish(self, delivery: Delivery, progress: bool = False) -> None:
         with self._lock:
