@@ -46,7 +46,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from messenger.aws import ClientFactory, call_with_budget, error_code
 from messenger.channel import SQS_MAX_RETENTION_SECONDS, dedup_table_name
 from messenger.errors import InvalidSettings, MessengerError
-from messenger.jobs.tables import EXPIRES_AT, ensure_table
+from messenger.jobs.tables import EXPIRES_AT, ensure_table, put_unless_held
 from messenger.settings import Settings
 
 logger = logging.getLogger("messenger.dedup")
@@ -216,18 +216,12 @@ class DedupStore:
                 "ExpressionAttributeNames": {"#state": "state", "#token": "token"},
                 "ExpressionAttributeValues": {":now": {"N": repr(now)},
                                               ":claimed": {"S": CLAIMED}, ":token": {"S": token}},
-                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
             }
-            try:
-                # The same token on every attempt: a retry after a lost answer finds its own.
-                call_with_budget(functools.partial(dynamodb.put_item, **request),
-                                 self.settings.retry_budget_seconds,
-                                 f"claiming message id {message_id!r}")
+            # The same token on every attempt: a retry after a lost answer finds its own.
+            old = put_unless_held(dynamodb, request, self.settings.retry_budget_seconds,
+                                  f"claiming message id {message_id!r}")
+            if old is None:
                 return claim
-            except ClientError as error:
-                if error_code(error) != "ConditionalCheckFailedException":
-                    raise
-                old = error.response.get("Item", {})
             verdict = self._holder(key, old, time.time())
             if verdict is not None:
                 return verdict

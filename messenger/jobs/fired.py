@@ -44,7 +44,7 @@ from messenger.channel import FIRED_CLAIM_PREFIX, SQS_MAX_RETENTION_SECONDS
 from messenger.errors import MessengerError
 from messenger.jobs.dedup import DedupTable
 from messenger.jobs.schedules import MAX_EVENT_AGE_SECONDS, SCHEDULED_HEADER
-from messenger.jobs.tables import EXPIRES_AT
+from messenger.jobs.tables import EXPIRES_AT, put_unless_held
 from messenger.message import MESSAGE_ID_ATTRIBUTE
 from messenger.settings import Settings
 from messenger.tracing import received_headers
@@ -161,19 +161,10 @@ class JobClaims:
             "ConditionExpression": _CLAIM_CONDITION,
             "ExpressionAttributeValues": {":now": {"N": repr(now)},
                                           ":mine": {"S": sqs_message_id}},
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
-        dynamodb = self.clients.client("dynamodb")
-        try:
-            call_with_budget(functools.partial(dynamodb.put_item, **request),
-                             self.settings.retry_budget_seconds,
-                             f"claiming job {job_id!r}")
-            return None
-        except ClientError as error:
-            if error_code(error) != "ConditionalCheckFailedException":
-                raise
-            old = error.response.get("Item", {})
-        return _holder(job_id, old)
+        old = put_unless_held(self.clients.client("dynamodb"), request,
+                              self.settings.retry_budget_seconds, f"claiming job {job_id!r}")
+        return None if old is None else _holder(job_id, old)
 
     def release(self, job_id: str, sqs_message_id: str) -> None:
         """Give this copy's claim back (it was dead-lettered): only its own. A failure is logged:
@@ -249,25 +240,22 @@ def cancel(clients: ClientFactory, settings: Settings, job_id: str, channels: Se
                      EXPIRES_AT: {"N": str(int(max(now, until)) + CLAIM_SECONDS)}},
             "ConditionExpression": _CANCEL_CONDITION,
             "ExpressionAttributeValues": {":now": {"N": repr(now)}},
-            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
         }
 
     budget = settings.retry_budget_seconds
+    if len(channels) == 1:
+        old = put_unless_held(dynamodb, put(channels[0]), budget, f"cancelling job {job_id!r}")
+        return None if old is None else (channels[0], _claimer(job_id, old))
     try:
-        if len(channels) == 1:
-            call_with_budget(functools.partial(dynamodb.put_item, **put(channels[0])), budget,
-                             f"cancelling job {job_id!r}")
-        else:
-            call_with_budget(functools.partial(
-                dynamodb.transact_write_items,
-                TransactItems=[{"Put": put(channel)} for channel in channels]),
-                budget, f"cancelling job {job_id!r}")
+        call_with_budget(functools.partial(
+            dynamodb.transact_write_items,
+            TransactItems=[{"Put": {**put(channel),
+                                    "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}}
+                           for channel in channels]),
+            budget, f"cancelling job {job_id!r}")
         return None
     except ClientError as error:
-        code = error_code(error)
-        if code == "ConditionalCheckFailedException":
-            return channels[0], _claimer(job_id, error.response.get("Item", {}))
-        if code != "TransactionCanceledException":
+        if error_code(error) != "TransactionCanceledException":
             raise
         reasons = error.response.get("CancellationReasons", [])
     for channel, reason in zip(channels, reasons):

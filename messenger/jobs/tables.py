@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from messenger.aws import ClientFactory, error_code
+from messenger.aws import ClientFactory, call_with_budget, error_code
 from messenger.channel import TAG_MANAGED
 from messenger.errors import ChannelNotFound
 from messenger.settings import Settings
@@ -63,3 +64,26 @@ def table_exists(clients: ClientFactory, table: str) -> bool:
             return False
         raise
     return True
+
+
+def put_unless_held(dynamodb: Any, request: dict[str, Any], budget: float, what: str
+                    ) -> dict[str, Any] | None:
+    """Write on a condition, read the old item on failure: one PutItem `request` (TableName,
+    Item, ConditionExpression, ...), retried within `budget` seconds (`call_with_budget`,
+    `what` naming it), asking DynamoDB for the item that fails the condition. None when it was
+    written; else that item ({} when DynamoDB returned none: it was deleted meanwhile). Any
+    other error raises. The claims of `jobs.dedup`, `jobs.fired` and `jobs.runs` take their
+    ids with it.
+
+    The same request is sent on every attempt: a retry after an answer that was lost (the
+    write landed) finds the item it wrote, so the condition should accept the writer's own
+    item (its token, its SQS message id)."""
+    try:
+        call_with_budget(functools.partial(
+            dynamodb.put_item, **request, ReturnValuesOnConditionCheckFailure="ALL_OLD"),
+            budget, what)
+        return None
+    except ClientError as error:
+        if error_code(error) != "ConditionalCheckFailedException":
+            raise
+        return dict(error.response.get("Item") or {})
