@@ -26,12 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from botocore.exceptions import ClientError
-
-from messenger.aws import ClientFactory, call_with_budget, error_code
+from messenger.aws import ClientFactory, call_with_budget
 from messenger.errors import InvalidSettings
 from messenger.jobs.dedup import DedupTable, check_window
-from messenger.jobs.tables import EXPIRES_AT
+from messenger.jobs.tables import EXPIRES_AT, put_unless_held
 from messenger.settings import Settings
 
 #: Key prefix of the run ledger's items in the dedup table (no channel name holds an '@').
@@ -154,16 +152,14 @@ class RunLedger:
         item = {"dedup_key": {"S": self.key}, "channel": {"S": self.channel},
                 "partitions": {"N": str(self.partitions)}, "created_at": {"N": repr(now)},
                 "attempts": {"N": "0"}, EXPIRES_AT: {"N": str(int(now) + self.window)}}
-        try:
-            self._call(f"recording run {self.run_key!r}", "put_item", Item=item,
-                       ConditionExpression="attribute_not_exists(dedup_key) OR expires_at <= :now",
-                       ExpressionAttributeValues={":now": {"N": repr(now)}},
-                       ReturnValuesOnConditionCheckFailure="ALL_OLD")
+        self._table.ensure()
+        old = put_unless_held(self.clients.client("dynamodb"), {
+            "TableName": self._table.name, "Item": item,
+            "ConditionExpression": "attribute_not_exists(dedup_key) OR expires_at <= :now",
+            "ExpressionAttributeValues": {":now": {"N": repr(now)}},
+        }, self.settings.retry_budget_seconds, f"recording run {self.run_key!r}")
+        if old is None:
             return
-        except ClientError as error:
-            if error_code(error) != "ConditionalCheckFailedException":
-                raise
-            old = error.response.get("Item", {})
         channel = old.get("channel", {}).get("S", "")
         partitions = int(old.get("partitions", {}).get("N", 0))
         if (channel, partitions) != (self.channel, self.partitions):
