@@ -37,6 +37,13 @@ from messenger.settings import Settings
 DEFAULT_WINDOW_SECONDS = 3600
 #: The key attribute of the table.
 KEY_ATTRIBUTE = "id"
+#: The `status` of Powertools' idempotency records, as its persistence layers store it in the
+#: table's `status` attribute (stored data: a table outlives the version that wrote it, and the
+#: TypeScript runtime exports the same strings as IdempotencyRecordStatus). Powertools for
+#: Python keeps them in a module with no public names (persistence.datarecord), so the guard
+#: compares with its own copy (tests/integration/test_idempotent_handlers.py checks both).
+RECORD_INPROGRESS = "INPROGRESS"
+RECORD_COMPLETED = "COMPLETED"
 
 
 class AlreadyDone(Exception):
@@ -127,9 +134,6 @@ class IdempotencyGuard:
             IdempotencyItemAlreadyExistsError,
             IdempotencyItemNotFoundError,
         )
-        from aws_lambda_powertools.utilities.idempotency.persistence.datarecord import (
-            STATUS_CONSTANTS,
-        )
 
         self.ensure()
         store = self._configured()
@@ -149,10 +153,10 @@ class IdempotencyGuard:
                         continue
             if record is None:
                 continue
-            if record.status == STATUS_CONSTANTS["COMPLETED"]:
+            if record.status == RECORD_COMPLETED:
                 raise AlreadyDone(f"already handled within the last "
                                   f"{self.config.expires_after_seconds} s")
-            if record.status == STATUS_CONSTANTS["INPROGRESS"]:
+            if record.status == RECORD_INPROGRESS:
                 raise InProgressElsewhere(self.retry_after)
         raise InProgressElsewhere(self.retry_after)
 

@@ -226,3 +226,31 @@ def test_a_throttled_completion_record_deletes_the_message_all_the_same(
     assert not run.consumer.named("dead_lettered")
     wait_until(lambda: _queue_empty(run), timeout=15)
     assert [m.body for m in run.consumer.handled] == [{"order": "T-2"}]
+
+
+def test_the_guard_reads_the_statuses_powertools_stores(settings: Settings,
+                                                        clients: ClientFactory):
+    # Given a guard's key begun (IN_PROGRESS) and then completed, as Powertools writes them
+    from messenger.consume.idempotency import RECORD_COMPLETED, RECORD_INPROGRESS, AlreadyDone
+    from tests.faults import injected
+
+    guard = IdempotencyGuard(clients, settings, "idem_orders", processing_timeout=30)
+    message = type("M", (), {"message_id": "K"})()
+    dynamodb = clients.client("dynamodb")
+
+    def stored() -> list[str]:
+        items = dynamodb.scan(TableName=guard.table, ConsistentRead=True)["Items"]
+        return [item["status"]["S"] for item in items]
+
+    key = guard.begin(message)
+    # Then the table holds the status the guard compares with, at each step
+    assert stored() == [RECORD_INPROGRESS]
+    puts: list[str] = []
+    with injected(clients, "before-call.dynamodb.PutItem", lambda **_: puts.append("put")), \
+            pytest.raises(InProgressElsewhere):
+        guard.begin(message)
+    assert puts == ["put"]  # told at the first look (the status compared), not after 3 puts
+    guard.complete(key)
+    assert stored() == [RECORD_COMPLETED]
+    with pytest.raises(AlreadyDone):
+        guard.begin(message)

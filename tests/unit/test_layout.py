@@ -276,12 +276,6 @@ POWERTOOLS_DOCUMENTED_MODULES = ("aws_lambda_powertools.event_handler.openapi.pa
 #: Today's violations, each to be removed by issue 51's remaining work (the outcome/runtime
 #: split); the list may only shrink: a new violation fails the test. (file, what it uses)
 ALLOWED_TODAY = {
-    # issue 51: the Lambda runtime builds its mailboxes through the consumer's private method.
-    ("messenger/consume/lambda_runtime.py", "consumer._mailboxes"),
-    # issue 51: a Powertools name outside its public ones (persistence.datarecord has no
-    # __all__ and no documented import): the idempotency store's status strings.
-    ("messenger/consume/idempotency.py",
-     "aws_lambda_powertools.utilities.idempotency.persistence.datarecord.STATUS_CONSTANTS"),
     # issue 51: the batch utility's response type, from batch.types (no __all__); typing only.
     ("messenger/consume/lambda_runtime.py",
      "aws_lambda_powertools.utilities.batch.types.PartialItemFailureResponse"),
