@@ -32,13 +32,18 @@ KEY_ACTIONS_PUBLISH = ("kms:GenerateDataKey", "kms:Decrypt", "kms:DescribeKey")
 #: What a consumer needs on the key: read encrypted messages, forward some to the DLQ.
 KEY_ACTIONS_CONSUME = ("kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
 QUEUE_ACTIONS_SEND = ("sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl")
+#: A process reading its channel's declaration of `track_status` (the `messenger:track-status`
+#: tag of its queues): a producer with track_status None at its first push, the HTTP API's
+#: status answer, a consumer in verify mode (`QUEUE_ACTIONS_CONSUME` has it).
+QUEUE_ACTIONS_READ_TRACKING = ("sqs:ListQueueTags",)
 QUEUE_ACTIONS_CONSUME = (
     "sqs:ReceiveMessage",
     "sqs:DeleteMessage",
     "sqs:ChangeMessageVisibility",
     "sqs:GetQueueAttributes",
     "sqs:GetQueueUrl",
-    # An operator's pause is a tag on the queue (messenger.jobs.controls), read per heartbeat.
+    # An operator's pause is a tag on the queue (messenger.jobs.controls), read per heartbeat;
+    # in verify mode, the channel's track_status declaration too (Consumer.check_tracking).
     "sqs:ListQueueTags",
 )
 #: A consumer in verify mode checks its topic and subscription exist.
@@ -371,8 +376,14 @@ class Channel(Construct):
         return [level.dlq for level in self.levels]
 
     # -- grants -----------------------------------------------------------------------------
-    def grant_publish(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Let `grantee` publish: to the topic of an exchange, else to the queue(s); and the key."""
+    def grant_publish(self, grantee: iam.IGrantable, *, reads_tracking: bool = True
+                      ) -> iam.Grant:
+        """Let `grantee` publish: to the topic of an exchange, else to the queue(s); and the key.
+
+        reads_tracking: a producer process reads the channel's `track_status` declaration from
+        its queues' tags at its first push (sqs:ListQueueTags on them; an exchange declares
+        nothing, its producers read no tag). False for a role no producer code runs as
+        (EventBridge Scheduler's: it only sends)."""
         scope = _stack_of(grantee)
         if self.exchange is not None:
             grant = iam.Grant.add_to_principal(
@@ -380,8 +391,10 @@ class Channel(Construct):
                 resource_arns=[self.topic_arn_in(scope)],
             )
         else:
+            actions = QUEUE_ACTIONS_SEND + (QUEUE_ACTIONS_READ_TRACKING if reads_tracking
+                                            else ())
             grant = iam.Grant.add_to_principal(
-                grantee=grantee, actions=list(QUEUE_ACTIONS_SEND),
+                grantee=grantee, actions=list(actions),
                 resource_arns=[level.queue_arn_in(scope) for level in self.levels],
             )
         self.key.grant(grantee, *KEY_ACTIONS_PUBLISH)

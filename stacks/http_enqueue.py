@@ -23,7 +23,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from aws_cdk import CfnOutput, Duration, RemovalPolicy
+from aws_cdk import CfnOutput, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cognito as cognito
 from aws_cdk import aws_iam as iam
@@ -32,10 +32,12 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
+from messenger.channel import TAG_CHANNEL
 from stacks.bundle import LAMBDA_PACKAGES, lambda_bundle
-from stacks.channel import Channel
+from stacks.channel import QUEUE_ACTIONS_READ_TRACKING, Channel
 from stacks.foundation import Foundation
-from stacks.nag import acknowledge
+from stacks.nag import acknowledge, acknowledge_wildcard_resource
+from stacks.ownership import any_name, ownership_condition, ownership_reason
 from stacks.schedules import ScheduleWiring
 
 RUNTIME = lambda_.Runtime.PYTHON_3_11
@@ -248,8 +250,17 @@ class HttpEnqueue(Construct):
             iam.Grant.add_to_principal(  # GET /jobs/{id}: the timeline of one job
                 grantee=role, actions=["dynamodb:Query"],
                 resource_arns=[foundation.status_table.table_arn])
+        # GET /jobs/{id} of a job on a tracked exchange reads the declaration of every queue
+        # subscribed to its topic (a queue channel's: grant_publish's ListQueueTags).
+        exchanges = [c["name"] for c in served if c["exchange"] and c["track_status"]]
+        for exchange in exchanges:
+            channel = next(c for c in self.channels if c.spec.exchange == exchange)
+            self._grant_exchange_declarations(role, channel, namespace)
         policy = role.node.try_find_child("DefaultPolicy")
         assert policy is not None
+        if exchanges:
+            acknowledge_wildcard_resource(policy, self._queues_arn(),
+                                          ownership_reason(namespace))
         acknowledge(policy, "AwsSolutions-IAM5[Resource::*]",
                     "Active tracing: X-Ray's PutTraceSegments and PutTelemetryRecords have no "
                     "resource types, so IAM grants them on * only"
@@ -259,6 +270,27 @@ class HttpEnqueue(Construct):
                     "Pinned to Python 3.11, the version the library, its bundled dependencies "
                     "and the tests use; upgraded together with the project's Python.")
         return function, role
+
+    def _queues_arn(self) -> str:
+        stack = Stack.of(self)
+        return any_name("sqs", stack.region, stack.account)
+
+    def _grant_exchange_declarations(self, role: iam.Role, channel: Channel,
+                                     namespace: str) -> None:
+        """What `TrackingDeclarations.of_exchange` reads: the subscriptions of the exchange's
+        topic (its exact ARN), then GetQueueUrl and ListQueueTags of each subscribed queue.
+        Consumers in auto mode subscribe queues at run time, so these are named by their tags:
+        the namespace's, `messenger:role=queue` and a `messenger:channel` of this exchange
+        ('<exchange>.<queue>', a priority level's '<exchange>.<queue>-<level>')."""
+        assert channel.spec.exchange is not None
+        role.add_to_policy(iam.PolicyStatement(
+            actions=["sns:ListSubscriptionsByTopic"], resources=[channel.topic_arn_in(role)]))
+        conditions = ownership_condition(namespace, "queue")
+        conditions["StringLike"] = {
+            f"aws:ResourceTag/{TAG_CHANNEL}": f"{channel.spec.exchange}.*"}
+        role.add_to_policy(iam.PolicyStatement(
+            actions=["sqs:GetQueueUrl", *QUEUE_ACTIONS_READ_TRACKING],
+            resources=[self._queues_arn()], conditions=conditions))
 
     def _methods(self, user_pools: Sequence[cognito.IUserPool], scopes: Sequence[str],
                  unauthenticated: set[str], api_key_required: bool) -> None:

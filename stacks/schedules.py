@@ -147,7 +147,7 @@ class ScheduleWiring(Construct):
         role = _scheduler_role(scope, id, description="EventBridge Scheduler sends one-time "
                                "jobs to " + ", ".join(c.spec.name for c in channels))
         for channel in channels:
-            channel.grant_publish(role)
+            channel.grant_publish(role, reads_tracking=False)  # Scheduler sends, reads no tag
         # Undeliverable jobs: Scheduler sends them to the DLQ as this role.
         role.add_to_principal_policy(iam.PolicyStatement(
             actions=["sqs:SendMessage"], resources=[self.dlq.queue_arn]))
@@ -191,7 +191,7 @@ class RecurringJob(Construct):
             kind, destination = "sqs", level.queue.queue_url
         self.role = _scheduler_role(
             self, "Role", description=f"EventBridge Scheduler sends {job.name} to {spec.name}")
-        channel.grant_publish(self.role)
+        channel.grant_publish(self.role, reads_tracking=False)  # Scheduler reads no tag
         # Not the queue's grant_send_messages: it adds wildcard KMS actions; grant_publish
         # gave the key's two actions already.
         self.role.add_to_principal_policy(iam.PolicyStatement(

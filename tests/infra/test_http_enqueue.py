@@ -16,13 +16,15 @@ from cdk_nag import AwsSolutionsChecks
 
 from messenger.api.channels import ApiChannel, parse_channels
 from messenger.api.requests import MAX_DELAY_SECONDS
-from messenger.channel import ChannelSpec
+from messenger.channel import TAG_CHANNEL, ChannelSpec
 from stacks.channel import Channel
 from stacks.foundation import Foundation
 from stacks.http_enqueue import ROUTES, HttpEnqueue
+from stacks.ownership import ownership_condition
 from stacks.schedules import ScheduleWiring
 from tests.infra.conftest import ACCOUNT, REGION, as_list
 from tests.infra.synthesized import Synthesized, synthesize
+from tests.infra.tag_conditions import tags_meet
 
 REPO = Path(__file__).resolve().parents[2]
 CONTEXT = json.loads((REPO / "cdk.json").read_text())["context"]
@@ -34,14 +36,16 @@ NAMESPACES = {"Default": NAMESPACE, "Options": "httpo", "Bad": "httpb"}
 def _stack(app: cdk.App, name: str, exchange: bool = True
            ) -> tuple[cdk.Stack, Foundation, list[Channel]]:
     """A stack with its foundation and channels: a queue with levels and status, and (an
-    exchange is the app's, shared by its stacks: one stack has it) an exchange's two queues."""
+    exchange is the app's, shared by its stacks: one stack has it) an exchange's two queues,
+    which track status."""
     stack = cdk.Stack(app, name, env=cdk.Environment(account=ACCOUNT, region=REGION))
     namespace = NAMESPACES[name]
     foundation = Foundation(stack, "Foundation", namespace=namespace)
     specs = [ChannelSpec("orders", namespace=namespace, track_status=True,
                          priorities=("high", "low")),
-             ChannelSpec("events.mobile", namespace=namespace),
-             ChannelSpec("events.web", namespace=namespace)][: 3 if exchange else 1]
+             ChannelSpec("events.mobile", namespace=namespace, track_status=True),
+             ChannelSpec("events.web", namespace=namespace, track_status=True)][
+                 : 3 if exchange else 1]
     channels = [Channel(stack, f"Channel{i}", spec=spec, key=foundation.key)
                 for i, spec in enumerate(specs)]
     return stack, foundation, channels
@@ -141,7 +145,7 @@ def test_the_function_serves_its_channels_as_the_library_reads_them(
     # The construct's JSON is what messenger.api parses: the queue, and the exchange once
     assert parse_channels(environment["MESSENGER_API_CHANNELS"]) == {
         "orders": ApiChannel("orders", priorities=("high", "low"), track_status=True),
-        "events": ApiChannel("events", exchange=True),
+        "events": ApiChannel("events", exchange=True, track_status=True),
     }
     assert environment["MESSENGER_PROVISIONING"] == "verify"
     assert environment["MESSENGER_NAMESPACE"] == NAMESPACE
@@ -177,7 +181,7 @@ def test_the_function_may_send_to_its_channels_and_nothing_else(
     assert sorted(by_action["sqs:SendMessage"]) == sorted(
         json.dumps({"Fn::GetAtt": [q, "Arn"]}) for q in queues)
     assert not {a for a in by_action if a.startswith("sqs:")} - {
-        "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}
+        "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:ListQueueTags"}
     assert by_action["sns:Publish"] == [json.dumps({"Ref": t}) for t in topics]
     # The key, the payload objects, the job tables; * only for X-Ray (no resource types)
     key = json.dumps({"Fn::GetAtt": [next(k for k in resources if "FoundationKey" in k
@@ -195,6 +199,52 @@ def test_the_function_may_send_to_its_channels_and_nothing_else(
     wildcard = {a for a, refs in by_action.items() if '"*"' in refs}
     assert wildcard == {"xray:PutTraceSegments", "xray:PutTelemetryRecords",
                         "scheduler:ListSchedules"}
+
+
+def test_the_function_reads_the_tracking_declarations_of_its_channels_only(
+        synthesized: Synthesized) -> None:
+    # A producer's first push and GET /jobs/{id} read the channel's messenger:track-status tag
+    # (sqs:ListQueueTags; without it the answer falls back to the API's configuration)
+    statements = _role_statements(synthesized, "Default")
+    resources = synthesized.templates["Default"]["Resources"]
+    orders = sorted(json.dumps({"Fn::GetAtt": [k, "Arn"]}) for k, r in resources.items()
+                    if r["Type"] == "AWS::SQS::Queue" and "orders" in r["Properties"]["QueueName"]
+                    and not r["Properties"]["QueueName"].endswith("-dlq"))
+    by_arn = [s for s in statements if "sqs:ListQueueTags" in as_list(s["Action"])
+              and "Condition" not in s]
+    assert sorted(json.dumps(r) for s in by_arn for r in as_list(s["Resource"])) == orders
+    # The tracked exchange's answer reads every queue subscribed to its topic: the topic's
+    # subscriptions (its ARN) ...
+    (topic,) = synthesized.of_type("Default", "AWS::SNS::Topic")
+    (listing,) = [s for s in statements
+                  if "sns:ListSubscriptionsByTopic" in as_list(s["Action"])]
+    assert listing["Resource"] == {"Ref": topic}
+    # ... and the queues of that exchange in the namespace, made at deploy or at run time
+    # (their tags: the API cannot name a queue a consumer subscribes at run time)
+    (by_tags,) = [s for s in statements if "sqs:ListQueueTags" in as_list(s["Action"])
+                  and "Condition" in s]
+    assert sorted(as_list(by_tags["Action"])) == ["sqs:GetQueueUrl", "sqs:ListQueueTags"]
+    assert by_tags["Resource"] == {"Fn::Join": ["", [
+        "arn:", {"Ref": "AWS::Partition"}, f":sqs:{REGION}:{ACCOUNT}:*"]]}
+    condition = by_tags["Condition"]
+    assert condition == {**ownership_condition(NAMESPACE, "queue"), "StringLike": {
+        f"aws:ResourceTag/{TAG_CHANNEL}": "events.*"}}
+    # Which queues it reaches, by the tags the channels' queues carry
+    def reached(spec: ChannelSpec, role: str = "queue") -> bool:
+        return tags_meet(condition, spec.resource_tags(role))
+    assert reached(ChannelSpec("events.mobile", namespace=NAMESPACE))
+    assert reached(ChannelSpec("events.audit", namespace=NAMESPACE))  # a run-time subscriber
+    assert all(reached(level) for level in ChannelSpec(
+        "events.bulk", namespace=NAMESPACE, priorities=("high", "low")).level_specs())
+    assert not reached(ChannelSpec("events.mobile", namespace=NAMESPACE), "dlq")
+    assert not reached(ChannelSpec("orders", namespace=NAMESPACE))
+    assert not reached(ChannelSpec("eventsx.mobile", namespace=NAMESPACE))
+    assert not reached(ChannelSpec("events.mobile", namespace=f"{NAMESPACE}-eu"))
+    assert not reached(ChannelSpec("events.mobile"))  # the default namespace's
+    # The Options API serves no exchange: no subscriptions, no tag-conditioned read
+    options = json.dumps(_role_statements(synthesized, "Options"))
+    assert "ListSubscriptionsByTopic" not in options and "aws:ResourceTag" not in options
+    assert "sqs:ListQueueTags" in options
 
 
 def test_the_function_may_schedule_jobs_in_its_namespace_group_only(
