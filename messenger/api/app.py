@@ -143,6 +143,11 @@ class JobApi:
         self._table_ready = False
         #: Holds every AWS call of a request to the request's deadline (messenger.api.deadline).
         self.guard = DeadlineGuard().attach(self.clients)
+        #: Powertools' router keeps the current event in a class attribute (one per process):
+        #: requests served at once (`LocalApi`'s threads) read theirs in turn, until their route
+        #: has taken what it needs (`_route_started`).
+        self._routing = threading.Lock()
+        self._holding = threading.local()
         self.app = self._routes()
 
     @classmethod
@@ -183,12 +188,18 @@ class JobApi:
         def work() -> None:
             self.guard.enter(state)
             try:
+                # A router of its own: a router keeps the request's state on itself (a worker
+                # still running after its late answer must not clear the next request's).
+                router = self._routes()
+                self._routing.acquire()
+                self._holding.lock = True
                 with deadline_scope(state.answer_by):  # no retry, no backoff past it
-                    answered.append(_shaped(dict(self.app.resolve(event, context))))
+                    answered.append(_shaped(dict(router.resolve(event, context))))
             except Exception:  # an accepted job never raises out of a route; see _late_answer
                 logger.exception("request failed")
                 answered.append(_late_answer(state, event, failed=True))
             finally:
+                self._route_started()
                 self.guard.leave()
                 done.set()
 
@@ -235,12 +246,14 @@ class JobApi:
             idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
         ):  # no return annotation: Powertools would validate the Response against it
             served = self._channel(channel)
-            self._note(route="single", channel=served.name, base=self._location(app, ""))
+            base = self._location(app, "")  # read once: the router's event is process-wide
+            self._route_started()
+            self._note(route="single", channel=served.name, base=base)
             if idempotency_key is None:
                 accepted, replayed = self._push(served, job, None), False
             else:
                 accepted, replayed = self._push_once(served, job, idempotency_key)
-            headers = {"Location": self._location(app, accepted["job_id"])}
+            headers = {"Location": base + accepted["job_id"]}
             if replayed:
                 headers["Idempotent-Replayed"] = "true"
             body = {"job_id": accepted["job_id"], "channel": served.name, **accepted}
@@ -252,7 +265,9 @@ class JobApi:
             idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
         ):
             served = self._channel(channel)
-            self._note(route="batch", channel=served.name, base=self._location(app, ""),
+            base = self._location(app, "")  # read once: the router's event is process-wide
+            self._route_started()
+            self._note(route="batch", channel=served.name, base=base,
                        size=len(batch.jobs))
             if idempotency_key is None:
                 (status, results), replayed = self._push_batch(served, batch, None), False
@@ -261,7 +276,7 @@ class JobApi:
                                                                     idempotency_key)
             for result in results:
                 if "job_id" in result:
-                    result["location"] = self._location(app, result["job_id"])
+                    result["location"] = base + result["job_id"]
             headers = {"Idempotent-Replayed": "true"} if replayed else {}
             if any(result.get("status") in RETRY_STATUSES for result in results):
                 headers["Retry-After"] = str(RETRY_AFTER_THROTTLED)
@@ -270,6 +285,7 @@ class JobApi:
 
         @app.get("/jobs/<job_id>")
         def job_status(job_id: str):
+            self._route_started()
             return Response(200, JSON, json.dumps(self._timeline(job_id)))
 
         return app
@@ -515,6 +531,12 @@ class JobApi:
                     table_name=table, key_attr="id", expiry_attr=EXPIRES_AT,
                     boto3_client=self.clients.client("dynamodb"))
             return store
+
+    def _route_started(self) -> None:
+        """The route has what it needs of the router's event: other requests may route now."""
+        if getattr(self._holding, "lock", False):
+            self._holding.lock = False
+            self._routing.release()
 
     def _note(self, **notes: Any) -> None:
         """Tell a late answer (`_late_answer`) about the request: its route, channel, job ids."""

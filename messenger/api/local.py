@@ -131,6 +131,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    #: Connections waiting to be accepted (socketserver's default, 5, resets a burst's others).
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], api: JobApi) -> None:
         super().__init__(address, _Handler)

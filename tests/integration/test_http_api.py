@@ -544,6 +544,35 @@ def test_the_idempotency_store_failing_before_the_push_is_503_and_nothing_is_sen
     assert [decode(m).message_id for m in held] == [job_id_for_key("http_jobs", "down-1")]
 
 
+def test_requests_served_at_once_each_get_their_own_answer(
+        call: Call, clients: ClientFactory, settings: Settings) -> None:
+    # When 40 clients post at once, half with a key, each its own body
+    def post(n: int) -> Reply:
+        headers = {"Idempotency-Key": f"many-{n}"} if n % 2 else {}
+        return call("POST", "/channels/http_jobs/jobs", {"body": {"n": n}}, headers=headers)
+
+    replies: dict[int, Reply] = {}
+    threads = [threading.Thread(target=lambda n=n: replies.__setitem__(n, post(n)))
+               for n in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    # Then each answer is its own request's: a keyed one has its key's id, and the job under
+    # each answered id has that request's body (Powertools' router keeps the current event
+    # process-wide: requests routed at once must not read each other's)
+    assert sorted(replies) == list(range(40))
+    assert all(reply.status == 202 for reply in replies.values()), [
+        r.raw for r in replies.values()]
+    for n, reply in replies.items():
+        if n % 2:
+            assert reply.json["job_id"] == job_id_for_key("http_jobs", f"many-{n}"), n
+        assert reply.headers["Location"] == f"/jobs/{reply.json['job_id']}"
+    held = drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))
+    bodies = {decode(m).message_id: decode(m).body["n"] for m in held}
+    assert bodies == {reply.json["job_id"]: n for n, reply in replies.items()}
+
+
 def test_the_local_api_answers_within_api_gateways_timeout(call: Call) -> None:
     started = time.monotonic()
     assert call("POST", "/channels/http_jobs/jobs", {"body": 1}).status == 202
