@@ -541,7 +541,7 @@ class Consumer:
             self.resources = resources
             self.transition(ConsumerState.INITIALIZED)
             self.workers.start(ConsumerState.INITIALIZED.value)
-            mailbox, poller = self._mailboxes(self.resources)
+            mailbox, poller = self.mailboxes(self.resources)
             runtime = self.runtime_class(
                 self, mailbox, PayloadStore(self.clients.client("s3"), ""), poller=poller,
                 lease_sqs=self.clients.client(
@@ -621,9 +621,10 @@ class Consumer:
         resources: ChannelResources = outcome["resources"]
         return resources
 
-    def _mailboxes(self, resources: ChannelResources,
-                   sqs: Any = None) -> tuple[Mailbox, LevelPoller | None]:
-        """The default level's mailbox, and a poller over every level's (prioritized channel).
+    def mailboxes(self, resources: ChannelResources,
+                  sqs: Any = None) -> tuple[Mailbox, LevelPoller | None]:
+        """The default level's mailbox, and a poller over every level's (prioritized channel):
+        the SQS calls of either runtime (Fargate's `run`, `LambdaConsumerRuntime`).
         sqs: their client (default: a long-polling one; Lambda, which never receives, passes
         the client that resolved the channel rather than make another at its cold start)."""
         def mailbox(found: ChannelResources) -> Mailbox:

@@ -255,7 +255,7 @@ class LambdaConsumerRuntime:
         if consumer.idempotency is not None:  # a missing table fails the cold start
             consumer.idempotency.ensure()
         # the Fargate runtime's own, on the client that resolved the channel
-        default, poller = consumer._mailboxes(consumer.resources, consumer.clients.client("sqs"))
+        default, poller = consumer.mailboxes(consumer.resources, consumer.clients.client("sqs"))
         boxes = list(poller.by_level.values()) if poller is not None else [default]
         for box in boxes:
             # An SQS call after the last handler (a forward, the releases) must end before the
