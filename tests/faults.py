@@ -32,6 +32,12 @@ class _RawBody:
         return data
 
 
+def aws_response(url: str, status: int, headers: dict[str, str], body: bytes) -> AWSResponse:
+    """An answer a `before-send` hook returns instead of sending the request: botocore parses
+    it (status, headers, body) and retries it exactly as the service's own."""
+    return AWSResponse(url, status, headers, _RawBody(body))
+
+
 def throttling_response(protocol: str, url: str) -> AWSResponse:
     """A 400 throttling error in the wire format of `protocol`."""
     if protocol == "json":

@@ -8,14 +8,12 @@ import json
 from datetime import timedelta
 from typing import Any
 
-from botocore.awsrequest import AWSResponse
-
 from messenger import Producer
 from messenger.jobs.fired import JobClaims
 from messenger.jobs.schedule_store import ScheduleStore
 from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.operations.scheduled import cancel_scheduled
-from tests.faults import injected
+from tests.faults import aws_response, injected
 
 
 class Nightly(Producer):
@@ -81,27 +79,15 @@ class RefuseDelete:
     def __init__(self, name: str) -> None:
         self.name, self.refused = name, 0
 
-    def __call__(self, request: Any, **_: Any) -> AWSResponse | None:
+    def __call__(self, request: Any, **_: Any) -> Any:
         if f"/schedules/{self.name}" not in request.url:
             return None
         self.refused += 1
         body = json.dumps({"Message": f"not authorized to perform: scheduler:DeleteSchedule "
                                       f"on {self.name}"}).encode()
-        return AWSResponse(request.url, 403, {"Content-Type": "application/json",
-                                              "x-amzn-ErrorType": "AccessDeniedException"},
-                           _Body(body))
-
-
-class _Body:
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def stream(self, **_: Any) -> Any:
-        yield self.data
-
-    def read(self, *_: Any) -> bytes:
-        data, self.data = self.data, b""
-        return data
+        return aws_response(request.url, 403, {"Content-Type": "application/json",
+                                               "x-amzn-ErrorType": "AccessDeniedException"},
+                            body)
 
 
 def test_an_aws_error_stops_the_batch_and_says_what_was_not_attempted(settings, clients):

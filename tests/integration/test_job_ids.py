@@ -12,7 +12,7 @@ import json
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,7 +31,7 @@ from messenger.message import sendable_attributes
 from messenger.operations.requeue import Requeuer
 from messenger.settings import Settings
 from messenger.tools.scheduler_fire import invoke_target, local_clients
-from tests.faults import injected
+from tests.faults import aws_response, injected
 from tests.integration.helpers import drain, queue_url
 from tests.integration.test_consumer_runtime import (  # noqa: F401 - fixtures
     Recording,
@@ -41,20 +41,6 @@ from tests.integration.test_consumer_runtime import (  # noqa: F401 - fixtures
 )
 
 REGION = "us-east-1"
-
-
-class _Body:
-    """The raw body of an injected response (botocore reads it as urllib3's)."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-
-    def stream(self, **_: Any) -> Iterator[bytes]:
-        yield self._data
-
-    def read(self, *_: Any) -> bytes:
-        data, self._data = self._data, b""
-        return data
 
 
 class AppliedThen500:
@@ -81,9 +67,9 @@ class AppliedThen500:
         self.applied += 1
         payload = (b'{"__type":"com.amazonaws.sqs#InternalError","message":"We encountered an '
                    b'internal error. Please try again."}')
-        return AWSResponse(request.url, 500, {
+        return aws_response(request.url, 500, {
             "Content-Type": "application/x-amz-json-1.0",
-            "x-amzn-query-error": "InternalError;Receiver"}, _Body(payload))
+            "x-amzn-query-error": "InternalError;Receiver"}, payload)
 
 
 class TableRequests:

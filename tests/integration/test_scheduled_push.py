@@ -22,7 +22,7 @@ from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.offload import EXTENDED_SIZE_ATTRIBUTE
 from messenger.produce.scheduled import SCHEDULER_MAX_INPUT_BYTES
 from messenger.tools.scheduler_fire import invoke_target, local_clients
-from tests.faults import injected
+from tests.faults import aws_response, injected
 from tests.integration.helpers import decode, drain, queue_url
 
 
@@ -260,27 +260,13 @@ def test_the_scheduled_record_is_written_before_the_schedule_is_created(settings
     assert record.due_at == pushed.due.timestamp()
 
 
-class _Body:
-    """A response body botocore reads (`stream` or `read`)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def stream(self, **_: Any) -> Any:
-        yield self.data
-
-    def read(self, *_: Any) -> bytes:
-        data, self.data = self.data, b""
-        return data
-
-
 def _validation_error(request, **_) -> AWSResponse:
     """Scheduler's 400 ValidationException on the wire (its rest-json protocol), as a role it
     cannot assume gets."""
     payload = b'{"message":"Invalid request provided: role cannot be assumed"}'
     headers = {"Content-Type": "application/json",
                "x-amzn-ErrorType": "ValidationException"}
-    return AWSResponse(request.url, 400, headers, _Body(payload))
+    return aws_response(request.url, 400, headers, payload)
 
 
 def test_a_refused_create_leaves_no_scheduled_record(settings, clients):
