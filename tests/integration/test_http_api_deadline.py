@@ -8,6 +8,7 @@ accepts connections and never answers (tests.faults.Blackhole). The API runs on 
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -21,7 +22,7 @@ from messenger.api.channels import ApiChannel
 from messenger.api.local import LocalApi
 from messenger.aws import ClientFactory
 from messenger.settings import Settings
-from tests.faults import Blackhole
+from tests.faults import Blackhole, injected
 from tests.integration.helpers import decode, drain
 from tests.integration.test_http_api import Reply, _call, _queue
 
@@ -239,3 +240,53 @@ def test_with_every_aws_call_answering_after_7_s_every_answer_is_in_time_and_no_
         print("answers:", [(r.status, round(t, 1)) for r, t in done])
     finally:
         slow.close()
+
+
+class TenSeconds:
+    """A Lambda context with 10 s left (a function whose timeout is near)."""
+
+    def __init__(self) -> None:
+        self._deadline = time.monotonic() + 10.0
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+def test_a_late_answer_says_which_jobs_sqs_accepted(settings: Settings,
+                                                    clients: ClientFactory) -> None:
+    from messenger.api.local import LocalContext, proxy_event
+
+    api = JobApi(CHANNELS, settings, clients)
+
+    def post(path: str, body: bytes, key: str, context: Any) -> tuple[dict[str, Any], float]:
+        event = proxy_event("POST", path, [("Content-Type", "application/json"),
+                                           ("Idempotency-Key", key)], body)
+        started = time.monotonic()
+        return api.handle(event, context), time.monotonic() - started
+
+    warm, _ = post("/channels/http_jobs/jobs", b'{"body": 0}', "warm", LocalContext())
+    assert warm["statusCode"] == 202, warm
+    drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))
+    # Given the idempotency record's success write (after the send) hangs
+    release = threading.Event()
+    with injected(clients, "before-send.dynamodb.UpdateItem", lambda **_: release.wait(60)):
+        # When a keyed job and a keyed batch come with 10 s left to the function
+        single, single_took = post("/channels/http_jobs/jobs", b'{"body": 1}', "late-1",
+                                   TenSeconds())
+        batch, batch_took = post("/channels/http_jobs/jobs/batch",
+                                 b'{"jobs": [{"body": 2}, {"body": 3, "priority": "x"}]}',
+                                 "late-b", TenSeconds())
+        release.set()
+    # Then both are answered at their deadline (9 s), as the jobs SQS accepted: 202 with their
+    # ids, the batch's invalid job still its 400
+    assert 8.5 < single_took < 10 and 8.5 < batch_took < 10, (single_took, batch_took)
+    assert single["statusCode"] == 202, single
+    assert json.loads(single["body"])["job_id"] == job_id_for_key("http_jobs", "late-1")
+    assert single["headers"]["Location"].endswith(job_id_for_key("http_jobs", "late-1"))
+    assert batch["statusCode"] == 207, batch
+    jobs = json.loads(batch["body"])["jobs"]
+    assert [job["status"] for job in jobs] == [202, 400]
+    assert jobs[0]["job_id"] == job_id_for_key("http_jobs", "late-b\nbatch\n0")
+    assert "priority" in jobs[1]["error"]
+    assert sorted(_held(clients, settings, "http_jobs")) == sorted(
+        [job_id_for_key("http_jobs", "late-1"), jobs[0]["job_id"]])
