@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -37,7 +38,7 @@ from pyspark.sql import SparkSession
 from messenger import MultiProducer, Settings
 from messenger.aws import RequestCounter
 from messenger.spark import ExecutorSettings, publish
-from messenger.tools.local import LOCAL_CREDENTIALS, start_local_process
+from messenger.tools.local import LOCAL_CREDENTIALS, LocalProcess, start_local_process
 
 
 class PublishBench(MultiProducer):
@@ -87,33 +88,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="round trips added per request, one condition each (ms, comma list)")
     args = parser.parse_args(argv)
     conditions = [float(value) for value in args.network_ms.split(",")]
-    os.environ.update(LOCAL_CREDENTIALS)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    server = start_local_process()
-    spark = (
-        SparkSession.builder.master("local[2]").appName("bench-spark-publish")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    executor = ExecutorSettings(Settings(namespace="bench"), endpoint_url=server.url)
     results: dict[str, dict[str, Any]] = {}
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            network_path(spark, scratch)
-            for network_ms in conditions:
-                spark.sparkContext.environment[NETWORK_MS_ENV] = str(network_ms)
-                rounds = [
-                    run_round(spark, executor, args, len(results) * args.rounds + number,
-                              f"{scratch}/failed-{network_ms}-{number}", server.process.pid)
-                    for number in range(args.rounds)
-                ]
-                name = f"network_{network_ms:g}ms" if network_ms else "loopback"
-                results[name] = condition_figures(network_ms, rounds)
-    finally:
-        spark.stop()
-        server.stop()
+    with local_spark("bench-spark-publish", args.partitions) as (server, spark, executor,
+                                                                  scratch):
+        for network_ms in conditions:
+            spark.sparkContext.environment[NETWORK_MS_ENV] = str(network_ms)
+            rounds = [
+                run_round(spark, executor, args, len(results) * args.rounds + number,
+                          f"{scratch}/failed-{network_ms}-{number}", server.process.pid)
+                for number in range(args.rounds)
+            ]
+            name = f"network_{network_ms:g}ms" if network_ms else "loopback"
+            results[name] = condition_figures(network_ms, rounds)
     figures = {
         "rows": args.rows, "partitions": args.partitions, "rounds": args.rounds,
         "conditions": results,
@@ -151,6 +137,33 @@ def network_path(spark: SparkSession, folder: str) -> None:
     with open(os.path.join(folder, "sitecustomize.py"), "w") as module:
         module.write(SITECUSTOMIZE)
     spark.sparkContext.environment["PYTHONPATH"] = folder
+
+
+@contextmanager
+def local_spark(name: str, partitions: int
+                ) -> Iterator[tuple[LocalProcess, SparkSession, ExecutorSettings, str]]:
+    """What a Spark bench runs on, all stopped after the block: the local endpoint (a moto
+    server, child process), a local[2] SparkSession called `name` with `partitions` shuffle
+    partitions, executor settings on namespace 'bench' pointing at the endpoint, and a scratch
+    folder holding the workers' `network_path` (set a round trip with NETWORK_MS_ENV)."""
+    os.environ.update(LOCAL_CREDENTIALS)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    server = start_local_process()
+    spark = (
+        SparkSession.builder.master("local[2]").appName(name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    executor = ExecutorSettings(Settings(namespace="bench"), endpoint_url=server.url)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            network_path(spark, scratch)
+            yield server, spark, executor, scratch
+    finally:
+        spark.stop()
+        server.stop()
 
 
 def condition_figures(network_ms: float, rounds: list[dict[str, Any]]) -> dict[str, Any]:

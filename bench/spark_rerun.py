@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,11 +34,10 @@ if str(ROOT) not in sys.path:
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from bench.spark_publish import NETWORK_MS_ENV, network_path  # noqa: E402
-from messenger import Producer, Settings  # noqa: E402
+from bench.spark_publish import NETWORK_MS_ENV, local_spark  # noqa: E402
+from messenger import Producer  # noqa: E402
 from messenger.aws import RequestCounter  # noqa: E402
 from messenger.spark import ExecutorSettings, PublishReport, publish  # noqa: E402
-from messenger.tools.local import LOCAL_CREDENTIALS, start_local_process  # noqa: E402
 
 
 class RerunBench(Producer):
@@ -97,37 +94,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--network-ms", default="0",
                         help="round trips added per request, one condition each (ms, comma list)")
     args = parser.parse_args(argv)
-    os.environ.update(LOCAL_CREDENTIALS)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    server = start_local_process()
-    spark = (
-        SparkSession.builder.master("local[2]").appName("bench-spark-rerun")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", str(args.partitions))
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    executor = ExecutorSettings(Settings(namespace="bench"), endpoint_url=server.url)
     conditions: dict[str, Any] = {}
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            network_path(spark, scratch)
-            for network_ms in [float(value) for value in args.network_ms.split(",")]:
-                spark.sparkContext.environment[NETWORK_MS_ENV] = str(network_ms)
-                label = f"network_{network_ms:g}ms" if network_ms else "loopback"
-                run_round(spark, executor, 200, args.partitions, f"warm-{label}", scratch)
-                rounds = [run_round(spark, executor, args.rows, args.partitions,
-                                    f"round-{label}-{number}", scratch)
-                          for number in range(args.rounds)]
-                conditions[label] = {
-                    "rounds": rounds,
-                    "speedup_median": statistics.median(r["speedup"] for r in rounds),
-                    "dynamodb_requests_per_row": max(r["first"]["dynamodb_requests_per_row"]
-                                                     for r in rounds),
-                }
-    finally:
-        spark.stop()
-        server.stop()
+    with local_spark("bench-spark-rerun", args.partitions) as (_, spark, executor, scratch):
+        for network_ms in [float(value) for value in args.network_ms.split(",")]:
+            spark.sparkContext.environment[NETWORK_MS_ENV] = str(network_ms)
+            label = f"network_{network_ms:g}ms" if network_ms else "loopback"
+            run_round(spark, executor, 200, args.partitions, f"warm-{label}", scratch)
+            rounds = [run_round(spark, executor, args.rows, args.partitions,
+                                f"round-{label}-{number}", scratch)
+                      for number in range(args.rounds)]
+            conditions[label] = {
+                "rounds": rounds,
+                "speedup_median": statistics.median(r["speedup"] for r in rounds),
+                "dynamodb_requests_per_row": max(r["first"]["dynamodb_requests_per_row"]
+                                                 for r in rounds),
+            }
     print(json.dumps({
         "rows": args.rows, "partitions": args.partitions, "conditions": conditions,
         "targets": {"speedup_median": ">= 10", "dynamodb_requests_per_row": "<= 1.1"},
