@@ -352,6 +352,7 @@ class DashboardService(Construct):
         the default namespace has none)."""
         stack = Stack.of(self)
         queues = any_name("sqs", stack.region, stack.account)
+        topics = any_name("sns", stack.region, stack.account)
         table = f"arn:{Aws.PARTITION}:dynamodb:{stack.region}:{stack.account}:table/"
         workers = table + workers_table_name(self.namespace)
         lambda_arn = f"arn:{Aws.PARTITION}:lambda:{stack.region}:{stack.account}"
@@ -399,6 +400,13 @@ class DashboardService(Construct):
                                     "dynamodb:LeadingKeys": [f"{FIRED_CLAIM_PREFIX}*"]}}),
             iam.PolicyStatement(sid="CheckClaimsTable", actions=["dynamodb:DescribeTable"],
                                 resources=[table + dedup_table_name(self.namespace)]),
+            # A cancelled job sent to an exchange: its claim is taken on the channel of every
+            # queue subscribed to the topic (ScheduleStore.cancel lists them; ReadQueues reads
+            # each queue's channel tag). The namespace's topics only (tags, messenger:role=topic:
+            # exchanges are made at run time too); the action takes the topic resource type.
+            iam.PolicyStatement(sid="ListExchangeSubscriptions",
+                                actions=["sns:ListSubscriptionsByTopic"], resources=[topics],
+                                conditions=ownership_condition(self.namespace, "topic")),
             # The audit trail: append (each entry put under attribute_not_exists) and read;
             # no UpdateItem, DeleteItem or BatchWriteItem, so no entry is changed or removed.
             iam.PolicyStatement(sid="AppendAuditTrail",
@@ -469,6 +477,7 @@ class DashboardService(Construct):
             "Scheduled jobs are schedules created at run time in the namespace's own "
             "schedule group (named exactly); an operator's cancel deletes one of them.")
         acknowledge_wildcard_resource(policy, queues, ownership_reason(self.namespace))
+        acknowledge_wildcard_resource(policy, topics, ownership_reason(self.namespace))
 
 
 def _require_secret_reference(scope: Construct, secret: SecretValue) -> None:

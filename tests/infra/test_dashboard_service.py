@@ -19,7 +19,7 @@ from aws_cdk import aws_certificatemanager as acm
 from aws_cdk.assertions import Match
 from cdk_nag import AwsSolutionsChecks
 
-from messenger.channel import TAG_NAMESPACE
+from messenger.channel import TAG_NAMESPACE, ChannelSpec, exchange_tags
 from messenger.jobs.controls import PAUSE_PARTITION, TAG_PAUSED, CancelRequest
 from messenger.jobs.workers import WorkerEntry
 from stacks.config import MessengerConfig
@@ -37,6 +37,7 @@ from stacks.platform_stack import PlatformStack
 from tests.docs import code_blocks, doc_text
 from tests.infra.conftest import ACCOUNT, REGION
 from tests.infra.synthesized import Synthesized, synthesize
+from tests.infra.tag_conditions import tags_meet
 
 REPO = Path(__file__).resolve().parents[2]
 CONTEXT = json.loads((REPO / "cdk.json").read_text())["context"]
@@ -209,6 +210,23 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     assert claims["Condition"] == {"ForAllValues:StringLike": {
         "dynamodb:LeadingKeys": ["fired@*"]}}
     assert _actions(by_sid["CheckClaimsTable"]) == ["dynamodb:DescribeTable"]
+    # ... on every consumer channel of an exchange job: one TransactWriteItems, which IAM
+    # authorizes as a PutItem per item (no dynamodb:TransactWriteItems action exists), and the
+    # topic's subscriptions listed first: the namespace's topics only
+    assert not any(a.startswith("dynamodb:Transact") for s in statements for a in _actions(s))
+    listing = by_sid["ListExchangeSubscriptions"]
+    assert _actions(listing) == ["sns:ListSubscriptionsByTopic"]
+    assert listing["Resource"] == {"Fn::Join": ["", [
+        "arn:", {"Ref": "AWS::Partition"}, f":sns:{REGION}:{ACCOUNT}:*"]]}
+    assert listing["Condition"] == ownership_condition("dcog", "topic")
+    assert tags_meet(listing["Condition"], exchange_tags("alerts", "dcog"))
+    assert not tags_meet(listing["Condition"], exchange_tags("alerts", "dcog-eu"))
+    assert not tags_meet(listing["Condition"], exchange_tags("alerts"))
+    # ... then each subscribed queue's channel tag (and the track-status declaration of a
+    # job's channel): ReadQueues, the namespace's queues
+    assert {"sqs:GetQueueUrl", "sqs:ListQueueTags"} <= set(_actions(by_sid["ReadQueues"]))
+    assert tags_meet(by_sid["ReadQueues"]["Condition"],
+                     ChannelSpec("alerts.sms", namespace="dcog").resource_tags("queue"))
     # Pause/resume: the namespace's queues' tag and Lambda mappings; cancel: a registry item
     assert sorted(_actions(by_sid["PauseQueues"])) == ["sqs:TagQueue", "sqs:UntagQueue"]
     # ... the messenger:paused tag only (never the tags that say whose a queue is)
