@@ -347,3 +347,66 @@ def test_every_queue_and_topic_carries_the_tags_the_conditions_need(
             if logical_id.startswith("Channel") and "-dlq" in name:
                 assert tags["messenger:role"] == "dlq", logical_id
     assert seen >= 12
+
+
+def _queue_roles(app: Synthesized) -> dict[str, str]:
+    """Every queue of the app by how a statement names it (`<Logical.Arn>` in its own stack, its
+    ARN elsewhere): its messenger:role tag ('queue', 'dlq'; '' for the schedule DLQ)."""
+    roles = {}
+    for template in app.templates.values():
+        for logical_id, resource in template["Resources"].items():
+            if resource["Type"] != "AWS::SQS::Queue":
+                continue
+            tags = {t["Key"]: t["Value"] for t in resource["Properties"].get("Tags", [])}
+            role = tags.get("messenger:role", "")
+            roles[f"<{logical_id}.Arn>"] = role
+            name = resource["Properties"].get("QueueName")
+            if isinstance(name, str):  # (a queue CDK names is named by reference only)
+                roles[f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"] = role
+    return roles
+
+
+@pytest.mark.xdist_group("namespace-grants")
+@pytest.mark.parametrize("namespace", NAMESPACES, ids=_name)
+def test_every_role_running_channel_code_may_read_the_channels_tracking_declaration(
+        apps: dict[str, Synthesized], namespace: str) -> None:
+    # A channel's track_status is the messenger:track-status tag of its queues: a producer
+    # reads it at its first push, a consumer in verify mode at its start, the dashboard and
+    # the HTTP API for a status answer. So every role that sends to or receives from a
+    # channel's queue (Fargate tasks, Lambda consumers, the HTTP API, the EMR jobs, the
+    # dashboard) may sqs:ListQueueTags that same queue, under the same condition; Scheduler's
+    # roles only send (they run no code) and a DLQ's sender (a consumer forwarding) reads no tag
+    app = apps[namespace]
+    queue_roles = _queue_roles(app)
+    checked = set()
+    for template in app.templates.values():
+        resources = template["Resources"]
+        by_role: dict[str, list[dict[str, Any]]] = {}
+        for resource in resources.values():
+            if resource["Type"] == "AWS::IAM::Policy":
+                for ref in resource["Properties"].get("Roles", []):
+                    if isinstance(ref, dict) and "Ref" in ref:
+                        by_role.setdefault(ref["Ref"], []).extend(
+                            resource["Properties"]["PolicyDocument"]["Statement"])
+        for role, statements in by_role.items():
+            trust = json.dumps(resources[role]["Properties"]["AssumeRolePolicyDocument"])
+            if "scheduler.amazonaws.com" in trust:
+                continue
+            readable = {(_render(r), json.dumps(s.get("Condition"), sort_keys=True))
+                        for s in statements if "sqs:ListQueueTags" in as_list(s["Action"])
+                        for r in as_list(s["Resource"])}
+            for statement in statements:
+                actions = set(as_list(statement["Action"]))
+                if not actions & {"sqs:SendMessage", "sqs:ReceiveMessage"}:
+                    continue
+                for resource in map(_render, as_list(statement["Resource"])):
+                    kind = queue_roles.get(resource)
+                    if kind in ("dlq", "") or (kind is None and "*" not in resource):
+                        continue  # a DLQ (or the schedule DLQ) by name
+                    if kind is None and "dlq" in json.dumps(statement.get("Condition")):
+                        continue  # the dashboard's DLQ operations
+                    key = (resource, json.dumps(statement.get("Condition"), sort_keys=True))
+                    assert key in readable, (role, resource, sorted(actions))
+                    checked.add(role)
+    # Fargate tasks and Lambda consumers, the HTTP API, the EMR job role, the dashboard
+    assert len(checked) >= 6, checked
