@@ -111,6 +111,8 @@ def test_each_recurring_schedule_role_reaches_only_its_channel_and_the_dlq(sched
     sends = [s for s in statements if s["Action"] == "sqs:SendMessage"
              or "sqs:SendMessage" in s["Action"]]
     assert len(sends) == 2  # the channel's queue, and the schedule DLQ
+    # Scheduler sends and runs no producer code: no read of the channel's tags
+    assert "sqs:ListQueueTags" not in json.dumps(statements)
     assert "ReportsFifo" in json.dumps(sends[0]["Resource"]) or "Reports" in resources
     assert any("kms:GenerateDataKey" in json.dumps(s["Action"]) for s in statements)
 
