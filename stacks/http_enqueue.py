@@ -354,6 +354,14 @@ class HttpEnqueue(Construct):
             "TooLarge", type=apigw.ResponseType.REQUEST_TOO_LARGE, status_code="413",
             templates={"application/json": '{"error": "request body above API Gateway\'s '
                                            '10 MB"}'})
+        # Every other answer API Gateway writes itself (an unknown route or method, which it
+        # answers 403 "Missing Authentication Token"; a 504 integration timeout; a refused
+        # signature) in the same shape. $context.error.messageString is already a quoted string.
+        own_message = {"application/json": '{"error": $context.error.messageString}'}
+        self.api.add_gateway_response(
+            "Other4xx", type=apigw.ResponseType.DEFAULT_4_XX, templates=own_message)
+        self.api.add_gateway_response(
+            "Other5xx", type=apigw.ResponseType.DEFAULT_5_XX, templates=own_message)
 
 
 def _schema(schema: dict[str, Any]) -> apigw.JsonSchema:

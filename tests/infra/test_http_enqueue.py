@@ -119,6 +119,25 @@ def test_the_api_is_regional_throttled_and_access_logged(synthesized: Synthesize
         "ResponseParameters": {"gatewayresponse.header.Retry-After": "'1'"}})
 
 
+def test_every_answer_api_gateway_writes_itself_has_the_error_shape(
+        synthesized: Synthesized) -> None:
+    # Given the answers API Gateway writes without calling the function (an unknown route is its
+    # 403 "Missing Authentication Token", a timeout its 504), rendered as API Gateway renders
+    # them: $context.error.messageString is the quoted message, validationErrorString unquoted
+    responses = {r["Properties"]["ResponseType"]: r["Properties"] for r in
+                 synthesized.of_type("Default", "AWS::ApiGateway::GatewayResponse").values()}
+    assert {"DEFAULT_4XX", "DEFAULT_5XX", "BAD_REQUEST_BODY", "THROTTLED",
+            "REQUEST_TOO_LARGE"} <= set(responses)
+    for kind, response in responses.items():
+        template = response["ResponseTemplates"]["application/json"]
+        rendered = (template.replace("$context.error.messageString",
+                                     json.dumps("Missing Authentication Token"))
+                    .replace("$context.error.validationErrorString", "Invalid request body"))
+        # Then each is one JSON object with an "error" line, as the function's own errors are
+        assert set(json.loads(rendered)) == {"error"}, kind
+        assert json.loads(rendered)["error"], kind
+
+
 def test_posts_are_validated_against_the_job_models_before_the_function(
         synthesized: Synthesized) -> None:
     resources = synthesized.templates["Default"]["Resources"]
