@@ -112,11 +112,16 @@ class OutcomePolicy:
         self.done_stage = done_stage
         self.stop = stop
         self.clock = clock
+        self._rules: Rules | None = None
 
     @property
     def rules(self) -> Rules:
-        """The consumer's settings the decision reads (`decision.Rules`)."""
-        return Rules.of(self.consumer, can_stop=self.stop is not None)
+        """The consumer's settings the decision reads (`decision.Rules`), read at the first
+        message (class attributes and the runtime's settings: fixed by then)."""
+        rules = self._rules
+        if rules is None:
+            rules = self._rules = Rules.of(self.consumer, can_stop=self.stop is not None)
+        return rules
 
     def facts(self, delivery: Delivery) -> Facts:
         """The decision's facts of a delivery (`decision.Facts`), now."""

@@ -31,6 +31,11 @@
   keeper renews the lease; one SQS refuses for good (the receipt handle is no longer valid)
   is reported as `delete_failed` and dropped.
 - The lease keeper (`messenger.consume.lease`) extends leases on its own thread, started first.
+- The parts, one file each: `Runtime` here (state, threads, the hand-off of a poll's messages),
+  `messenger.consume.receiving` (the receiver), `messenger.consume.workers` (workers),
+  `messenger.consume.work_queue` (chains waiting for a worker), `messenger.consume.shutdown`
+  (graceful shutdown), `messenger.consume.parts` (what they share); the lease keeper, watchdog
+  and control watcher have modules of their own.
 - The watchdog (`messenger.consume.watchdog`) times out handlers; the delete batcher sends
   deletes on its own thread.
 - The control watcher (`messenger.consume.controls`) reads an operator's pause and cancel
@@ -41,7 +46,6 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import threading
@@ -50,34 +54,29 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from messenger.aws import is_transient
-from messenger.consume import decision
 from messenger.consume.controls import ControlWatcher, stop_now
-from messenger.consume.decision import Action
 from messenger.consume.host import RuntimeHost
-from messenger.consume.lease import LeaseKeeper, lapse_event, lease_lapsed
+from messenger.consume.lease import LeaseKeeper
 from messenger.consume.levels import LevelPoller
 from messenger.consume.lifecycle import ConsumerState, one_received_line
-from messenger.consume.mailbox import (
-    DeleteBatcher,
-    Delivery,
-    EntryError,
-    Mailbox,
-    Stage,
-)
-from messenger.consume.outcome import Outcome, OutcomePolicy
+from messenger.consume.mailbox import DeleteBatcher, Delivery, Mailbox, Stage
+from messenger.consume.outcome import OutcomePolicy
 from messenger.consume.prefetch import Prefetch
+from messenger.consume.receiving import (
+    COALESCE_SECONDS,
+    MAX_COALESCE_SECONDS,
+    RECEIVE_BACKOFF_SECONDS,
+    Receiving,
+)
+from messenger.consume.shutdown import WIND_DOWN_SECONDS, ShuttingDown
 from messenger.consume.watchdog import ProcessingTimeout, Watchdog
+from messenger.consume.work_queue import WorkQueue
+from messenger.consume.workers import CHAIN_TIME_WEIGHT, Working
 from messenger.jobs.controls import CancelRequests, PauseMark
 from messenger.offload import PayloadStore
 
 logger = logging.getLogger(__name__)
 
-#: How long the receiver waits for one more worker to free up before polling for fewer messages,
-#: and at most in all.
-COALESCE_SECONDS = 0.02
-MAX_COALESCE_SECONDS = 0.25
-RECEIVE_BACKOFF_SECONDS = 2.0
 #: A poll's messages run on the receiver's thread when, at the typical time spent on a chain (a
 #: message; a group's messages on an ordered channel), they take at most this long; else a
 #: worker is woken for each chain. 2 ms: a fast message costs ~75 µs of CPU here, but its wall
@@ -91,15 +90,17 @@ HANDOFF_SECONDS = 0.002
 CHAIN_WINDOW = 16
 #: A receiver running a poll's messages this long (checked at each watchdog tick) is replaced.
 RESCUE_SECONDS = 0.05
-#: Weight of the newest chain in that running average.
-CHAIN_TIME_WEIGHT = 0.2
-#: The last calls of a shutdown (releases, pending deletes) get at least this long, even when
-#: in-flight handlers used up the shutdown timeout.
-WIND_DOWN_SECONDS = 1.0
+
+__all__ = [
+    "CHAIN_TIME_WEIGHT", "CHAIN_WINDOW", "COALESCE_SECONDS", "HANDOFF_SECONDS",
+    "MAX_COALESCE_SECONDS", "RECEIVE_BACKOFF_SECONDS", "RESCUE_SECONDS", "WIND_DOWN_SECONDS",
+    "ProcessingTimeout", "Runtime", "WorkQueue", "typical_chain_seconds", "workers_to_wake",
+]
 
 
-class Runtime:
-    """Runs one consumer against its mailbox until `stop()` or a fatal error."""
+class Runtime(Receiving, Working, ShuttingDown):
+    """Runs one consumer against its mailbox until `stop()` or a fatal error (its parts:
+    `Receiving`, `Working`, `ShuttingDown`)."""
 
     def __init__(
         self, consumer: RuntimeHost, mailbox: Mailbox, store: PayloadStore,
@@ -164,7 +165,6 @@ class Runtime:
         self.outcomes = OutcomePolicy(consumer, store, done_stage=Stage.DELETING,
                                       stop=self.fail)
 
-    # -- state ------------------------------------------------------------------------------
     def free_slots(self) -> int:
         return self.config.concurrency - len(self._held) - len(self._stuck)
 
@@ -243,7 +243,6 @@ class Runtime:
         with self._cond:
             self._cond.notify_all()
 
-    # -- main -------------------------------------------------------------------------------
     def start(self) -> None:
         # The lease keeper first: nothing started after it can hold a message it does not renew.
         targets = [("leases", self.leases.run), ("receiver", self._receive_loop),
@@ -280,215 +279,7 @@ class Runtime:
             pass
         self.shutdown()
 
-    def shutdown(self) -> None:
-        """No new message starts; in-flight work finishes up to the shutdown timeout; what is
-        left is released; pending deletes go out. The whole takes at most the shutdown timeout
-        (at least WIND_DOWN_SECONDS for the last calls): against an endpoint that does not
-        answer, the last calls are left behind (`shutdown_incomplete`; their messages come
-        back when their leases end) rather than outliving ECS's stop timeout."""
-        self.stop()
-        self.refresh_state()
-        deadline = time.monotonic() + self.config.shutdown_timeout
-        # Messages waiting for a worker go back at once, not once a busy worker frees up.
-        waiting = [d for chain in self._work.drain() for d in chain
-                   if d.claim(Stage.QUEUED, Stage.DONE)]
-        if waiting:
-            threading.Thread(
-                target=self._guarded(lambda: self._release(waiting, reason="shutdown")),
-                name="messenger-release", daemon=True).start()
-        with self._cond:
-            # Held: queued, running, or being dead-lettered by the watchdog.
-            while self._held and time.monotonic() < deadline:
-                self._cond.wait(min(0.1, max(0.0, deadline - time.monotonic())))
-            left = [d for d in self._held.values() if d.stage in (Stage.QUEUED, Stage.RUNNING)]
-        # Claim from the stage seen: a handler that finished meanwhile keeps its delete.
-        abandoned = [d for d in left
-                     if d.claim(Stage.QUEUED, Stage.DONE) or d.claim(Stage.RUNNING, Stage.DONE)]
-        finish = threading.Thread(target=self._guarded(lambda: self._wind_down(abandoned)),
-                                  name="messenger-shutdown", daemon=True)
-        finish.start()
-        finish.join(max(WIND_DOWN_SECONDS, deadline - time.monotonic()))
-        if finish.is_alive():
-            self.consumer.emit("shutdown_incomplete", fields={
-                "unconfirmed_deletes": len(self._deleting), "abandoned": len(abandoned),
-                "shutdown_timeout": self.config.shutdown_timeout,
-            })
-
-    def _wind_down(self, abandoned: list[Delivery]) -> None:
-        """Release what was not finished, send the pending deletes, stop the threads (leases
-        last: a message stays leased until its delete went out)."""
-        if abandoned:
-            self._release(abandoned, reason="shutdown_timeout")
-        self._work.close()
-        self.deleter.close()
-        self.watchdog.stop()
-        if self.controls is not None:
-            self.controls.stop()
-        self.leases.stop()
-        self.watchdog.report_lease_events()
-
-    # -- receiving --------------------------------------------------------------------------
-    def _receive_loop(self) -> None:
-        me = threading.current_thread()
-        while not self.stopping.is_set() and self._receiver is me:
-            with self._cond:
-                count, beside = self._to_fetch()
-            if self.stopping.is_set():
-                return
-            if count <= 0:
-                continue
-            if beside is not None:
-                # Prefetching on a backlog: this receive goes out on a thread of its own, so
-                # that this one plans the next while it is in flight.
-                receive = functools.partial(self._receive_beside, beside, count)
-                threading.Thread(target=self._guarded(receive), name="messenger-receive",
-                                 daemon=True).start()
-                continue
-            if self.consumer.ordered:
-                # A group stays locked until its message is deleted: delete before polling.
-                self.deleter.flush()
-            deliveries = self._receive(count)
-            if deliveries is not None:
-                self._dispatch(deliveries)
-
-    def _receive(self, count: int, wait_seconds: int | None = None) -> list[Delivery] | None:
-        """One receive of at most `count` messages (a long poll of `wait_seconds`, None: the
-        consumer's `wait_time_seconds`), timed for the prefetch. None when it failed (transient:
-        after RECEIVE_BACKOFF_SECONDS; else the consumer stops) or came back after stop (its
-        messages are released at once)."""
-        try:
-            began = time.monotonic()
-            deliveries = self.fetch(count, wait_seconds)
-            with self._lock:
-                self.prefetch.observe_poll(time.monotonic() - began, count, len(deliveries))
-            self._last_poll_dry = not deliveries
-            self._last_poll_trickle = 0 < len(deliveries) < count
-        except Exception as error:
-            if not is_transient(error):  # queue gone, access denied: let ECS see it
-                self.fail(error)
-                return None
-            self.consumer.emit(
-                "receive_failed",
-                fields={"error": f"{type(error).__name__}: {error}",
-                        "transient": is_transient(error)},
-            )
-            self.stopping.wait(RECEIVE_BACKOFF_SECONDS)
-            return None
-        if self.stopping.is_set():
-            # A long poll that returned after shutdown: give its messages back at once.
-            self._release(deliveries, reason="shutdown")
-            return None
-        return deliveries
-
-    def _receive_beside(self, key: int, count: int) -> None:
-        """A receive sent while others may be in flight (`_to_fetch` counted it in
-        `_in_flight` under `key`), on its own thread: its messages go to the workers (never run
-        on this thread), then the receiver plans again. It is a short poll: a backlog answers
-        it at once, and a queue run dry answers it empty at once (the poll then counts as short:
-        one receive at a time again), rather than several long polls waiting side by side on an
-        empty queue, each left waiting there by a consumer killed meanwhile (to take a message
-        when its lease lapses, for nobody). An overridden `poll` is asked as before."""
-        try:
-            wait = 0 if type(self).poll is Runtime.poll else None
-            deliveries = self._receive(count, wait)
-            if deliveries:  # (an empty one: the receiver's next long poll tells if it is idle)
-                self._dispatch(deliveries, inline=False)
-        finally:
-            with self._cond:
-                del self._in_flight[key]
-                self._cond.notify_all()
-
-    def _to_fetch(self) -> tuple[int, int | None]:
-        """How many messages to ask for, once there is a worker to fetch for (0: stopping), and
-        whether that receive goes out beside others (its key in `_in_flight`, for
-        `_receive_beside`; None: on the receiver's thread, nothing else in flight). Holds
-        `_cond`. Prefetch (`messenger.consume.prefetch`): for the free workers and those
-        expected to free up by the time the poll answers, up to MAX_RECEIVES_IN_FLIGHT
-        receives at once while the polls come back full; else for the free workers only,
-        waiting briefly for more of them (`_coalesce`), one receive at a time."""
-        wanted = min(10, self.config.concurrency)
-        while not self.stopping.is_set():
-            if self.paused is not None:  # an operator paused the channel: no new receive
-                self._cond.wait(0.5)
-                continue
-            now = time.monotonic()
-            busy = self._chain_seconds
-            if busy is not None and self.prefetch.active(now, busy):
-                started, waiting = self._running_and_waiting()
-                plan = self.prefetch.plan(now, self.config.concurrency - len(self._stuck),
-                                          started, waiting, busy, wanted,
-                                          list(self._in_flight.values()))
-                if plan.count > 0 and self.poller is None and self.prefetch.last_full:
-                    # (A prioritized channel's level poller picks levels one poll at a time.)
-                    key = next(self._receive_keys)
-                    self._in_flight[key] = (now, plan.count)
-                    return plan.count, key
-                if plan.count > 0:  # the plan asks for nothing more while one is in flight
-                    return plan.count, None
-                self._cond.wait(0.5 if plan.wait is None else min(0.5, plan.wait))
-            elif self._in_flight:
-                self._cond.wait(0.5)  # one receive at a time: wait for those in flight
-            elif self.free_slots() > 0:
-                self._coalesce()
-                return min(wanted, self.free_slots()), None
-            else:
-                self._cond.wait(0.5)
-        return 0, None
-
-    def _running_and_waiting(self) -> tuple[list[float], int]:
-        """When each held message running started, and how many wait for a worker. Holds
-        `_cond`."""
-        started: list[float] = []
-        waiting = 0
-        for delivery in self._held.values():
-            if delivery.stage is Stage.QUEUED:
-                waiting += 1
-            elif delivery.stage is Stage.RUNNING and delivery.started_at is not None:
-                started.append(delivery.started_at)
-        return started, waiting
-
-    def _coalesce(self) -> None:
-        """Workers finish close together: while they keep freeing up (a slot every
-        COALESCE_SECONDS at least), wait for a fuller batch, up to MAX_COALESCE_SECONDS. Fewer,
-        fuller polls: ~0.1 receives per message on a backlog instead of ~0.15. Holds `_cond`."""
-        wanted = min(10, self.config.concurrency)
-        give_up = time.monotonic() + MAX_COALESCE_SECONDS
-        while self._held and not self.stopping.is_set():
-            free = self.free_slots()
-            if free >= wanted or time.monotonic() >= give_up:
-                return
-            self._cond.wait(COALESCE_SECONDS)
-            if self.free_slots() == free:
-                return  # nothing finished meanwhile: the rest is busy for longer
-
-    def poll(self, count: int, wait_seconds: int | None = None) -> list[dict[str, Any]]:
-        """One long poll for at most `count` messages, waiting up to `wait_seconds` (None: the
-        consumer's `wait_time_seconds`) (the place to add more sources, with or without
-        `wait_seconds`; a prioritized channel's levels are polled by `self.poller` instead)."""
-        wait = self.config.wait_time_seconds if wait_seconds is None else wait_seconds
-        return self.mailbox.receive(count, wait, self.visibility)
-
-    def fetch(self, count: int, wait_seconds: int | None = None) -> list[Delivery]:
-        """At most `count` messages: one level's (prioritized channel) or one `poll`'s, waiting
-        up to `wait_seconds` (None: the consumer's `wait_time_seconds`)."""
-        if self.poller is not None:
-            wait = self.config.wait_time_seconds if wait_seconds is None else wait_seconds
-            batch = self.poller.poll(count, wait, self.visibility)
-            return self.deliveries(batch.messages, batch.polled_at, batch.mailbox)
-        polled_at = time.monotonic()
-        raw = self.poll(count) if wait_seconds is None else self.poll(count, wait_seconds)
-        return self.deliveries(raw, polled_at, self.mailbox)
-
-    def deliveries(
-        self, raw: list[dict[str, Any]], polled_at: float, mailbox: Mailbox
-    ) -> list[Delivery]:
-        # SQS starts the lease when it hands the message out: at most a round trip before now
-        # (counted as up to 1 s, never before the poll began).
-        now = time.monotonic()
-        leased_at = max(polled_at, now - 1.0)
-        return [Delivery(m, now, leased_at + self.visibility, mailbox=mailbox,
-                         handed_out_after=polled_at) for m in raw]
-
+    # -- handing a poll's messages over --------------------------------------------------
     def _dispatch(self, deliveries: list[Delivery], inline: bool = True) -> None:
         """Hold a poll's messages and queue them for the workers; with `inline`, run them on
         this (the receiver's) thread when they are fast (`workers_to_wake`, `_run_here`)."""
@@ -549,175 +340,6 @@ class Runtime:
         thread.start()
         return True
 
-    def take_overdue(self, now: float) -> tuple[list[Delivery], float | None]:
-        """The messages that have waited `prefetch_wait` or longer for a worker while every
-        worker was busy, claimed for `release_overdue` (prefetching pauses: this consumer's
-        predictions were off); and when the next one comes due (None: none waits). The
-        watchdog calls this at every tick and when the next one comes due."""
-        limit = self.config.prefetch_wait
-        if limit <= 0:
-            return [], None
-        chains, oldest = self._work.overdue(now - limit)
-        if chains:
-            self.prefetch.pause(now)
-        overdue = [d for chain in chains for d in chain if d.claim(Stage.QUEUED, Stage.DONE)]
-        return overdue, None if oldest is None else oldest + limit
-
-    def release_overdue(self, deliveries: Sequence[Delivery]) -> None:
-        """Make the messages `take_overdue` took visible again at once."""
-        self._release(deliveries, reason="prefetch_expired")
-
-    def _chains(self, deliveries: list[Delivery]) -> list[list[Delivery]]:
-        if not self.consumer.ordered:
-            return [[d] for d in deliveries]
-        groups: dict[str | None, list[Delivery]] = {}
-        for delivery in deliveries:
-            groups.setdefault(delivery.group_id, []).append(delivery)
-        return list(groups.values())
-
-    # -- processing -------------------------------------------------------------------------
-    def _worker_loop(self) -> None:
-        while (chain := self._work.take()) is not None:
-            self._run_taken(chain)
-
-    def _run_taken(self, chain: list[Delivery]) -> None:
-        """Run a chain taken from the work queue (on a worker's or the receiver's thread)."""
-        began = time.monotonic()
-        try:
-            self._run_chain(chain)
-            took = time.monotonic() - began
-            self._recent_chains.append(took)
-            average = self._chain_seconds  # workers race here: a lost update only skews it
-            self._chain_seconds = took if average is None else \
-                average + CHAIN_TIME_WEIGHT * (took - average)
-        except ProcessingTimeout:
-            pass  # a late interruption of a handler already timed out and dead-lettered
-        finally:
-            # The watchdog marks a thread stuck while it runs a handler (under the message's
-            # lock, which the handler's thread takes on its way out): no lock needed to see it.
-            if self._stuck:
-                with self._cond:
-                    returned = self._stuck.pop(threading.get_ident(), None) is not None
-                    if returned:  # a timed-out handler's thread is a worker again
-                        self._cond.notify_all()
-                if returned:
-                    self.refresh_state()
-
-    def _run_chain(self, chain: list[Delivery]) -> None:
-        for position, delivery in enumerate(chain):
-            if self.stopping.is_set():
-                self._release([d for d in chain[position:] if d.claim(Stage.QUEUED, Stage.DONE)],
-                              reason="shutdown")
-                return
-            ok = self._process(delivery)
-            then = decision.after_step(self.consumer.ordered, ok, len(chain) - position - 1)
-            if then.action is Action.RELEASE_REST:  # the group's order: the rest waits
-                rest = [d for d in chain[position + 1:] if d.claim(Stage.QUEUED, Stage.DONE)]
-                self._release(rest, reason=then.reason)
-                return
-
-    def _process(self, delivery: Delivery) -> bool:
-        """Run one message (`OutcomePolicy.run`); True when it is finished for good (deleted or
-        dead-lettered)."""
-        with delivery.lock:
-            if delivery.stage is not Stage.QUEUED:
-                return False
-            delivery.stage = Stage.RUNNING
-            delivery.started_at = time.monotonic()
-            delivery.deadline = decision.deadline(delivery.started_at,
-                                                  self.consumer.processing_timeout)
-            delivery.thread_id = threading.get_ident()
-        verdict = self.outcomes.run(delivery, self.mailbox.budget)
-        self._check_lease(delivery)
-        if verdict is Outcome.TIMED_OUT:  # returned past its deadline before the tick saw it
-            self.watchdog.timed_out(delivery)
-            return False
-        if verdict is Outcome.TAKEN:  # timed out meanwhile: the watchdog dead-letters it
-            return False
-        if verdict.deletes:
-            with self._lock:
-                self._deleting[delivery.receipt_handle] = delivery
-            self.deleter.add(delivery)
-        self._finish(delivery, progress=verdict is not Outcome.KEPT)
-        return verdict.finished
-
-    def _check_lease(self, delivery: Delivery) -> None:
-        """Report a lease that ran out while the message ran (the process stalled, e.g. a C call
-        held the GIL): SQS may have handed the message to another consumer meanwhile."""
-        now = time.monotonic()
-        # The lease keeper only ever moves lease_until forward: a lease still running needs
-        # no lock to tell.
-        if delivery.lease_until <= now and lease_lapsed(delivery, now):
-            name, message_id, fields = lapse_event(delivery, now, self.visibility)
-            self.consumer.emit(name, message_id, fields=fields)
-
-    def report_timeout(self, delivery: Delivery) -> None:
-        """The watchdog marked the message timed out: its 'timed_out' event."""
-        self.outcomes.report_timeout(delivery)
-
-    def forward_timed_out(self, delivery: Delivery) -> None:
-        """Forward a timed-out message to the DLQ (on the watchdog's forwarder thread)."""
-        self.outcomes.forward_timed_out(delivery)
-        self._finish(delivery)
-
-    def _finish(self, delivery: Delivery, progress: bool = False) -> None:
-        with self._lock:
-            self._held.pop(delivery.receipt_handle, None)
-            if progress:
-                self._progress += 1
-            # Wake the receiver (and a shutdown) only when that lets it move on: a first free
-            # worker, a full poll's worth, nothing held. Its waits are short and it counts free
-            # workers itself, so it need not wake for each message a busy worker finishes.
-            free = self.free_slots()
-            idle = not self._held and not self._stuck
-            if free == 1 or free >= min(10, self.config.concurrency) or idle or \
-                    self.stopping.is_set():
-                self._cond.notify_all()
-        if idle:  # no other message to batch the pending deletes with until the next poll's
-            self.deleter.went_idle(self._last_poll_dry, self._last_poll_trickle)
-        if idle or self.stopping.is_set():  # else the state stays PROCESSING
-            self.refresh_state()
-
-    def _release(self, deliveries: Sequence[Delivery], reason: str) -> None:
-        if not deliveries:
-            return
-        try:
-            errors = self.mailbox.release(deliveries)
-        except Exception as error:
-            errors = [EntryError(d, type(error).__name__, str(error)) for d in deliveries]
-        failed = {id(e.delivery) for e in errors}
-        for delivery in deliveries:
-            self.consumer.emit(
-                "released", delivery.log_id,
-                fields={"reason": reason, "ok": id(delivery) not in failed},
-            )
-        with self._cond:
-            for delivery in deliveries:
-                self._held.pop(delivery.receipt_handle, None)
-            self._cond.notify_all()
-        self.refresh_state()
-
-    def _delete_failed(self, failed: EntryError) -> bool:
-        """A delete SQS refused or that failed: True to try it again (a transient failure; the
-        lease keeper keeps the message leased meanwhile), False to give it up (SQS refused it
-        for good: the receipt handle is no longer valid, the message may come back)."""
-        delivery = failed.delivery
-        retry = failed.transient
-        self.consumer.emit(
-            "delete_failed", delivery.log_id,
-            fields={"code": failed.code, "error": failed.message, "retry": retry},
-        )
-        if not retry:
-            self._deleted([delivery])
-        return retry
-
-    def _deleted(self, deliveries: Sequence[Delivery]) -> None:
-        """Deletes SQS confirmed (or gave up): the messages are no longer leased."""
-        with self._lock:
-            for delivery in deliveries:
-                delivery.stage = Stage.DONE
-                self._deleting.pop(delivery.receipt_handle, None)
-
 
 def typical_chain_seconds(recent: Sequence[float]) -> float | None:
     """The median of the recent chains' wall times (the upper one of an even count); None
@@ -735,73 +357,3 @@ def workers_to_wake(chain_seconds: float | None, chains: int) -> int:
     if chain_seconds is not None and chain_seconds * chains <= HANDOFF_SECONDS:
         return 0
     return chains
-
-
-class WorkQueue:
-    """Chains of received messages waiting for a worker.
-
-    `put` wakes idle workers (one per chain, or none when the receiver runs them itself); a
-    worker that finishes a chain takes the next one without waiting. `overdue` takes out the
-    chains that waited too long while no worker was idle (`prefetch_wait`), `drain` all of them
-    (shutdown)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ready = threading.Condition(self._lock)  # idle workers wait here
-        self._chains: deque[list[Delivery]] = deque()
-        self._closed = False
-        self._idle = 0  # workers waiting in `take`
-
-    def put(self, chains: list[list[Delivery]], wake: int = 1) -> None:
-        """Queue the chains and wake up to `wake` idle workers."""
-        if not chains:
-            return
-        with self._lock:
-            self._chains.extend(chains)
-            if wake:
-                self._ready.notify(wake)
-
-    def wake_waiting(self) -> None:
-        """Wake an idle worker for each chain waiting."""
-        with self._ready:
-            self._ready.notify(len(self._chains))
-
-    def take(self, block: bool = True) -> list[Delivery] | None:
-        """The next chain; None once closed and empty (the worker exits), or when empty and
-        not `block`."""
-        with self._lock:
-            while not self._chains:
-                if self._closed or not block:
-                    return None
-                self._idle += 1
-                try:
-                    self._ready.wait()
-                finally:
-                    self._idle -= 1
-            return self._chains.popleft()
-
-    def overdue(self, cutoff: float) -> tuple[list[list[Delivery]], float | None]:
-        """Take out the chains received at `cutoff` or before; and when the oldest chain left
-        was received (None: none waits, or a worker is idle). While a worker is idle (woken, or
-        left for the receiver to run them) no chain waits behind busy workers: none is taken."""
-        with self._lock:
-            chains = self._chains
-            if self._idle:
-                return [], None
-            taken: list[list[Delivery]] = []
-            while chains and chains[0][0].received_at <= cutoff:
-                taken.append(chains.popleft())
-            return taken, chains[0][0].received_at if chains else None
-
-    def drain(self) -> list[list[Delivery]]:
-        """Take out every chain waiting."""
-        with self._lock:
-            taken = list(self._chains)
-            self._chains.clear()
-            return taken
-
-    def close(self) -> None:
-        """Wake every worker: each exits once the queue is empty."""
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
