@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, TypedDict
 
 from aws_lambda_powertools.utilities.batch import (
     BatchProcessor,
@@ -53,7 +53,6 @@ from aws_lambda_powertools.utilities.batch import (
     SqsFifoPartialProcessor,
     process_partial_response,
 )
-from aws_lambda_powertools.utilities.batch.types import PartialItemFailureResponse
 from botocore.exceptions import ClientError
 
 from messenger.aws import call_with_budget, error_code
@@ -75,6 +74,14 @@ from messenger.errors import InvalidSettings, MessengerError
 from messenger.jobs.controls import CancelRequests
 from messenger.offload import PayloadStore
 from messenger.provision import Provisioner
+
+
+class BatchResponse(TypedDict):
+    """The partial batch response Lambda's SQS event source reads (ReportBatchItemFailures):
+    each failed record as {"itemIdentifier": <its messageId>}."""
+
+    batchItemFailures: list[Any]
+
 
 #: Seconds of an invocation kept for what follows the last handler: dead-letter forwards,
 #: releases, the status records and the response. No message starts later than this before
@@ -313,7 +320,7 @@ class LambdaConsumerRuntime:
         configure_json_logging()
         return cls(load_consumer(target)())
 
-    def handle(self, event: dict[str, Any], context: Any) -> PartialItemFailureResponse:
+    def handle(self, event: dict[str, Any], context: Any) -> BatchResponse:
         """Run one SQS batch; the partial batch response lists what stays in the queue."""
         return _Batch(self, context).run(event)
 
@@ -330,7 +337,7 @@ class _Batch:
         self.seen: set[str] = set()
         self.releases: list[tuple[Delivery, str]] = []
 
-    def run(self, event: dict[str, Any]) -> PartialItemFailureResponse:
+    def run(self, event: dict[str, Any]) -> BatchResponse:
         consumer = self.consumer
         records = event.get("Records") or []
         if not records:  # (Lambda sends none; Powertools refuses an empty batch)

@@ -276,9 +276,6 @@ POWERTOOLS_DOCUMENTED_MODULES = ("aws_lambda_powertools.event_handler.openapi.pa
 #: Today's violations, each to be removed by issue 51's remaining work (the outcome/runtime
 #: split); the list may only shrink: a new violation fails the test. (file, what it uses)
 ALLOWED_TODAY = {
-    # issue 51: the batch utility's response type, from batch.types (no __all__); typing only.
-    ("messenger/consume/lambda_runtime.py",
-     "aws_lambda_powertools.utilities.batch.types.PartialItemFailureResponse"),
     # issue 51: PySpark has no public API to Hadoop's FileSystem (the failed rows' path check).
     ("messenger/spark.py", "spark.sparkContext._jvm"),
     ("messenger/spark.py", "spark.sparkContext._jsc"),
