@@ -222,33 +222,42 @@ def test_the_same_idempotency_key_and_job_again_answers_the_first_id_and_sends_n
     assert all(decode(m).meta_headers.get(JOB_WINDOW_HEADER) == "86400" for m in held)
 
 
-def test_a_key_still_being_accepted_is_409_and_the_job_is_sent_once(
-        call: Call, clients: ClientFactory, settings: Settings) -> None:
-    # Given a first request held inside its SendMessage
+def _again_while_the_first_is_sent(call: Call, clients: ClientFactory, operation: str,
+                                   path: str, body: Any, key: str) -> tuple[Reply, Reply, int]:
+    """A request held inside its SQS send (`operation`) while the same request with the same
+    Idempotency-Key arrives: (the first's answer, the second's, how many sends were made)."""
     entered, release = threading.Event(), threading.Event()
+    sends: list[str] = []
 
     def hold(**_: Any) -> None:
+        sends.append(operation)
         entered.set()
         release.wait(20)
 
-    job = {"body": {"slow": True}}
     first: list[Reply] = []
-    with injected(clients, "before-send.sqs.SendMessage", hold):
+    with injected(clients, f"before-send.sqs.{operation}", hold):
         thread = threading.Thread(target=lambda: first.append(call(
-            "POST", "/channels/http_jobs/jobs", job, headers={"Idempotency-Key": "slow-1"})))
+            "POST", path, body, headers={"Idempotency-Key": key})))
         thread.start()
         assert entered.wait(20)
-        # When the same key arrives meanwhile
-        second = call("POST", "/channels/http_jobs/jobs", job,
-                      headers={"Idempotency-Key": "slow-1"})
+        second = call("POST", path, body, headers={"Idempotency-Key": key})
         release.set()
         thread.join(30)
+    return first[0], second, len(sends)
+
+
+def test_a_key_still_being_accepted_is_409_and_the_job_is_sent_once(
+        call: Call, clients: ClientFactory, settings: Settings) -> None:
+    # Given a first request held inside its SendMessage, when the same key arrives meanwhile
+    job = {"body": {"slow": True}}
+    first, second, _ = _again_while_the_first_is_sent(
+        call, clients, "SendMessage", "/channels/http_jobs/jobs", job, "slow-1")
     # Then it is told to come back, and the first is accepted
     assert second.status == 409 and int(second.headers["Retry-After"]) > 0
-    assert first[0].status == 202
+    assert first.status == 202
     # And a retry after it answers the first id; one message was sent
     retry = call("POST", "/channels/http_jobs/jobs", job, headers={"Idempotency-Key": "slow-1"})
-    assert retry.status == 202 and retry.json["job_id"] == first[0].json["job_id"]
+    assert retry.status == 202 and retry.json["job_id"] == first.json["job_id"]
     assert len(drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))) == 1
 
 
@@ -446,33 +455,15 @@ def test_an_idempotency_key_makes_a_batch_once_and_replays_its_answer(
 
 def test_a_batch_key_still_being_accepted_is_409_and_the_batch_is_sent_once(
         call: Call, clients: ClientFactory, settings: Settings) -> None:
-    # Given a first batch held inside its SendMessageBatch
-    entered, release = threading.Event(), threading.Event()
-    sends: list[str] = []
-
-    def hold(**_: Any) -> None:
-        sends.append("SendMessageBatch")
-        entered.set()
-        release.wait(20)
-
+    # Given a first batch held inside its SendMessageBatch, when the same key arrives meanwhile
     batch = {"jobs": [{"body": 1}, {"body": 2}]}
-    first: list[Reply] = []
-    with injected(clients, "before-send.sqs.SendMessageBatch", hold):
-        thread = threading.Thread(target=lambda: first.append(call(
-            "POST", "/channels/http_jobs/jobs/batch", batch,
-            headers={"Idempotency-Key": "b-slow"})))
-        thread.start()
-        assert entered.wait(20)
-        # When the same key arrives meanwhile
-        second = call("POST", "/channels/http_jobs/jobs/batch", batch,
-                      headers={"Idempotency-Key": "b-slow"})
-        release.set()
-        thread.join(30)
+    first, second, sends = _again_while_the_first_is_sent(
+        call, clients, "SendMessageBatch", "/channels/http_jobs/jobs/batch", batch, "b-slow")
     # Then it is told to come back, the first is accepted, and the batch was sent once
     assert second.status == 409 and int(second.headers["Retry-After"]) > 0, second.raw
     assert set(second.json) == {"error"}
-    assert first[0].status == 202, first[0].raw
-    assert sends == ["SendMessageBatch"]
+    assert first.status == 202, first.raw
+    assert sends == 1
     assert len(drain(clients.client("sqs"), _queue(clients, settings, "http_jobs"))) == 2
 
 
