@@ -148,7 +148,6 @@ class JobApi:
         #: has taken what it needs (`_route_started`).
         self._routing = threading.Lock()
         self._holding = threading.local()
-        self.app = self._routes()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> JobApi:
