@@ -61,7 +61,7 @@ from messenger.consume import decision
 from messenger.consume.consumer import Consumer, load_consumer
 from messenger.consume.controls import READ_TIMEOUT_SECONDS as CONTROL_READ_TIMEOUT
 from messenger.consume.controls import act_on_cancels, stop_now
-from messenger.consume.decision import GROUP_BLOCKED, OUT_OF_TIME, Action
+from messenger.consume.decision import Action
 from messenger.consume.lifecycle import (
     ConsumerState,
     configure_json_logging,
@@ -96,8 +96,6 @@ STUCK_GRACE_SECONDS = 1.0
 CANCEL_CHECK_SECONDS = 5.0
 #: The environment variable naming the consumer class ('package.module:Class').
 CONSUMER_VARIABLE = "MESSENGER_CONSUMER"
-#: Release reasons (the 'released' event's `reason`), decided in `messenger.consume.decision`.
-RELEASE_REASONS = (OUT_OF_TIME, GROUP_BLOCKED)
 #: `_Batch._expire`: the message's deadline moved on (the idempotency store's time).
 _NOT_YET = "not_yet"
 

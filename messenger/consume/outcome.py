@@ -265,7 +265,7 @@ class OutcomePolicy:
             if not delivery.claim(Stage.RUNNING, self.done_stage):
                 return Outcome.TAKEN
             self._note_firing(delivery, message, StatusEvent.CANCELLED, time.time(),
-                              f"cancelled by {other.by or 'unknown'}: deleted unrun",
+                              decision.cancelled_reason(other.by or "unknown") + ": deleted unrun",
                               actor=other.by or "unknown")
             self.consumer.emit("cancelled_unrun", delivery.log_id,
                                duration=delivery.running_for(), fields={
