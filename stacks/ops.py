@@ -264,8 +264,9 @@ class OpsFunctions(Construct):
         scoped_actions: dict[str, tuple[str, ...]] | None = None,
         guarded_actions: dict[str, tuple[str, ...]] | None = None,
     ) -> lambda_.Function:
-        """scoped_actions: per service, on the namespace's name pattern; guarded_actions: the
-        same, and only on resources the platform tagged as its own (`ownership_condition`)."""
+        """scoped_actions and guarded_actions: per service, on the namespace's name pattern and
+        only on resources the platform tagged as its own (`ownership_condition`) alike;
+        guarded_actions (the cleaner's deletes) also bring the unsubscribe statement."""
         log_group = logs.LogGroup(
             self, f"{id}Logs", retention=logs.RetentionDays.THREE_MONTHS,
             removal_policy=RemovalPolicy.DESTROY,
@@ -297,12 +298,8 @@ class OpsFunctions(Construct):
             description=f"messenger operations: {folder.replace('_', ' ')}",
         )
         role.add_to_policy(iam.PolicyStatement(actions=list(unscoped_actions), resources=["*"]))
-        for service, actions in (scoped_actions or {}).items():
-            role.add_to_policy(iam.PolicyStatement(
-                actions=list(actions), resources=[self._name_pattern(service)],
-                conditions=self.ownership_condition(),
-            ))
-        for service, actions in (guarded_actions or {}).items():
+        for service, actions in [*(scoped_actions or {}).items(),
+                                 *(guarded_actions or {}).items()]:
             role.add_to_policy(iam.PolicyStatement(
                 actions=list(actions), resources=[self._name_pattern(service)],
                 conditions=self.ownership_condition(),
