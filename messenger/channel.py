@@ -72,6 +72,15 @@ TAG_PRIORITY_LEVEL = "messenger:priority-level"
 #: process (producers, consumers, the HTTP API, the dashboard, the tools) reads the one
 #: declaration of the channel (`ChannelSpec.track_status`) from the channel itself.
 TAG_TRACK_STATUS = "messenger:track-status"
+#: On a channel's queue and DLQ: the channel's `keep_results` ("true"/"false"), read as
+#: TAG_TRACK_STATUS is: producers (`Producer.result`), consumers, the HTTP API, the dashboard.
+TAG_KEEP_RESULTS = "messenger:keep-results"
+#: On a channel's queue: its flow-control declarations (absent: none), the deployed defaults
+#: that `messenger limits set` overrides at run time (docs/flow-control.md):
+#: `max_concurrency` ("N"), `rate_limit` and `tenant_rate_limit` ("N/s", "N/min", "N/h").
+TAG_MAX_CONCURRENCY = "messenger:max-concurrency"
+TAG_RATE_LIMIT = "messenger:rate-limit"
+TAG_TENANT_RATE_LIMIT = "messenger:tenant-rate-limit"
 #: Sid of the queue-policy statement letting an exchange's topic deliver to a channel's queue, and
 #: of the one letting it dead-letter to the channel's DLQ (the subscription's RedrivePolicy).
 ALLOW_TOPIC_SID = "AllowExchangeTopic"
@@ -155,6 +164,18 @@ def dedup_table_name(namespace: str = "") -> str:
 #: (`messenger.jobs.fired`); producers' claims are '<channel>#<message id>', and no channel
 #: name holds an '@'. The CDK grants consumers this prefix only.
 FIRED_CLAIM_PREFIX = "fired@"
+
+
+def workflows_table_name(namespace: str = "") -> str:
+    """Held jobs (`depends_on`) and groups (`messenger.jobs.workflows`):
+    '<namespace->messenger-workflows'."""
+    return f"{namespace}-messenger-workflows" if namespace else "messenger-workflows"
+
+
+def limits_table_name(namespace: str = "") -> str:
+    """The flow-control store: token buckets, concurrency leases and run-time limits
+    (`messenger.jobs.limits`): '<namespace->messenger-limits'."""
+    return f"{namespace}-messenger-limits" if namespace else "messenger-limits"
 
 
 def idempotency_table_name(namespace: str = "") -> str:
@@ -313,6 +334,16 @@ class ChannelSpec:
     default_priority: the level of a message pushed without one (default: 'default' when
         it is a level, else the lowest).
     track_status: record each message's lifecycle in the status table (default False).
+    keep_results: store each job's handler return value (JSON) and final outcome with its
+        status records, under the same expiry; `Producer.result(job_id)` reads it, and jobs can
+        depend on it (`depends_on`, groups). Needs track_status (default False).
+    max_concurrency: at most this many handlers of the channel run at once across all its
+        consumers, 1-10,000 (None: no limit; docs/flow-control.md says where it holds).
+    rate_limit: at most this many jobs (weighted: `Consumer.weight`) start per period across
+        every consumer, "N/s", "N/min" or "N/h" (None: none). Changed at run time by
+        `messenger limits set` without a deploy.
+    tenant_rate_limit: the same per tenant: a fair queue's tenant key or a FIFO group
+        (MessageGroupId), "N/s", "N/min" or "N/h" (None: none).
     priority_level: set on the per-level specs `level_specs()` returns; not set by users.
     """
 
@@ -328,6 +359,10 @@ class ChannelSpec:
     priorities: tuple[str, ...] = ()
     default_priority: str | None = None
     track_status: bool = False
+    keep_results: bool = False
+    max_concurrency: int | None = None
+    rate_limit: str | None = None
+    tenant_rate_limit: str | None = None
     priority_level: str | None = None
 
     def __post_init__(self) -> None:
@@ -378,6 +413,17 @@ class ChannelSpec:
             raise InvalidChannelSpec("tags must be a ChannelTags")
         _check_flag("ordered", self.ordered)
         _check_flag("track_status", self.track_status)
+        _check_flag("keep_results", self.keep_results)
+        if self.keep_results and not self.track_status:
+            raise InvalidChannelSpec(
+                "keep_results needs track_status=True: results are kept with the job's status "
+                "records")
+        if self.max_concurrency is not None:
+            _check_range("max_concurrency", self.max_concurrency, 1, MAX_CONCURRENCY)
+        for what in ("rate_limit", "tenant_rate_limit"):
+            value = getattr(self, what)
+            if value is not None:
+                parse_rate(value, what)
         self._check_priorities()
 
     def _check_priorities(self) -> None:
@@ -542,6 +588,14 @@ class ChannelSpec:
             tags[TAG_PRIORITY_LEVEL] = self.priority_level
         if role in ("queue", "dlq"):
             tags[TAG_TRACK_STATUS] = "true" if self.track_status else "false"
+            tags[TAG_KEEP_RESULTS] = "true" if self.keep_results else "false"
+        if role == "queue":
+            if self.max_concurrency is not None:
+                tags[TAG_MAX_CONCURRENCY] = str(self.max_concurrency)
+            if self.rate_limit is not None:
+                tags[TAG_RATE_LIMIT] = str(parse_rate(self.rate_limit))
+            if self.tenant_rate_limit is not None:
+                tags[TAG_TENANT_RATE_LIMIT] = str(parse_rate(self.tenant_rate_limit))
         if self.tags.owner:
             tags[TAG_OWNER] = self.tags.owner
         if self.tags.team:
@@ -609,6 +663,56 @@ def declared_track_status(tags: Mapping[str, str]) -> bool | None:
     if value is None:
         return None
     return value.strip().lower() == "true"
+
+
+def declared_keep_results(tags: Mapping[str, str]) -> bool | None:
+    """A queue's declaration of its channel's `keep_results` (TAG_KEEP_RESULTS): True, False,
+    or None when the queue carries none."""
+    value = tags.get(TAG_KEEP_RESULTS)
+    if value is None:
+        return None
+    return value.strip().lower() == "true"
+
+
+#: The largest `max_concurrency` a channel may declare.
+MAX_CONCURRENCY = 10_000
+#: Rate periods a limit may be written in, and their seconds.
+RATE_PERIODS: dict[str, int] = {"s": 1, "min": 60, "h": 3600}
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|min|h)\s*$")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A rate limit: `count` jobs (or weight units) per `period` seconds.
+
+    Written "N/s", "N/min" or "N/h" (N > 0, at most 1,000,000 per second); `str()` gives it
+    back in that form."""
+
+    count: float
+    period: int
+    unit: str = "s"
+
+    @property
+    def per_second(self) -> float:
+        return self.count / self.period
+
+    def __str__(self) -> str:
+        return f"{self.count:g}/{self.unit}"
+
+
+def parse_rate(value: object, what: str = "rate_limit") -> Rate:
+    """A `Rate` from "N/s", "N/min" or "N/h"; InvalidChannelSpec naming `what` and the allowed
+    forms otherwise."""
+    match = _RATE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise InvalidChannelSpec(
+            f"{what} must be 'N/s', 'N/min' or 'N/h' (N > 0), got {value!r}")
+    count, unit = float(match.group(1)), match.group(2)
+    period = RATE_PERIODS[unit]
+    if count <= 0 or count / period > 1_000_000:
+        raise InvalidChannelSpec(
+            f"{what} must be more than 0 and at most 1000000/s, got {value!r}")
+    return Rate(count, period, unit)
 
 
 def parse_tags(tags: Mapping[str, str]) -> ChannelTags:
