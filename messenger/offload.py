@@ -39,6 +39,10 @@ LIFECYCLE_MARGIN_DAYS = 1
 #: message starts with a full lifetime again, however often it is requeued.
 LIFECYCLE_HOPS = 2
 OFFLOAD_PREFIX = "payloads/"
+#: Where large job results live (`messenger.jobs.results`): under OFFLOAD_PREFIX, so that the
+#: bucket's lifecycle rule expires them as it does bodies (after more than the retention their
+#: status records keep).
+RESULTS_PREFIX = f"{OFFLOAD_PREFIX}results/"
 #: The default offload threshold (encoded bytes) of each kind of channel: the one that costs
 #: least in dollars (`messenger.ops.payload_cost.cheapest_threshold`, from the price table; a
 #: unit test recomputes these). SQS bills a message per started 64 KiB, sent and received, and
@@ -124,9 +128,10 @@ class PayloadStore:
             self._s3 = self._s3()
         return self._s3
 
-    def put(self, body: str | bytes) -> OffloadPointer:
-        """Store `body` (text, or its UTF-8 bytes) under a new key; its pointer."""
-        key = f"{OFFLOAD_PREFIX}{uuid.uuid4()}"
+    def put(self, body: str | bytes, prefix: str = OFFLOAD_PREFIX) -> OffloadPointer:
+        """Store `body` (text, or its UTF-8 bytes) under a new key (after `prefix`: bodies'
+        OFFLOAD_PREFIX, results' RESULTS_PREFIX); its pointer."""
+        key = f"{prefix}{uuid.uuid4()}"
         extra: dict[str, str] = {"ServerSideEncryption": "aws:kms"}
         if self.kms_key:
             extra["SSEKMSKeyId"] = self.kms_key

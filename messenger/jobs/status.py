@@ -37,6 +37,7 @@ from messenger.channel import (
     topic_name_for,
 )
 from messenger.errors import ChannelNotFound
+from messenger.jobs.results import is_final_item
 from messenger.jobs.tables import ensure_table, table_exists
 from messenger.settings import Settings
 
@@ -405,7 +406,8 @@ class StatusStore:
 
     # -- reading --------------------------------------------------------------------------
     def timeline(self, message_id: str) -> list[StatusRecord]:
-        """Every record of a message, oldest first."""
+        """Every record of a message, oldest first (its final outcome's item, on a channel that
+        keeps results, is not a record: `messenger.jobs.results` reads it)."""
         dynamodb = self.clients.client("dynamodb")
         paginator = dynamodb.get_paginator("query")
         records: list[StatusRecord] = []
@@ -416,7 +418,8 @@ class StatusStore:
                 ExpressionAttributeValues={":id": {"S": message_id}},
             ):
                 for item in page.get("Items", []):
-                    records.extend(records_of_item(item))
+                    if not is_final_item(item):  # the outcome's (`jobs.results`): no record
+                        records.extend(records_of_item(item))
         except ClientError as error:
             if error_code(error) != "ResourceNotFoundException":
                 raise
