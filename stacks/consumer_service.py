@@ -27,6 +27,11 @@ from stacks.channel import Channel
 from stacks.consumer_check import check_class_path
 from stacks.consumer_image import DEFAULT_ARCHITECTURE, ConsumerImage
 from stacks.consumer_scaling import BacklogPerTask, FargateCapacity, Scaling
+from stacks.flow_control import (
+    CONCURRENCY_CAP_VARIABLE,
+    ConcurrencyCaps,
+    grant_limits_consume,
+)
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 from stacks.topology import Topology
@@ -112,6 +117,9 @@ class ConsumerService(ConsumerClassFacts):
     cpu_architecture: 'X86_64' (default) or 'ARM64' (Graviton), of the task and of the image
         built for it (see `stacks.consumer_image` for why X86_64).
     concurrency: MESSENGER_CONCURRENCY, messages processed in parallel per task (default 1).
+        `max_tasks × concurrency` caps the channel's handlers running at once; where the
+        channel's consumers together may run more than its `max_concurrency`, they take a shared
+        lease per job (MESSENGER_CONCURRENCY_CAP, `stacks.flow_control`).
     shutdown_timeout: seconds the consumer gets to finish in-flight work after SIGTERM (30).
     stop_timeout: seconds ECS waits after SIGTERM before SIGKILL; above `shutdown_timeout`,
         at most 120 (default 120).
@@ -211,6 +219,10 @@ class ConsumerService(ConsumerClassFacts):
             "MESSENGER_OFFLOAD_BUCKET": foundation.offload_bucket_name,
             "MESSENGER_SHUTDOWN_TIMEOUT": str(shutdown_timeout.to_seconds()),
             "MESSENGER_CONCURRENCY": str(concurrency),
+            # At most max_tasks x concurrency handlers run: within the channel's max_concurrency
+            # (with the channel's other consumers) no concurrency lease is needed
+            CONCURRENCY_CAP_VARIABLE: ConcurrencyCaps.of(self).add(
+                channel.spec, max_tasks * concurrency),
             "AWS_REGION": Stack.of(self).region,
             **(environment or {}),
         }
@@ -232,6 +244,9 @@ class ConsumerService(ConsumerClassFacts):
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.task_definition.task_role)
         self.grant_from_class(foundation, self.task_definition.task_role)
+        # Flow control: the channel's run-time limits, its token buckets and leases (any channel
+        # may get a limit at run time: `messenger limits set`)
+        grant_limits_consume(self.task_definition.task_role, channel.spec, foundation.key)
 
         self.security_group = ec2.SecurityGroup(
             self,

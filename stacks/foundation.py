@@ -34,6 +34,7 @@ from messenger.channel import (
     TAG_NAMESPACE,
     dedup_table_name,
     idempotency_table_name,
+    limits_table_name,
     offload_bucket_name,
     platform_key_alias,
     status_table_name,
@@ -222,6 +223,10 @@ class Foundation(Construct):
         # Idempotent handlers' records (messenger.consume.idempotency, Powertools' layout).
         self.idempotency_table = self._ttl_table(
             "IdempotencyTable", idempotency_table_name(namespace), "id", None, removal_policy)
+        # Flow control (messenger.jobs.limits): run-time limits, token buckets, concurrency
+        # leases; grants by channel in stacks.flow_control.
+        self.limits_table = self._ttl_table(
+            "LimitsTable", limits_table_name(namespace), "key", None, removal_policy)
         Tags.of(self).add(TAG_MANAGED, "true")
         if namespace:
             Tags.of(self).add(TAG_NAMESPACE, namespace)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from aws_cdk import Duration, Names, RemovalPolicy
@@ -27,6 +28,11 @@ from stacks.channel import Channel
 from stacks.consumer_check import check_class_path
 from stacks.consumer_image import ConsumerImage
 from stacks.consumer_service import ClassValidation, ConsumerClassFacts
+from stacks.flow_control import (
+    CONCURRENCY_CAP_VARIABLE,
+    ConcurrencyCaps,
+    grant_limits_consume,
+)
 from stacks.foundation import Foundation
 from stacks.nag import acknowledge
 from stacks.topology import Topology
@@ -48,7 +54,65 @@ MAX_FIFO_BATCH = 10
 MAX_STANDARD_BATCH = 10_000
 #: An event source's maximum concurrency: 2 to 1,000 concurrent invocations.
 MIN_MAX_CONCURRENCY, MAX_MAX_CONCURRENCY = 2, 1000
+#: Provisioned mode of an SQS event source (ProvisionedPollerConfig): minimum pollers 2-200,
+#: maximum pollers 2-2,000 (AWS's defaults when one is left out: 2 and 200). Exclusive with
+#: MaximumConcurrency.
+MIN_POLLERS_RANGE, MAX_POLLERS_RANGE = (2, 200), (2, 2000)
+DEFAULT_MIN_POLLERS, DEFAULT_MAX_POLLERS = 2, 200
 DEFAULT_MAX_MESSAGE_AGE = Duration.minutes(15)
+
+
+@dataclass(frozen=True)
+class EventSourceScaling:
+    """How each of a Lambda consumer's event sources scales: MaximumConcurrency, or
+    provisioned mode's pollers, or neither; `cap`: the most handlers all of them run at once
+    (None: no bound the consumer can count on)."""
+
+    max_concurrency: int | None = None
+    pollers: lambda_.ProvisionedPollerConfig | None = None
+    cap: int | None = None
+
+    @classmethod
+    def of(cls, who: str, channel: Channel, max_concurrency: int | None,
+           min_pollers: int | None, max_pollers: int | None) -> EventSourceScaling:
+        """Checked against AWS's ranges (ValueError naming the field); the default maximum
+        concurrency derived from the channel's `max_concurrency`."""
+        provisioned = min_pollers is not None or max_pollers is not None
+        if provisioned and max_concurrency is not None:
+            raise ValueError(
+                f"{who}: max_concurrency and provisioned mode (min_pollers, max_pollers) cannot "
+                f"be set at once: AWS takes either ScalingConfig.MaximumConcurrency or "
+                f"ProvisionedPollerConfig on an event source mapping; leave one out"
+            )
+        if provisioned:
+            low = DEFAULT_MIN_POLLERS if min_pollers is None else min_pollers
+            high = DEFAULT_MAX_POLLERS if max_pollers is None else max_pollers
+            for field, value, (least, most) in (("min_pollers", min_pollers, MIN_POLLERS_RANGE),
+                                                 ("max_pollers", max_pollers, MAX_POLLERS_RANGE)):
+                if value is not None and not least <= value <= most:
+                    raise ValueError(
+                        f"{who}: {field} must be from {least} to {most}, got {value}")
+            if low > high:
+                raise ValueError(
+                    f"{who}: min_pollers ({low}) must not exceed max_pollers ({high})")
+            return cls(pollers=lambda_.ProvisionedPollerConfig(
+                minimum_pollers=low, maximum_pollers=high))
+        if max_concurrency is not None and \
+                not MIN_MAX_CONCURRENCY <= max_concurrency <= MAX_MAX_CONCURRENCY:
+            raise ValueError(
+                f"{who}: max_concurrency must be from {MIN_MAX_CONCURRENCY} to "
+                f"{MAX_MAX_CONCURRENCY}, got {max_concurrency}"
+            )
+        sources = len(channel.queues)
+        limit = channel.spec.max_concurrency
+        if max_concurrency is None and limit is not None:
+            # Each source gets its share; at least AWS's 2, so that a limit of 1 (or fewer
+            # than 2 per level) still bounds the invocations, the lease doing the rest.
+            max_concurrency = min(max(limit // sources, MIN_MAX_CONCURRENCY),
+                                  MAX_MAX_CONCURRENCY)
+        if max_concurrency is None:
+            return cls()
+        return cls(max_concurrency=max_concurrency, cap=max_concurrency * sources)
 
 
 class LambdaConsumer(ConsumerClassFacts):
@@ -71,8 +135,15 @@ class LambdaConsumer(ConsumerClassFacts):
         otherwise, above 10 only with a `max_batching_window`).
     max_batching_window: how long Lambda gathers a batch (default none; 0-300 s; not on ordered
         channels).
-    max_concurrency: concurrent invocations the event source may start, 2-1000 (default: no
-        limit but the account's).
+    max_concurrency: concurrent invocations each event source (one per queue: one per priority
+        level) may start, 2-1000 (ScalingConfig.MaximumConcurrency). Default: from the channel's
+        `max_concurrency` N, split over its k queues (N // k each, at least 2, at most 1000;
+        where that adds up to more than N the consumers also take the shared concurrency
+        lease); none without one (no limit but the account's).
+    min_pollers, max_pollers: provisioned mode (ProvisionedPollerConfig): dedicated event
+        pollers, from 2-200 minimum to 2-2000 maximum (AWS's defaults 2 and 200). Exclusive
+        with `max_concurrency`, as AWS has it; a channel's `max_concurrency` then holds through
+        the shared lease.
     memory_mib: the function's memory (default 256; CPU grows with it).
     max_message_age: the queue-age alarm's threshold (default 15 minutes).
     alarm_topic: where the alarms notify (default: nowhere; e.g. the platform's ops topic).
@@ -101,6 +172,8 @@ class LambdaConsumer(ConsumerClassFacts):
         batch_size: int = 10,
         max_batching_window: Duration | None = None,
         max_concurrency: int | None = None,
+        min_pollers: int | None = None,
+        max_pollers: int | None = None,
         memory_mib: int = 256,
         max_message_age: Duration = DEFAULT_MAX_MESSAGE_AGE,
         alarm_topic: sns.ITopic | None = None,
@@ -128,12 +201,8 @@ class LambdaConsumer(ConsumerClassFacts):
                 f"(Lambda gathers more than 10 messages only within one), e.g. "
                 f"Duration.seconds(5)"
             )
-        if max_concurrency is not None and \
-                not MIN_MAX_CONCURRENCY <= max_concurrency <= MAX_MAX_CONCURRENCY:
-            raise ValueError(
-                f"LambdaConsumer {id!r}: max_concurrency must be from {MIN_MAX_CONCURRENCY} to "
-                f"{MAX_MAX_CONCURRENCY}, got {max_concurrency}"
-            )
+        scaling = EventSourceScaling.of(
+            f"LambdaConsumer {id!r}", channel, max_concurrency, min_pollers, max_pollers)
         self.channel = channel
         self.consumer_class = consumer_class
         #: The code folder, checked as a consumer image's is (same package rules).
@@ -175,6 +244,7 @@ class LambdaConsumer(ConsumerClassFacts):
             "MESSENGER_KMS_KEY": foundation.key.key_arn,
             "MESSENGER_OFFLOAD_BUCKET": foundation.offload_bucket_name,
             "POWERTOOLS_SERVICE_NAME": f"messenger-consumer-{channel.spec.name}",
+            CONCURRENCY_CAP_VARIABLE: ConcurrencyCaps.of(self).add(channel.spec, scaling.cap),
             **(environment or {}),
         }
         # Named '<namespace->messenger-consumer-...' (unique per construct path): the dashboard's
@@ -205,6 +275,9 @@ class LambdaConsumer(ConsumerClassFacts):
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.role)
         self.grant_from_class(foundation, self.role)
+        # Flow control: the channel's run-time limits, its token buckets and leases (any channel
+        # may get a limit at run time: `messenger limits set`)
+        grant_limits_consume(self.role, channel.spec, foundation.key)
         # Mappings without the L2 event source's own grants: the channel's cover them.
         self.event_sources = [
             self.function.add_event_source_mapping(
@@ -213,7 +286,8 @@ class LambdaConsumer(ConsumerClassFacts):
                 batch_size=batch_size,
                 max_batching_window=max_batching_window,
                 report_batch_item_failures=True,
-                max_concurrency=max_concurrency,
+                max_concurrency=scaling.max_concurrency,
+                provisioned_poller_config=scaling.pollers,
             )
             for index, queue in enumerate(channel.queues)
         ]

@@ -1,0 +1,135 @@
+"""Flow control at deploy time: how many handlers a channel's consumers can run at once.
+
+A channel's `max_concurrency` holds in one of two ways (docs/flow-control.md):
+- the deployment caps it: a Fargate service runs at most `max_tasks × concurrency` handlers, a
+  Lambda consumer at most its event sources' MaximumConcurrency; when every consumer of the
+  channel in the app together stays within the limit, nothing more is needed;
+- else the consumers take a shared lease per running job in the limits table
+  (`messenger.jobs.limits`), which also holds a limit lowered at run time.
+
+`ConcurrencyCaps.of(scope)` adds up the caps of the app's consumers per channel. Each consumer
+gets `MESSENGER_CONCURRENCY_CAP`: the total of its channel's consumers, resolved at synthesis
+once every consumer is added (a second service of the channel counts), or "" when one of them
+is unbounded (a Lambda consumer without MaximumConcurrency, or in provisioned mode). The
+consumer compares it with the channel's current limit and takes the lease only when the limit
+is lower (or the cap unknown).
+
+The limits table (`limits_table_name`, in `Foundation`) holds, per channel C, its run-time
+limits under the key `C` and its token buckets and leases under keys `C#...`
+(`messenger.jobs.limits`). Grants follow that layout:
+- a consumer of C (`grant_limits_consume`): read and write keys `C` and `C#*` only (take tokens,
+  hold leases, read the limits): never another channel's;
+- operators (`grant_limits_operate`: the dashboard, the operators' policy for `messenger
+  limits`): read every item (the limits, the buckets' state), write only limits records (keys
+  without '#'), never a bucket or a lease.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import defaultdict
+from typing import ClassVar
+
+import jsii
+from aws_cdk import Aws, IStableStringProducer, Lazy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import IConstruct
+
+from messenger.channel import ChannelSpec, limits_table_name
+
+#: The environment variable that carries the cap down to the consumer (both runtimes).
+CONCURRENCY_CAP_VARIABLE = "MESSENGER_CONCURRENCY_CAP"
+
+
+class ConcurrencyCaps:
+    """The most handlers each channel's consumers in one app can run at once."""
+
+    _by_root: ClassVar[weakref.WeakKeyDictionary[IConstruct, ConcurrencyCaps]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def __init__(self) -> None:
+        self._caps: dict[tuple[str, str], list[int | None]] = defaultdict(list)
+
+    @classmethod
+    def of(cls, scope: IConstruct) -> ConcurrencyCaps:
+        root = scope.node.root
+        if root not in cls._by_root:
+            cls._by_root[root] = ConcurrencyCaps()
+        return cls._by_root[root]
+
+    def add(self, spec: ChannelSpec, cap: int | None) -> str:
+        """One more consumer of `spec`'s channel that runs at most `cap` handlers at once
+        (None: no bound). Returns the value of its MESSENGER_CONCURRENCY_CAP (a token resolved
+        at synthesis)."""
+        self._caps[(spec.namespace, spec.name)].append(cap)
+        return Lazy.string(_Total(self, spec), display_hint=CONCURRENCY_CAP_VARIABLE)
+
+    def total(self, spec: ChannelSpec) -> int | None:
+        """The channel's consumers' caps added up; None when one of them is unbounded."""
+        caps = self._caps[(spec.namespace, spec.name)]
+        if any(cap is None for cap in caps):
+            return None
+        return sum(cap for cap in caps if cap is not None)
+
+
+@jsii.implements(IStableStringProducer)
+class _Total:
+    def __init__(self, caps: ConcurrencyCaps, spec: ChannelSpec) -> None:
+        self._caps = caps
+        self._spec = spec
+
+    def produce(self) -> str:
+        total = self._caps.total(self._spec)
+        return "" if total is None else str(total)
+
+
+#: What a consumer does on its channel's items: read the limits, take tokens and hold leases
+#: (conditional UpdateItem, PutItem), let a lease go (DeleteItem).
+LIMITS_CONSUMER_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
+                           "dynamodb:DeleteItem")
+#: What an operator writes: a channel's limits record (`LimitStore.set`).
+LIMITS_OPERATOR_WRITES = ("dynamodb:PutItem", "dynamodb:UpdateItem")
+#: Separates a channel's name from the rest of its bucket and lease keys.
+KEY_SEPARATOR = "#"
+
+
+def limits_table_arn(namespace: str) -> str:
+    """The limits table's ARN built from its name, as a grant in any stack of the platform's
+    environment names it (no cross-stack export)."""
+    return (f"arn:{Aws.PARTITION}:dynamodb:{Aws.REGION}:{Aws.ACCOUNT_ID}:table/"
+            f"{limits_table_name(namespace)}")
+
+
+def channel_keys(spec: ChannelSpec) -> list[str]:
+    """The limits table's keys of `spec`'s channel: its limits record and its buckets and
+    leases."""
+    return [spec.name, f"{spec.name}{KEY_SEPARATOR}*"]
+
+
+def grant_limits_consume(grantee: iam.IGrantable, spec: ChannelSpec, key: kms.IKey) -> None:
+    """A consumer of `spec`'s channel: its own items of the limits table, and the key."""
+    table = limits_table_arn(spec.namespace)
+    principal = grantee.grant_principal
+    principal.add_to_principal_policy(iam.PolicyStatement(
+        actions=["dynamodb:DescribeTable"], resources=[table]))
+    principal.add_to_principal_policy(iam.PolicyStatement(
+        actions=list(LIMITS_CONSUMER_ACTIONS), resources=[table],
+        conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": channel_keys(spec)}}))
+    key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
+
+
+def grant_limits_operate(grantee: iam.IGrantable, namespace: str, key: kms.IKey) -> None:
+    """An operator (the dashboard, `messenger limits`): read every item of the namespace's
+    limits table, write channels' limits records only (no bucket, no lease), and the key."""
+    table = limits_table_arn(namespace)
+    principal = grantee.grant_principal
+    principal.add_to_principal_policy(iam.PolicyStatement(
+        actions=["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:BatchGetItem"],
+        resources=[table]))
+    principal.add_to_principal_policy(iam.PolicyStatement(
+        actions=list(LIMITS_OPERATOR_WRITES), resources=[table],
+        conditions={"ForAllValues:StringNotLike": {
+            "dynamodb:LeadingKeys": [f"*{KEY_SEPARATOR}*"]}}))
+    key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")

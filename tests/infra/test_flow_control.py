@@ -1,0 +1,226 @@
+"""Flow control in the CDK: a channel's `max_concurrency` as its Lambda event sources'
+MaximumConcurrency or provisioned mode, the concurrency cap each consumer is told, the limits
+table and its grants (one in-process synth per session, plus construction errors)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+
+from messenger.channel import ChannelSpec, limits_table_name
+from stacks.channel import Channel
+from stacks.consumer_service import ConsumerService
+from stacks.flow_control import CONCURRENCY_CAP_VARIABLE
+from stacks.foundation import Foundation
+from stacks.lambda_consumer import LambdaConsumer
+from tests.infra.conftest import ACCOUNT, REGION, as_list
+from tests.infra.test_validation import PLATFORM_CLUSTER, _app
+
+NAMESPACE = "flow"
+#: A team's folder `team/`: one class per channel.
+CONSUMERS = '''
+from messenger import Consumer
+
+
+class Job(Consumer):
+    processing_timeout = 10
+    visibility_timeout = 120
+
+    def handler(self, message):
+        pass
+
+
+class Capped(Job):
+    channel = "capped"
+
+
+class Provisioned(Job):
+    channel = "provisioned"
+
+
+class Levels(Job):
+    channel = "levels"
+    priorities = ("high", "low")
+'''
+
+
+def _spec(name: str, **options: Any) -> ChannelSpec:
+    # 6 x the function's timeout (10 s + 3 s to finish) fits in the visibility timeout
+    return ChannelSpec(name, namespace=NAMESPACE, visibility_timeout=120, **options)
+
+
+@dataclass
+class Synthesized:
+    resources: dict[str, Any]
+    ids: dict[str, str]  # construct id -> the logical id of its function or task definition
+    roles: dict[str, str]  # construct id -> its role's logical id
+
+
+@pytest.fixture(scope="session")
+def flow(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """Given one stack: `capped` (max_concurrency 20) run by a Lambda consumer and two Fargate
+    services, `provisioned` (max_concurrency 50) by a Lambda consumer in provisioned mode,
+    `levels` (max_concurrency 1, two priority levels) by a Lambda consumer."""
+    root = tmp_path_factory.mktemp("flow")
+    code = root / "team"
+    code.mkdir()
+    (code / "consumers.py").write_text(CONSUMERS)
+    app = _app(root / "out")
+    stack = cdk.Stack(app, "Flow", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    foundation = Foundation(stack, "Foundation", namespace=NAMESPACE)
+    channels = {
+        name: Channel(stack, f"{name}Channel", spec=spec, key=foundation.key)
+        for name, spec in {
+            "capped": _spec("capped", max_concurrency=20),
+            "provisioned": _spec("provisioned", max_concurrency=50),
+            "levels": _spec("levels", max_concurrency=1, priorities=("high", "low")),
+        }.items()
+    }
+    cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(
+        stack, "Vpc", nat_gateways=0, availability_zones=["eu-west-1a"]), **PLATFORM_CLUSTER)
+    built: dict[str, Any] = {
+        "CappedLambda": LambdaConsumer(
+            stack, "CappedLambda", channel=channels["capped"], foundation=foundation,
+            code=code, consumer_class="team.consumers:Capped", namespace=NAMESPACE),
+        "ProvisionedLambda": LambdaConsumer(
+            stack, "ProvisionedLambda", channel=channels["provisioned"], foundation=foundation,
+            code=code, consumer_class="team.consumers:Provisioned", namespace=NAMESPACE,
+            min_pollers=5, max_pollers=50),
+        "LevelsLambda": LambdaConsumer(
+            stack, "LevelsLambda", channel=channels["levels"], foundation=foundation,
+            code=code, consumer_class="team.consumers:Levels", namespace=NAMESPACE),
+    }
+    for name, tasks, workers in (("CappedFargate1", 4, 2), ("CappedFargate2", 2, 1)):
+        built[name] = ConsumerService(
+            stack, name, channel=channels["capped"], foundation=foundation, cluster=cluster,
+            image=ecs.ContainerImage.from_registry("public.ecr.aws/docker/library/python:3.11"),
+            consumer_class="team.consumers:Capped", namespace=NAMESPACE,
+            max_tasks=tasks, concurrency=workers)
+    resources = app.synth().get_stack_by_name("Flow").template["Resources"]
+
+    def logical(construct: Any) -> str:
+        return stack.get_logical_id(construct.node.default_child)
+
+    ids = {name: logical(getattr(built[name], "function", None)
+                         or getattr(built[name], "task_definition", None))
+           for name in built}
+    roles = {name: logical(getattr(built[name], "role", None)
+                           or built[name].task_definition.task_role) for name in built}
+    return Synthesized(resources, ids, roles)
+
+
+def _mappings(flow: Synthesized, name: str) -> list[dict[str, Any]]:
+    return [r["Properties"] for r in flow.resources.values()
+            if r["Type"] == "AWS::Lambda::EventSourceMapping"
+            and r["Properties"]["FunctionName"] == {"Ref": flow.ids[name]}]
+
+
+def _cap(flow: Synthesized, name: str) -> str:
+    properties = flow.resources[flow.ids[name]]["Properties"]
+    if "Environment" in properties:  # a function
+        variables = properties["Environment"]["Variables"]
+    else:  # a task definition
+        (container,) = properties["ContainerDefinitions"]
+        variables = {e["Name"]: e["Value"] for e in container["Environment"]}
+    return variables[CONCURRENCY_CAP_VARIABLE]
+
+
+def test_a_channels_max_concurrency_is_its_event_sources_maximum_concurrency(
+    flow: Synthesized,
+) -> None:
+    (mapping,) = _mappings(flow, "CappedLambda")
+    assert mapping["ScalingConfig"] == {"MaximumConcurrency": 20}
+    assert "ProvisionedPollerConfig" not in mapping
+
+
+def test_provisioned_mode_sets_the_pollers_and_no_maximum_concurrency(flow: Synthesized) -> None:
+    (mapping,) = _mappings(flow, "ProvisionedLambda")
+    assert mapping["ProvisionedPollerConfig"] == {"MinimumPollers": 5, "MaximumPollers": 50}
+    assert "ScalingConfig" not in mapping
+    # The event source does not bound the handlers: the consumer is told no cap (its lease
+    # holds the channel's max_concurrency)
+    assert _cap(flow, "ProvisionedLambda") == ""
+
+
+def test_a_limit_below_two_per_level_still_bounds_each_event_source(flow: Synthesized) -> None:
+    # Given max_concurrency 1 over two priority levels: AWS's least MaximumConcurrency is 2
+    mappings = _mappings(flow, "LevelsLambda")
+    assert [m["ScalingConfig"] for m in mappings] == [{"MaximumConcurrency": 2}] * 2
+    # Then the consumer is told 4 handlers may run (above 1: it takes the shared lease)
+    assert _cap(flow, "LevelsLambda") == "4"
+
+
+def test_every_consumer_of_a_channel_is_told_the_cap_of_all_of_them(flow: Synthesized) -> None:
+    # 20 (Lambda) + 4 tasks x 2 workers + 2 tasks x 1 worker: 30 > max_concurrency 20
+    assert {_cap(flow, name) for name in ("CappedLambda", "CappedFargate1", "CappedFargate2")} \
+        == {"30"}
+
+
+def test_the_limits_table_is_keyed_by_key_with_ttl_and_recovery(flow: Synthesized) -> None:
+    (table,) = [r["Properties"] for r in flow.resources.values()
+                if r["Type"] == "AWS::DynamoDB::Table"
+                and r["Properties"]["TableName"] == limits_table_name(NAMESPACE)]
+    assert table["KeySchema"] == [{"AttributeName": "key", "KeyType": "HASH"}]
+    assert table["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    assert table["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert table["SSESpecification"]["SSEEnabled"] is True
+    assert table["BillingMode"] == "PAY_PER_REQUEST"
+
+
+def _limits_statements(flow: Synthesized, name: str) -> list[dict[str, Any]]:
+    table = f"table/{limits_table_name(NAMESPACE)}"
+    (policy,) = [r for r in flow.resources.values() if r["Type"] == "AWS::IAM::Policy"
+                 and {"Ref": flow.roles[name]} in r["Properties"]["Roles"]]
+    return [s for s in policy["Properties"]["PolicyDocument"]["Statement"]
+            if table in json.dumps(s["Resource"])]
+
+
+@pytest.mark.parametrize(("name", "channel"), [
+    ("CappedLambda", "capped"), ("CappedFargate1", "capped"), ("LevelsLambda", "levels")])
+def test_a_consumer_may_touch_only_its_own_channels_limit_items(
+    flow: Synthesized, name: str, channel: str,
+) -> None:
+    statements = _limits_statements(flow, name)
+    by_actions = {tuple(sorted(as_list(s["Action"]))): s for s in statements}
+    assert set(by_actions) == {
+        ("dynamodb:DescribeTable",),
+        ("dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")}
+    items = by_actions[
+        ("dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")]
+    assert items["Condition"] == {"ForAllValues:StringLike": {
+        "dynamodb:LeadingKeys": [channel, f"{channel}#*"]}}
+    # the table by its ARN, no index, no wildcard
+    assert all(not json.dumps(s["Resource"]).endswith('*"') for s in statements)
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    ({"max_concurrency": 10, "min_pollers": 2},
+     r"max_concurrency and provisioned mode \(min_pollers, max_pollers\) cannot be set at "
+     r"once: AWS takes either ScalingConfig.MaximumConcurrency or ProvisionedPollerConfig"),
+    ({"min_pollers": 1}, "min_pollers must be from 2 to 200, got 1"),
+    ({"min_pollers": 201}, "min_pollers must be from 2 to 200, got 201"),
+    ({"max_pollers": 2001}, "max_pollers must be from 2 to 2000, got 2001"),
+    ({"min_pollers": 20, "max_pollers": 10}, r"min_pollers \(20\) must not exceed max_pollers "
+                                             r"\(10\)"),
+    ({"max_concurrency": 1001}, "max_concurrency must be from 2 to 1000, got 1001"),
+])
+def test_event_source_scaling_out_of_range_or_both_modes_fails_naming_the_field(
+    tmp_path: Path, options: dict[str, Any], error: str,
+) -> None:
+    app = _app(tmp_path)
+    stack = cdk.Stack(app, "Small", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    foundation = Foundation(stack, "Foundation", namespace="")
+    channel = Channel(stack, "Channel", spec=ChannelSpec("q", visibility_timeout=150),
+                      key=foundation.key)
+    with pytest.raises(ValueError, match=r"LambdaConsumer 'Consumer': " + error):
+        LambdaConsumer(stack, "Consumer", channel=channel, foundation=foundation,
+                       code=Path(__file__).resolve().parents[2] / "examples",
+                       consumer_class="examples.wishlist:ReceiptsConsumer", namespace="",
+                       **options)
