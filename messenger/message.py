@@ -34,7 +34,7 @@ from functools import cached_property
 from typing import Any
 
 from messenger.channel import ROUTING_KEY_ATTRIBUTE
-from messenger.errors import InvalidMessage, MessageDecodeError
+from messenger.errors import InvalidMessage, JobFailed, MessageDecodeError
 
 META_HEADERS_ATTRIBUTE = "meta_headers"
 MESSAGE_ID_ATTRIBUTE = "message_id"
@@ -48,7 +48,46 @@ MAX_ATTEMPTS_ATTRIBUTE = "max_attempts"
 #: A routing key is at most this long (SNS filter values are compared as strings).
 MAX_ROUTING_KEY_LENGTH = 256
 
+#: Meta header of a job released after its dependencies (`push(depends_on=...)`, a group's
+#: callback): the JSON of each dependency's result or failure (`Message.dependencies`).
+DEPENDENCIES_HEADER = "messenger-dependencies"
+
 AttributeMap = dict[str, dict[str, str]]
+
+
+@dataclass(frozen=True)
+class ResultOmitted:
+    """A dependency's result too large to travel in the message: the job completed; read its
+    result with `Producer.result(job_id)`."""
+
+    job_id: str
+
+
+def decode_dependencies(meta_headers: Mapping[str, str]) -> dict[str, Any]:
+    """The dependencies a released job carries (DEPENDENCIES_HEADER): job id → its result, a
+    `ResultOmitted`, or the `messenger.JobFailed` of a dependency that did not complete. {}
+    for a job that waited on nothing (or a header that is not ours)."""
+    text = meta_headers.get(DEPENDENCIES_HEADER)
+    if not text:
+        return {}
+    try:
+        values = json.loads(text)
+    except ValueError:
+        return {}
+    found: dict[str, Any] = {}
+    for job_id, value in values.items() if isinstance(values, dict) else ():
+        if not isinstance(value, dict):
+            continue
+        if "result" in value:
+            found[job_id] = value["result"]
+        elif value.get("omitted"):
+            found[job_id] = ResultOmitted(job_id)
+        else:
+            found[job_id] = JobFailed(job_id, str(value.get("outcome", "")),
+                                      reason=str(value.get("reason", "")),
+                                      error_type=str(value.get("error_type", "")),
+                                      error=str(value.get("error", "")))
+    return found
 
 
 def _new_id() -> str:
@@ -125,6 +164,12 @@ class Message:
 
     def __post_init__(self) -> None:
         _check_envelope(self.routing_key, self.meta_headers)
+
+    @property
+    def dependencies(self) -> dict[str, Any]:
+        """Job id → result, `ResultOmitted` or `messenger.JobFailed`, of each job this one
+        waited on (`decode_dependencies`); {} for a job that waited on nothing."""
+        return decode_dependencies(self.meta_headers)
 
     def encode(self) -> EncodedMessage:
         """Body JSON plus attributes; InvalidMessage when the body is not JSON-serializable."""

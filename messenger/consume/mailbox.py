@@ -27,6 +27,7 @@ from messenger.message import (
     DEAD_LETTER_FAILURE_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
     EncodedMessage,
+    decode_dependencies,
     decode_envelope,
     sendable_attributes,
 )
@@ -104,6 +105,12 @@ class ReceivedMessage:
     def lag(self) -> float:
         """Seconds between production (or SQS's acceptance) and now."""
         return time.time() - (self.produced_at or self.sent_at)
+
+    @property
+    def dependencies(self) -> dict[str, Any]:
+        """Job id → result, `ResultOmitted` or `messenger.JobFailed` of each job this one
+        waited on (`push(depends_on=...)`, a group's callback); {} for a job that did not."""
+        return decode_dependencies(self.meta_headers)
 
 
 @dataclass(eq=False)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -17,13 +18,27 @@ from messenger.settings import Settings
 EXPIRES_AT = "expires_at"
 
 
+@dataclass(frozen=True)
+class GlobalIndex:
+    """A global secondary index of a job table (partition and sort key, their DynamoDB types:
+    'S' or 'N'), projecting every attribute."""
+
+    name: str
+    hash_key: str
+    range_key: str
+    hash_type: str = "S"
+    range_type: str = "S"
+
+
 def ensure_table(
     clients: ClientFactory, settings: Settings, table: str, what: str, hash_key: str,
     range_key: str | None = None, dynamodb: Any = None,
+    index: GlobalIndex | None = None,
 ) -> None:
     """Create `table` (string keys, on demand, KMS, TTL on expires_at) in auto mode, or check it
     exists (verify: ChannelNotFound naming `what`). dynamodb: the client to use (default the
-    factory's)."""
+    factory's). index: a global secondary index to create with it (projecting every
+    attribute)."""
     dynamodb = dynamodb or clients.client("dynamodb")
     try:
         dynamodb.describe_table(TableName=table)
@@ -37,13 +52,22 @@ def ensure_table(
             f"CDK app)"
         )
     keys = [(hash_key, "HASH")] + ([(range_key, "RANGE")] if range_key else [])
+    types = {name: "S" for name, _ in keys}
+    extra: dict[str, Any] = {}
+    if index is not None:
+        types.update({index.hash_key: index.hash_type, index.range_key: index.range_type})
+        extra["GlobalSecondaryIndexes"] = [{
+            "IndexName": index.name,
+            "KeySchema": [{"AttributeName": index.hash_key, "KeyType": "HASH"},
+                          {"AttributeName": index.range_key, "KeyType": "RANGE"}],
+            "Projection": {"ProjectionType": "ALL"}}]
     try:
         dynamodb.create_table(
             TableName=table,
             KeySchema=[{"AttributeName": name, "KeyType": kind} for name, kind in keys],
-            AttributeDefinitions=[{"AttributeName": name, "AttributeType": "S"}
-                                  for name, _ in keys],
-            BillingMode="PAY_PER_REQUEST",
+            AttributeDefinitions=[{"AttributeName": name, "AttributeType": kind}
+                                  for name, kind in types.items()],
+            BillingMode="PAY_PER_REQUEST", **extra,
             SSESpecification={"Enabled": True, "SSEType": "KMS"},
             Tags=[{"Key": TAG_MANAGED, "Value": "true"}],
         )

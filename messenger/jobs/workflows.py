@@ -1,0 +1,666 @@
+"""Jobs that wait for others: held jobs (`push(depends_on=...)`) and groups (`Producer.group`).
+
+Every waiting thing is one item in the workflows table (`workflows_table_name(ns)`, partition
+key `id`), written BEFORE anything it waits on can advance it:
+
+- a held job, `job#<job id>`: its prepared send (SQS queue URL or SNS topic ARN, the encoded
+  body or its offload pointer, the attributes, the FIFO fields), `pending` (the dependencies
+  not final yet: a string set), `done` (dependency → a summary of its outcome), `late`,
+  `policy` (on_dependency_failure: 'cancel' or 'run'), `state` (HELD, RELEASING, RELEASED,
+  CANCELLED, EXPIRED);
+- a group, `group#<group id>`: the same item for its `then` job (its send, absent for a group
+  without one; policy 'run': the callback runs with its members' failures), plus `members`
+  and `sent` (False until the producer pushed every member).
+
+Then the waiter registers on each dependency's final-outcome item (`ResultStore.add_waiter`,
+waiter = the item's id); a dependency that is final already is applied at once by the
+registering producer. A group's members get ids derived from the group id (`<id>.<n>`, the
+callback `<id>.then`), so a crash leaves nothing unnamed.
+
+The barrier, one conditional UpdateItem per finishing dependency (`advance`): DELETE the
+dependency from `pending`, SET `done.<dep>` to its outcome, on condition that it is still
+pending; the answer (ALL_NEW) says whether it was the last. A ConditionalCheckFailed (a repeat,
+a late member, or the retry of a write whose answer was lost) re-reads the item: an outcome
+other than the one counted is recorded in `late` (the callback is never sent twice), and a
+release or cancel that is due is carried out.
+
+The release is a conditional state change, HELD → RELEASING (condition: nothing pending, a
+group's members all sent), then the send, then RELEASING → RELEASED. The message carries its
+job id and the job-id mark (`jobs.fired`, window: a queue's longest retention), so the
+consumer's job-id claim runs it once even if a crash or a lost answer sends it twice; its meta
+header DEPENDENCIES_HEADER carries each dependency's result or failure (`message.dependencies`).
+With on_dependency_failure='cancel', the first failed dependency moves HELD → CANCELLED and
+settles the held job CANCELLED naming the failed job, so whatever waits on it advances in turn.
+
+Crash safety, by the sweeper (`sweep`, the 15-minute operations run): items not settled carry
+`open_shard` and sit in the sparse index 'open' (`open_shard`, `created_at`); for each older
+than SWEEP_GRACE_SECONDS it reads the pending dependencies' outcomes (BatchGetItem) and applies
+the final ones, re-sends a release left in RELEASING, settles again a cancel left unsettled,
+settles EXPIRED a held job past its channel's retention, and fails the members of a group whose
+producer stopped before marking it sent and that never reached their queue (no status record):
+'never sent: the producer stopped'. No scan, no polling.
+
+A dependency must be on a channel that keeps results (`ChannelSpec.keep_results`): only those
+write final outcomes. The producer refuses one whose status records name a channel that does
+not (see `messenger.produce.base`).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+import logging
+import time
+import uuid
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from messenger.aws import ClientFactory, call_with_budget, error_code
+from messenger.channel import (
+    SNS_MAX_MESSAGE_BYTES,
+    SQS_MAX_MESSAGE_BYTES,
+    SQS_MAX_RETENTION_SECONDS,
+    status_table_name,
+    workflows_table_name,
+)
+from messenger.errors import RetryBudgetExhausted
+from messenger.jobs.fired import JOB_WINDOW_HEADER
+from messenger.jobs.results import FINAL_SK, FinalOutcome, Outcome, ResultStore
+from messenger.jobs.tables import EXPIRES_AT, GlobalIndex, ensure_table
+from messenger.message import DEPENDENCIES_HEADER, META_HEADERS_ATTRIBUTE
+from messenger.settings import Settings
+
+logger = logging.getLogger("messenger.workflows")
+
+#: The sparse index of items not settled yet (the sweeper's), and its shards.
+OPEN_INDEX = GlobalIndex("open", "open_shard", "created_at", range_type="N")
+OPEN_SHARDS = 4
+#: The sweeper leaves items younger than this to whoever is writing them.
+SWEEP_GRACE_SECONDS = 600.0
+#: What a dependency that failed does to its waiting job.
+ON_DEPENDENCY_FAILURE = ("cancel", "run")
+#: The most dependencies of one held job, and members of one group (their ids and outcome
+#: summaries stay well within a DynamoDB item's 400 KB).
+MAX_DEPENDENCIES = 100
+MAX_GROUP_MEMBERS = 1_000
+#: A held job's encoded message up to this is kept in its item; larger bodies are offloaded.
+HELD_INLINE_BYTES = 300_000
+JOB, GROUP = "job#", "group#"
+
+
+class State(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 too
+    HELD = "HELD"
+    RELEASING = "RELEASING"
+    RELEASED = "RELEASED"
+    CANCELLED = "CANCELLED"
+    EXPIRED = "EXPIRED"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class HeldSend:
+    """The send a held job waits to make: `kind` 'sqs' (target: a queue URL) or 'sns' (a topic
+    ARN), the encoded body, its message attributes, FIFO group and deduplication ids."""
+
+    kind: str
+    target: str
+    body: str
+    attributes: Mapping[str, Mapping[str, str]]
+    group_id: str | None = None
+    dedup_id: str | None = None
+
+    def item(self) -> dict[str, Any]:
+        fields = {"kind": self.kind, "target": self.target, "body": self.body,
+                  "attributes": json.dumps(self.attributes, sort_keys=True)}
+        fields.update({name: value for name, value in (("group_id", self.group_id),
+                                                        ("dedup_id", self.dedup_id)) if value})
+        return {"M": {name: {"S": value} for name, value in fields.items()}}
+
+    @classmethod
+    def of_item(cls, value: Mapping[str, Any]) -> HeldSend:
+        fields = {name: entry["S"] for name, entry in value["M"].items()}
+        return cls(fields["kind"], fields["target"], fields["body"],
+                   json.loads(fields["attributes"]), fields.get("group_id"),
+                   fields.get("dedup_id"))
+
+
+@dataclass(frozen=True)
+class Counted:
+    """What the barrier recorded of one dependency: its outcome, when, and why it failed."""
+
+    outcome: str
+    at: float
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == Outcome.COMPLETED.value
+
+    @classmethod
+    def of(cls, outcome: FinalOutcome) -> Counted:
+        what = f"{outcome.error_type}: {outcome.error}" if outcome.error_type else \
+            (outcome.error or outcome.reason)
+        return cls(outcome.outcome.value, outcome.at, what[:500])
+
+    def item(self) -> dict[str, Any]:
+        return {"M": {"outcome": {"S": self.outcome}, "at": {"N": repr(float(self.at))},
+                      "reason": {"S": self.reason}}}
+
+    @classmethod
+    def of_item(cls, value: Mapping[str, Any]) -> Counted:
+        fields = value["M"]
+        return cls(fields["outcome"]["S"], float(fields["at"]["N"]),
+                   fields.get("reason", {}).get("S", ""))
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A held job or a group, as its item says (`dependencies_of`, `group`).
+
+    id: the item id ('job#<id>' or 'group#<id>'). job_id: the job it sends ('' for a group
+    without a callback). dependencies: every dependency (a group: its members), in order.
+    pending: those not counted yet. done: each counted one's outcome. late: outcomes that came
+    after one was counted (a member requeued from its DLQ that completed later)."""
+
+    id: str
+    job_id: str
+    channel: str
+    state: State
+    policy: str
+    dependencies: tuple[str, ...]
+    pending: frozenset[str]
+    done: Mapping[str, Counted]
+    late: Mapping[str, Counted]
+    created_at: float
+    hold_until: float
+    retention_seconds: int
+    send: HeldSend | None = None
+    sent: bool = True
+    settled: bool = False
+    reason: str = ""
+
+    @property
+    def is_group(self) -> bool:
+        return self.id.startswith(GROUP)
+
+    @classmethod
+    def of_item(cls, item: Mapping[str, Any]) -> Waiting:
+        def text(name: str) -> str:
+            return str(item.get(name, {}).get("S", ""))
+
+        def counted(name: str) -> dict[str, Counted]:
+            return {dep: Counted.of_item(value)
+                    for dep, value in item.get(name, {}).get("M", {}).items()}
+
+        return cls(
+            id=text("id"), job_id=text("job_id"), channel=text("channel"),
+            state=State(text("state")), policy=text("policy"),
+            dependencies=tuple(entry["S"] for entry in item.get("deps", {}).get("L", [])),
+            pending=frozenset(item.get("pending", {}).get("SS", [])),
+            done=counted("done"), late=counted("late"),
+            created_at=float(item["created_at"]["N"]), hold_until=float(item["hold_until"]["N"]),
+            retention_seconds=int(item["retention"]["N"]),
+            send=HeldSend.of_item(item["send"]) if "send" in item else None,
+            sent=bool(item.get("sent", {}).get("BOOL", True)),
+            settled="open_shard" not in item, reason=text("reason"))
+
+
+@dataclass(frozen=True)
+class GroupProgress:
+    """A group's progress: its members, how many reached a final outcome (`finished`) and how
+    many of those failed, its state (HELD until the callback is released), the callback's job
+    id ('' without one) and the members recorded late."""
+
+    group_id: str
+    members: tuple[str, ...]
+    finished: int
+    failed: int
+    state: State
+    then_job: str
+    sent: bool
+    late: tuple[str, ...] = ()
+    outcomes: Mapping[str, Counted] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Dependent:
+    """What waits on a job: a held job (`job_id`), or a group (`group_id`, its callback's
+    `job_id`)."""
+
+    job_id: str
+    group_id: str = ""
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did: items looked at, dependencies applied, releases, cancels, expiries,
+    members failed as never sent."""
+
+    looked: int = 0
+    applied: int = 0
+    released: int = 0
+    cancelled: int = 0
+    expired: int = 0
+    never_sent: int = 0
+
+
+def group_member_id(group_id: str, index: int) -> str:
+    return f"{group_id}.{index}"
+
+
+def group_then_id(group_id: str) -> str:
+    return f"{group_id}.then"
+
+
+class Workflows:
+    """Held jobs and groups (see the module doc); safe to share between threads.
+
+    results: the outcomes' store (default one of its own). budget: seconds each call retries
+    transient errors (default the settings' retry budget)."""
+
+    def __init__(self, clients: ClientFactory, settings: Settings,
+                 results: ResultStore | None = None, budget: float | None = None) -> None:
+        self.clients = clients
+        self.settings = settings
+        self.table = workflows_table_name(settings.namespace)
+        self.budget = settings.retry_budget_seconds if budget is None else budget
+        self.results = results or ResultStore(clients, settings, budget=budget)
+        self._ready = False
+
+    # -- table -------------------------------------------------------------------------------
+    def ensure_table(self) -> None:
+        """Create the table with its index (auto) or check it exists (verify), once."""
+        if not self._ready:
+            call_with_budget(lambda: ensure_table(
+                self.clients, self.settings, self.table, "workflows", "id", index=OPEN_INDEX),
+                self.budget, f"checking table {self.table!r}")
+            self._ready = True
+
+    def _call(self, what: str, method: str, **request: Any) -> Any:
+        dynamodb = self.clients.client("dynamodb")
+        return call_with_budget(functools.partial(getattr(dynamodb, method),
+                                                  TableName=self.table, **request),
+                                self.budget, what, error=RetryBudgetExhausted)
+
+    def _update(self, item_id: str, what: str, expression: str, values: dict[str, Any],
+                condition: str | None = None, names: dict[str, str] | None = None
+                ) -> Waiting | None:
+        """One UpdateItem (ReturnValues ALL_NEW): the item after it, None when `condition`
+        failed."""
+        # Never creates an item: one gone (expired) is not written again.
+        condition = f"attribute_exists(id) AND ({condition})" if condition else \
+            "attribute_exists(id)"
+        names = dict(names or {})
+        if "#state" in expression or "#state" in condition:
+            names["#state"] = "state"
+        request: dict[str, Any] = {
+            "Key": {"id": {"S": item_id}}, "UpdateExpression": expression,
+            "ConditionExpression": condition, "ReturnValues": "ALL_NEW"}
+        if names:
+            request["ExpressionAttributeNames"] = names
+        if values:
+            request["ExpressionAttributeValues"] = values
+        try:
+            answer = self._call(what, "update_item", **request)
+        except ClientError as error:
+            if error_code(error) == "ConditionalCheckFailedException":
+                return None
+            raise
+        return Waiting.of_item(answer["Attributes"])
+
+    def read(self, item_id: str) -> Waiting | None:
+        """The item `item_id` ('job#<id>', 'group#<id>'), read consistently; None if none."""
+        answer = self._call(f"reading {item_id}", "get_item", Key={"id": {"S": item_id}},
+                            ConsistentRead=True)
+        return Waiting.of_item(answer["Item"]) if "Item" in answer else None
+
+    # -- holding (producers) -----------------------------------------------------------------
+    def hold(self, item_id: str, job_id: str, channel: str, send: HeldSend | None,
+             dependencies: Iterable[str], policy: str, retention_seconds: int,
+             sent: bool = True) -> bool:
+        """Write the waiting item (before anything can advance it), then register on each
+        dependency, applying at once those final already. False when an item of this id
+        exists already (the job is held, or the group recorded, by an earlier push), True
+        when written. sent=False: a group whose members are still to be pushed (`mark_sent`)."""
+        self.ensure_table()
+        deps = list(dict.fromkeys(dependencies))
+        now = time.time()
+        token = uuid.uuid4().hex
+        item: dict[str, Any] = {
+            "id": {"S": item_id}, "job_id": {"S": job_id}, "channel": {"S": channel},
+            "state": {"S": State.HELD.value}, "policy": {"S": policy},
+            "deps": {"L": [{"S": dep} for dep in deps]}, "done": {"M": {}}, "late": {"M": {}},
+            "created_at": {"N": repr(now)}, "hold_until": {"N": repr(now + retention_seconds)},
+            "retention": {"N": str(retention_seconds)}, "sent": {"BOOL": sent},
+            "open_shard": {"S": _shard(item_id)}, "token": {"S": token},
+            EXPIRES_AT: {"N": str(int(now + 2 * retention_seconds))},
+        }
+        if deps:
+            item["pending"] = {"SS": deps}
+        if send is not None:
+            item["send"] = send.item()
+        try:  # the same token on every attempt: a retry after a lost answer finds its own
+            self._call(f"holding {item_id}", "put_item", Item=item,
+                       ConditionExpression="attribute_not_exists(id) OR #t = :t",
+                       ExpressionAttributeNames={"#t": "token"},
+                       ExpressionAttributeValues={":t": {"S": token}})
+        except ClientError as error:
+            if error_code(error) != "ConditionalCheckFailedException":
+                raise
+            return False
+        for dep in deps:
+            outcome = self.results.add_waiter(dep, item_id, retention_seconds)
+            if outcome is not None:
+                self._count(item_id, outcome)
+        if not deps:
+            self._act(self.read(item_id))
+        return True
+
+    def mark_sent(self, group_id: str) -> None:
+        """A group's members were all pushed: its callback may be released."""
+        self._act(self._update(GROUP + group_id, f"marking group {group_id} sent",
+                               "SET sent = :t", {":t": {"BOOL": True}}))
+
+    # -- advancing (whoever reaches a final outcome) -----------------------------------------
+    def advance(self, outcome: FinalOutcome, waiters: Iterable[str]) -> None:
+        """Count `outcome` for each waiter (ids from `ResultStore.finish`/`add_waiter`): one
+        conditional UpdateItem each, then the release or cancel it makes due. Raises what the
+        table raises past the retry budget (the caller retries: counting again is harmless)."""
+        for waiter in sorted(set(waiters)):
+            if waiter.startswith((JOB, GROUP)):
+                self._count(waiter, outcome)
+            else:
+                logger.warning("job %s: waiter %r is not a workflow item; ignored",
+                               outcome.job_id, waiter)
+
+    def settle(self, outcome: FinalOutcome, retention_seconds: int) -> None:
+        """Record a final outcome reached outside a consumer (an operator's DLQ delete, a
+        cancel, a held job cancelled or expired), then advance what waits on it."""
+        waiters = self.results.finish(outcome, retention_seconds)
+        if waiters:
+            self.advance(outcome, waiters)
+
+    def _count(self, item_id: str, outcome: FinalOutcome) -> None:
+        """The barrier write for one dependency (see the module doc)."""
+        dep = outcome.job_id
+        counted = Counted.of(outcome)
+        after = self._update(
+            item_id, f"counting job {dep} for {item_id}",
+            "DELETE pending :one SET done.#dep = :counted",
+            {":one": {"SS": [dep]}, ":dep": {"S": dep}, ":counted": counted.item()},
+            condition="contains(pending, :dep)", names={"#dep": dep})
+        if after is None:  # counted already: a repeat, a late outcome, or our own lost answer
+            after = self.read(item_id)
+            if after is None:
+                return
+            first = after.done.get(dep)
+            if first is not None and first.outcome != counted.outcome and \
+                    after.late.get(dep) != counted:
+                logger.info("%s: job %s finished %s after it was counted %s: recorded late",
+                            item_id, dep, counted.outcome, first.outcome)
+                after = self._update(item_id, f"recording job {dep} late for {item_id}",
+                                     "SET late.#dep = :counted", {":counted": counted.item()},
+                                     names={"#dep": dep}) or after
+        self._act(after)
+
+    def _act(self, item: Waiting | None) -> None:
+        """Carry out what the item's state makes due: a cancel, a release, nothing."""
+        if item is None:
+            return
+        if item.state is State.RELEASING:
+            self._release(item)
+            return
+        if item.state is not State.HELD:
+            return
+        if item.policy == "cancel":
+            failed = next((dep for dep in item.dependencies
+                           if dep in item.done and not item.done[dep].ok), None)
+            if failed is not None:
+                self._cancel(item, failed)
+                return
+        if not item.pending and item.sent:
+            self._release(item)
+
+    def _cancel(self, item: Waiting, failed: str) -> None:
+        counted = item.done[failed]
+        reason = (f"dependency {failed} {counted.outcome.replace('_', ' ')}"
+                  f"{': ' + counted.reason if counted.reason else ''} "
+                  f"(on_dependency_failure='cancel')")
+        if self._update(item.id, f"cancelling {item.id}", "SET #state = :c, reason = :r",
+                        {":c": {"S": State.CANCELLED.value}, ":r": {"S": reason},
+                         ":h": {"S": State.HELD.value}}, condition="#state = :h") is None:
+            return  # released or cancelled by another
+        logger.info("%s: cancelled: %s", item.id, reason)
+        self._settle_closed(item.id, Outcome.CANCELLED, reason)
+
+    def _settle_closed(self, item_id: str, outcome: Outcome, reason: str) -> None:
+        """Settle a cancelled or expired item's job (chains advance), then close the item."""
+        item = self.read(item_id)
+        if item is None:
+            return
+        if item.job_id:
+            self.settle(FinalOutcome(item.job_id, item.channel, outcome, time.time(),
+                                     reason=reason), item.retention_seconds)
+        self._update(item_id, f"closing {item_id}", "REMOVE open_shard", {})
+
+    def _release(self, item: Waiting) -> None:
+        if item.state is State.HELD:
+            moved = self._update(
+                item.id, f"releasing {item.id}", "SET #state = :r, releasing_at = :now",
+                {":r": {"S": State.RELEASING.value}, ":h": {"S": State.HELD.value},
+                 ":now": {"N": repr(time.time())}, ":t": {"BOOL": True}},
+                condition="#state = :h AND attribute_not_exists(pending) AND sent = :t")
+            if moved is None:  # another releases it, or our own answer was lost
+                moved = self.read(item.id)
+                if moved is None or moved.state is not State.RELEASING:
+                    return
+            item = moved
+        if item.send is not None:
+            self._send(item)
+        self._update(item.id, f"marking {item.id} released",
+                     "SET #state = :done, released_at = :now REMOVE open_shard",
+                     {":done": {"S": State.RELEASED.value}, ":r": {"S": State.RELEASING.value},
+                      ":now": {"N": repr(time.time())}}, condition="#state = :r")
+        logger.info("%s: released job %s", item.id, item.job_id)
+
+    def _send(self, item: Waiting) -> None:
+        """Send the held message, its dependencies' outcomes in its meta headers."""
+        send = item.send
+        assert send is not None
+        outcomes = self.results.get_many(item.dependencies)
+        attributes = {name: dict(value) for name, value in send.attributes.items()}
+        limit = SNS_MAX_MESSAGE_BYTES if send.kind == "sns" else SQS_MAX_MESSAGE_BYTES
+        headers = json.loads(attributes.get(META_HEADERS_ATTRIBUTE, {}).get("StringValue")
+                             or "{}")
+        # Its window: a queue's longest retention, so a repeat sent by a sweep much later is
+        # still told apart by the consumer's job-id claim.
+        headers[JOB_WINDOW_HEADER] = str(SQS_MAX_RETENTION_SECONDS)
+        used = len(send.body.encode()) + sum(
+            len(name) + len(json.dumps(value)) for name, value in attributes.items()) + 1024
+        headers[DEPENDENCIES_HEADER] = _dependencies_text(
+            [(dep, outcomes.get(dep), item.done.get(dep)) for dep in item.dependencies],
+            limit - used)
+        attributes[META_HEADERS_ATTRIBUTE] = {"DataType": "String",
+                                              "StringValue": json.dumps(headers, sort_keys=True)}
+        fifo = {name: value for name, value in (("MessageGroupId", send.group_id),
+                                                ("MessageDeduplicationId", send.dedup_id))
+                if value}
+        if send.kind == "sns":
+            sns = self.clients.client("sns")
+            call_with_budget(lambda: sns.publish(TopicArn=send.target, Message=send.body,
+                                                 MessageAttributes=attributes, **fifo),
+                             self.budget, f"releasing job {item.job_id}")
+        else:
+            sqs = self.clients.client("sqs")
+            call_with_budget(lambda: sqs.send_message(QueueUrl=send.target,
+                                                      MessageBody=send.body,
+                                                      MessageAttributes=attributes, **fifo),
+                             self.budget, f"releasing job {item.job_id}")
+
+    # -- the sweeper -------------------------------------------------------------------------
+    def sweep(self, now: float | None = None) -> SweepReport:
+        """Finish what crashes left (see the module doc): every open item older than
+        SWEEP_GRACE_SECONDS (at `now`, default the clock's), through the 'open' index."""
+        self.ensure_table()
+        now = time.time() if now is None else now
+        report = SweepReport()
+        for shard in range(OPEN_SHARDS):
+            request: dict[str, Any] = {
+                "IndexName": OPEN_INDEX.name,
+                "KeyConditionExpression": "open_shard = :s AND created_at <= :cutoff",
+                "ExpressionAttributeValues": {":s": {"S": str(shard)},
+                                              ":cutoff": {"N": repr(now - SWEEP_GRACE_SECONDS)}},
+                "ProjectionExpression": "id"}
+            while True:
+                page = self._call("listing open workflow items", "query", **request)
+                for entry in page.get("Items", []):
+                    report.looked += 1
+                    try:
+                        self._sweep_one(entry["id"]["S"], now, report)
+                    except Exception:  # one item never stops the others
+                        logger.exception("sweeping %s failed", entry["id"]["S"])
+                if "LastEvaluatedKey" not in page:
+                    break
+                request["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return report
+
+    def _sweep_one(self, item_id: str, now: float, report: SweepReport) -> None:
+        item = self.read(item_id)
+        if item is None or item.settled:
+            return
+        if item.state in (State.CANCELLED, State.EXPIRED):  # its settle did not finish
+            self._settle_closed(item_id, Outcome(item.state.value.lower()), item.reason)
+            report.cancelled += item.state is State.CANCELLED
+            report.expired += item.state is State.EXPIRED
+            return
+        if item.state is State.RELEASING:
+            self._release(item)
+            report.released += 1
+            return
+        if item.pending:
+            found = self.results.get_many(sorted(item.pending))
+            for outcome in found.values():
+                self._count(item_id, outcome)
+                report.applied += 1
+            if item.is_group and not item.sent:
+                report.never_sent += self._fail_unsent(item, set(item.pending) - set(found))
+        if item.is_group and not item.sent:
+            self.mark_sent(item_id[len(GROUP):])
+        item = self.read(item_id)
+        if item is None or item.state is not State.HELD:
+            report.released += item is not None and item.state is State.RELEASED
+            report.cancelled += item is not None and item.state is State.CANCELLED
+            return
+        if now >= item.hold_until:
+            reason = (f"dependencies {', '.join(sorted(item.pending))} did not finish within "
+                      f"the channel's retention ({item.retention_seconds} s)")
+            if self._update(item_id, f"expiring {item_id}", "SET #state = :e, reason = :r",
+                            {":e": {"S": State.EXPIRED.value}, ":r": {"S": reason},
+                             ":h": {"S": State.HELD.value}}, condition="#state = :h"):
+                self._settle_closed(item_id, Outcome.EXPIRED, reason)
+                report.expired += 1
+            return
+        self._act(item)
+
+    def _fail_unsent(self, item: Waiting, members: set[str]) -> int:
+        """A group's producer stopped before marking it sent: settle the members that never
+        reached their queue (no status record) CANCELLED, so the group advances."""
+        from messenger.jobs.status import StatusStore
+
+        status = StatusStore(self.clients, self.settings)
+        failed = 0
+        for member in sorted(members):
+            if status.timeline(member):
+                continue  # it reached its queue: it will finish
+            self.settle(FinalOutcome(member, item.channel, Outcome.CANCELLED, time.time(),
+                                     reason="never sent: the producer stopped"),
+                        item.retention_seconds)
+            failed += 1
+        return failed
+
+    # -- the read side (API, dashboard) ------------------------------------------------------
+    def dependencies_of(self, job_id: str) -> Waiting | None:
+        """The held job `job_id` (or the group whose callback it is), None if it never waited."""
+        held = self.read(JOB + job_id)
+        if held is None and job_id.endswith(".then"):
+            held = self.read(GROUP + job_id[:-len(".then")])
+        return held
+
+    def dependents_of(self, job_id: str) -> list[Dependent]:
+        """What waits on `job_id`: held jobs and groups, from its final-outcome item's waiters."""
+        dynamodb = self.clients.client("dynamodb")
+        answer = call_with_budget(lambda: dynamodb.get_item(
+            TableName=status_table_name(self.settings.namespace),
+            Key={"message_id": {"S": job_id}, "sk": {"S": FINAL_SK}},
+            ProjectionExpression="waiters", ConsistentRead=True),
+            self.budget, f"reading what waits on job {job_id}", error=RetryBudgetExhausted)
+        found = []
+        for waiter in sorted(answer.get("Item", {}).get("waiters", {}).get("SS", [])):
+            if waiter.startswith(JOB):
+                found.append(Dependent(waiter[len(JOB):]))
+            elif waiter.startswith(GROUP):
+                group_id = waiter[len(GROUP):]
+                found.append(Dependent(group_then_id(group_id), group_id))
+        return found
+
+    def group(self, group_id: str) -> GroupProgress | None:
+        """A group's progress (None: no such group)."""
+        item = self.read(GROUP + group_id)
+        if item is None:
+            return None
+        return GroupProgress(
+            group_id=group_id, members=item.dependencies, finished=len(item.done),
+            failed=sum(1 for counted in item.done.values() if not counted.ok),
+            state=item.state, then_job=item.job_id, sent=item.sent,
+            late=tuple(sorted(item.late)), outcomes=dict(item.done))
+
+
+def _dependencies_text(entries: list[tuple[str, FinalOutcome | None, Counted | None]],
+                       budget: int) -> str:
+    """DEPENDENCIES_HEADER's JSON (decoded by `messenger.message.decode_dependencies`): each
+    dependency's {"result": value}, or {"outcome", "error_type", "error", "reason"} of a
+    failure, the outcome counted by the barrier. Results that do not fit within `budget`
+    bytes are left out, the largest first ({"omitted": true}: read them with
+    `Producer.result`)."""
+    values: dict[str, dict[str, Any]] = {}
+    for dep, outcome, counted in entries:
+        if outcome is not None and counted is not None and \
+                outcome.outcome.value != counted.outcome:
+            outcome = None  # finished again since it was counted: the counted outcome stands
+        if outcome is not None and outcome.ok:
+            values[dep] = {"result": outcome.result}
+        elif outcome is not None:
+            values[dep] = {"outcome": outcome.outcome.value, **{
+                name: getattr(outcome, name) for name in ("error_type", "error", "reason")
+                if getattr(outcome, name)}}
+        elif counted is not None and counted.ok:
+            values[dep] = {"omitted": True}
+        else:
+            values[dep] = {"outcome": counted.outcome if counted else Outcome.EXPIRED.value,
+                           "reason": counted.reason if counted else "no outcome recorded"}
+    sizes = sorted(((len(json.dumps(value)), dep) for dep, value in values.items()
+                    if "result" in value), reverse=True)
+    text = json.dumps(values, separators=(",", ":"))
+    for _, dep in sizes:
+        if len(text.encode()) <= budget:
+            break
+        values[dep] = {"omitted": True}
+        text = json.dumps(values, separators=(",", ":"))
+    return text
+
+
+def _shard(item_id: str) -> str:
+    return str(zlib.crc32(item_id.encode()) % OPEN_SHARDS)
+
+
+__all__ = ["GROUP", "HELD_INLINE_BYTES", "JOB", "MAX_DEPENDENCIES", "MAX_GROUP_MEMBERS",
+           "ON_DEPENDENCY_FAILURE", "OPEN_INDEX", "OPEN_SHARDS", "SWEEP_GRACE_SECONDS",
+           "Counted", "Dependent", "GroupProgress", "HeldSend", "State", "SweepReport",
+           "Waiting", "Workflows", "group_member_id", "group_then_id"]

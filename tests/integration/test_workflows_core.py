@@ -1,0 +1,203 @@
+"""The workflows core against the local endpoint: held items, the barrier, the release, the
+cancel, late outcomes, a lost DynamoDB answer, and the sweeper's repairs."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from messenger.aws import ClientFactory
+from messenger.errors import JobFailed
+from messenger.jobs.fired import JOB_WINDOW_HEADER
+from messenger.jobs.results import FinalOutcome, Outcome, ResultStore
+from messenger.jobs.workflows import (
+    GROUP,
+    JOB,
+    SWEEP_GRACE_SECONDS,
+    HeldSend,
+    State,
+    Workflows,
+)
+from messenger.message import DEPENDENCIES_HEADER, Message, ResultOmitted
+from messenger.settings import Settings
+from tests.faults import aws_response
+
+RETENTION = 3600
+
+
+class LostAnswer:
+    """botocore `before-send` hook: the first request whose body holds `marker` is sent (the
+    write lands), and its answer replaced by a 500, so botocore sends it again."""
+
+    def __init__(self, marker: bytes) -> None:
+        self.marker, self.lost = marker, 0
+
+    def __call__(self, request, **_):
+        body = request.body if isinstance(request.body, bytes) else str(request.body).encode()
+        if self.lost or self.marker not in body:
+            return None
+        self.lost += 1
+        forwarded = urllib.request.Request(request.url, data=body, method=request.method,
+                                           headers=dict(request.headers))
+        with urllib.request.urlopen(forwarded) as answer:
+            assert answer.status == 200
+        return aws_response(request.url, 500, {"Content-Type": "application/x-amz-json-1.0"},
+                            b'{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError"}')
+
+
+@pytest.fixture
+def stores(settings: Settings, clients: ClientFactory) -> tuple[Workflows, str]:
+    results = ResultStore(clients, settings)
+    results.ensure_table()
+    flows = Workflows(clients, settings, results)
+    flows.ensure_table()
+    url = clients.client("sqs").create_queue(QueueName=f"{settings.namespace}-released")[
+        "QueueUrl"]
+    return flows, url
+
+
+def held_send(url: str, job_id: str) -> HeldSend:
+    encoded = Message({"job": job_id}, message_id=job_id).encode()
+    return HeldSend("sqs", url, encoded.body, encoded.attributes)
+
+
+def received(clients: ClientFactory, url: str, wait: int = 0) -> list[Message]:
+    answer = clients.client("sqs").receive_message(
+        QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=wait, MessageAttributeNames=["All"])
+    return [Message.decode(m["Body"], m.get("MessageAttributes"))
+            for m in answer.get("Messages", [])]
+
+
+def done(job_id: str, result=None) -> FinalOutcome:
+    return FinalOutcome.completed(job_id, "work", result)
+
+
+def failed(job_id: str, outcome: Outcome = Outcome.DEAD_LETTERED) -> FinalOutcome:
+    return FinalOutcome(job_id, "work", outcome, time.time(), error_type="ValueError",
+                        error="bad input", reason="attempts used up (3 of 3)")
+
+
+def test_a_held_job_is_sent_once_after_its_last_dependency_with_their_results(stores, clients):
+    flows, url = stores
+    # Given a job held on two dependencies, one final before it was held
+    flows.settle(done("a", {"n": 1}), RETENTION)
+    assert flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a", "b"], "cancel",
+                      RETENTION)
+    assert received(clients, url) == []
+    # When the other one completes (and its outcome is delivered twice)
+    flows.settle(done("b", [2]), RETENTION)
+    flows.settle(done("b", [2]), RETENTION)
+    # Then the job is sent once, carrying both results and its job-id mark
+    [message] = received(clients, url, wait=1)
+    assert message.message_id == "j" and message.body == {"job": "j"}
+    assert message.dependencies == {"a": {"n": 1}, "b": [2]}
+    assert message.meta_headers[JOB_WINDOW_HEADER].isdigit()
+    assert received(clients, url) == []
+    assert flows.read(JOB + "j").state is State.RELEASED
+    assert flows.read(JOB + "j").settled
+    assert [d.job_id for d in flows.dependents_of("a")] == ["j"]
+
+
+def test_a_failed_dependency_cancels_the_job_and_its_own_dependents(stores, clients):
+    flows, url = stores
+    # Given j waits on a (cancel), and k waits on j (cancel)
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "cancel", RETENTION)
+    flows.hold(JOB + "k", "k", "work", held_send(url, "k"), ["j"], "cancel", RETENTION)
+    # When a is dead-lettered
+    flows.settle(failed("a"), RETENTION)
+    # Then j is cancelled naming a, and k in turn naming j; nothing is sent
+    j = flows.results.get("j")
+    assert j.outcome is Outcome.CANCELLED and "dependency a dead lettered" in j.reason
+    k = flows.results.get("k")
+    assert k.outcome is Outcome.CANCELLED and "dependency j cancelled" in k.reason
+    assert received(clients, url) == []
+
+
+def test_run_on_failure_sends_the_failure_in_the_dependencies(stores, clients):
+    flows, url = stores
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a", "b"], "run", RETENTION)
+    flows.settle(failed("a", Outcome.DELETED), RETENTION)
+    flows.settle(done("b", "x" * 2000), RETENTION)
+    [message] = received(clients, url, wait=1)
+    deps = message.dependencies
+    assert isinstance(deps["a"], JobFailed) and deps["a"].outcome == "deleted"
+    assert deps["a"].error_type == "ValueError" and deps["b"] == "x" * 2000
+
+
+def test_a_group_waits_until_sent_and_records_a_late_member(stores, clients):
+    flows, url = stores
+    members = ["g.0", "g.1"]
+    flows.hold(GROUP + "g", "g.then", "work", held_send(url, "g.then"), members, "run",
+               RETENTION, sent=False)
+    flows.settle(done("g.0", 0), RETENTION)
+    flows.settle(failed("g.1"), RETENTION)
+    assert received(clients, url) == []  # every member final, but not marked sent yet
+    flows.mark_sent("g")
+    [message] = received(clients, url, wait=1)
+    assert message.message_id == "g.then"
+    # When g.1 is requeued from its DLQ and completes after the callback was sent
+    flows.settle(done("g.1", 1), RETENTION)
+    # Then it is recorded late and the callback is not sent again
+    progress = flows.group("g")
+    assert progress.late == ("g.1",) and progress.finished == 2 and progress.failed == 1
+    assert progress.state is State.RELEASED and progress.then_job == "g.then"
+    assert received(clients, url, wait=1) == []
+
+
+def test_a_lost_answer_to_the_barrier_write_still_releases(stores, clients, settings):
+    flows, url = stores
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "run", RETENTION)
+    # Given DynamoDB applies the barrier write but its answer is lost (botocore retries it:
+    # the retry fails its condition)
+    lost = LostAnswer(b"DELETE pending")
+    lossy = ClientFactory("us-east-1")
+    lossy.register("before-send.dynamodb.UpdateItem", lost)
+    Workflows(lossy, settings).settle(done("a", 1), RETENTION)
+    assert lost.lost == 1
+    [message] = received(clients, url, wait=1)
+    assert message.dependencies == {"a": 1}
+
+
+def test_the_sweeper_applies_outcomes_no_one_advanced_and_resends_a_stuck_release(
+        stores, clients):
+    flows, url = stores
+    # Given j is held, then a's outcome is written without advancing (a crash between
+    # finish and advance), and m is left RELEASING (a crash before its send)
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "run", RETENTION)
+    flows.results.finish(done("a", 1), RETENTION)
+    flows.hold(JOB + "m", "m", "work", held_send(url, "m"), ["b"], "run", RETENTION)
+    flows.results.finish(done("b", 2), RETENTION)
+    flows._update(JOB + "m", "test", "SET #state = :r DELETE pending :b",
+                  {":r": {"S": "RELEASING"}, ":b": {"SS": ["b"]}})
+    assert flows.sweep(time.time()).looked == 0  # too young: left to their writers
+    report = flows.sweep(time.time() + SWEEP_GRACE_SECONDS + 1)
+    assert report.looked == 2 and report.applied == 1
+    ids = sorted(m.message_id for m in received(clients, url, wait=1))
+    assert ids == ["j", "m"]
+
+
+def test_the_sweeper_expires_a_held_job_and_fails_a_stopped_producers_members(stores, clients):
+    flows, url = stores
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["never"], "cancel", 60)
+    flows.hold(GROUP + "g", "g.then", "work", held_send(url, "g.then"), ["g.0", "g.1"], "run",
+               RETENTION, sent=False)
+    flows.settle(done("g.0", 0), RETENTION)  # g.1 never reached its queue
+    report = flows.sweep(time.time() + SWEEP_GRACE_SECONDS + 61)
+    assert report.expired == 1 and report.never_sent == 1
+    assert flows.results.get("j").outcome is Outcome.EXPIRED
+    [message] = received(clients, url, wait=1)
+    assert message.message_id == "g.then"
+    assert message.dependencies["g.1"].reason == "never sent: the producer stopped"
+
+
+def test_a_result_too_large_for_the_message_is_omitted(stores, clients):
+    flows, url = stores
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a", "b"], "run", RETENTION)
+    flows.settle(done("a", "y" * 1_100_000), RETENTION)
+    flows.settle(done("b", 5), RETENTION)
+    [message] = received(clients, url, wait=1)
+    assert message.dependencies == {"a": ResultOmitted("a"), "b": 5}
+    assert json.loads(message.meta_headers[DEPENDENCIES_HEADER])["b"] == {"result": 5}
