@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_audit(commands)
 
+    from messenger.tools.limits import add_parser as add_limits
+
+    add_limits(commands)
+
     status = commands.add_parser("status", help="print a message's lifecycle timeline")
     status.add_argument("message_id", help="the id push() returned")
     status.set_defaults(run=_status)
