@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from messenger.aws import ClientFactory
-from messenger.errors import InvalidChannelSpec, InvalidSettings
+from messenger.errors import InvalidChannelSpec, InvalidMessage, InvalidSettings
 from messenger.jobs.dedup import (
     DEFAULT_WINDOW_SECONDS,
     HELD_CODE,
@@ -42,6 +42,7 @@ from messenger.produce.push import PreparedItem, PushedId, PushFailure, PushItem
 from messenger.produce.scheduled import ScheduledSends
 from messenger.produce.sending import ChannelSending, failure_code
 from messenger.produce.transport import QueueTarget, TopicTarget
+from messenger.produce.waiting import WaitingJobs
 from messenger.provision import Provisioner
 from messenger.schema import BodySchema
 from messenger.settings import Settings
@@ -53,7 +54,7 @@ logger = logging.getLogger("messenger.producer")
 MAX_OFFLOADED_BYTES = 2 * 1024**3
 
 
-class BaseProducer(MessagePreparation, ChannelSending):
+class BaseProducer(MessagePreparation, ChannelSending, WaitingJobs):
     """The base of `Producer` and `MultiProducer` (subclass those, in
     `messenger.produce.producer`); see the module doc for its parts."""
 
@@ -190,6 +191,8 @@ class BaseProducer(MessagePreparation, ChannelSending):
         dedup: bool | None = None,
         at: datetime | None = None,
         delay: timedelta | float | None = None,
+        depends_on: Iterable[str] | None = None,
+        on_dependency_failure: str = "cancel",
     ) -> PushedId:
         """Send one message; returns its message id (a str; `.duplicate` says whether it was
         a duplicate and not sent). Raises InvalidMessage, PayloadTooLarge, ChannelNotFound
@@ -210,11 +213,22 @@ class BaseProducer(MessagePreparation, ChannelSending):
         EventBridge Scheduler schedule (docs/scheduled-jobs.md); its id is fixed now. At most
         366 days ahead (`schedules.MAX_AHEAD_SECONDS`; InvalidMessage beyond). A job id
         scheduled already is a duplicate (`.duplicate`, `.due` the waiting job's).
+        depends_on: job ids (1-100, on channels that keep results) this job waits for: it is
+        held out of its queue until each reached a final outcome, then sent with
+        `message.dependencies` (each one's result or failure); a job id held already is a
+        duplicate (docs/workflows.md). on_dependency_failure: 'cancel' (default: a dependency
+        that did not complete cancels the job, its outcome CANCELLED naming that job) or
+        'run' (it runs anyway, the failure in its dependencies).
         """
         when = plan_delivery(at, delay, ordered=self.ordered,
                              fanout=self.messaging_system == SNS_SYSTEM)
         item = PushItem(body, routing_key, group_id, dedup_id, meta_headers, priority, message_id,
                         max_attempts, dedup)
+        if depends_on is not None:
+            if when is not None:
+                raise InvalidMessage("depends_on: a job that waits on others is sent when they "
+                                     "are final; it takes no at/delay")
+            return self._hold(item, depends_on, on_dependency_failure)
         trace = self._trace(batch=False)
         if trace is None:
             return self._push(item, None, when)
