@@ -14,14 +14,14 @@ is unbounded (a Lambda consumer without MaximumConcurrency, or in provisioned mo
 consumer compares it with the channel's current limit and takes the lease only when the limit
 is lower (or the cap unknown).
 
-The limits table (`limits_table_name`, in `Foundation`) holds, per channel C, its run-time
-limits under the key `C` and its token buckets and leases under keys `C#...`
-(`messenger.jobs.limits`). Grants follow that layout:
-- a consumer of C (`grant_limits_consume`): read and write keys `C` and `C#*` only (take tokens,
-  hold leases, read the limits): never another channel's;
-- operators (`grant_limits_operate`: the dashboard, the operators' policy for `messenger
-  limits`): read every item (the limits, the buckets' state), write only limits records (keys
-  without '#'), never a bucket or a lease.
+The limits table (`limits_table_name`, in `Foundation`) holds, per channel C
+(`messenger.jobs.limits`, its module doc): `limits#C` (the run-time limits), `rate#C` and
+`rate#C#tenant#<tenant>` (rate limiters), `concurrency#C` (the lease), `report#C` (the
+consumers' reports). Channel names hold no '#', so these keys are C's alone. Grants follow:
+- a consumer of C (`grant_limits_consume`): read and write C's keys only (take units, hold the
+  lease, report, read the limits), never another channel's;
+- operators (`grant_limits_operate`: the dashboard, `messenger limits`): read every item, write
+  only limits records (`limits#*`), never a limiter, lease or report.
 """
 
 from __future__ import annotations
@@ -91,8 +91,8 @@ LIMITS_CONSUMER_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Upd
                            "dynamodb:DeleteItem")
 #: What an operator writes: a channel's limits record (`LimitStore.set`).
 LIMITS_OPERATOR_WRITES = ("dynamodb:PutItem", "dynamodb:UpdateItem")
-#: Separates a channel's name from the rest of its bucket and lease keys.
-KEY_SEPARATOR = "#"
+#: The key of a channel's run-time limits record, `limits#<channel>`.
+LIMITS_RECORD_PREFIX = "limits#"
 
 
 def limits_table_arn(namespace: str) -> str:
@@ -103,9 +103,11 @@ def limits_table_arn(namespace: str) -> str:
 
 
 def channel_keys(spec: ChannelSpec) -> list[str]:
-    """The limits table's keys of `spec`'s channel: its limits record and its buckets and
-    leases."""
-    return [spec.name, f"{spec.name}{KEY_SEPARATOR}*"]
+    """The limits table's keys of `spec`'s channel (IAM `dynamodb:LeadingKeys` patterns): its
+    limits record, rate limiters (the channel's, each tenant's), lease and reports."""
+    name = spec.name
+    return [f"{LIMITS_RECORD_PREFIX}{name}", f"rate#{name}", f"rate#{name}#tenant#*",
+            f"concurrency#{name}", f"report#{name}"]
 
 
 def grant_limits_consume(grantee: iam.IGrantable, spec: ChannelSpec, key: kms.IKey) -> None:
@@ -122,7 +124,8 @@ def grant_limits_consume(grantee: iam.IGrantable, spec: ChannelSpec, key: kms.IK
 
 def grant_limits_operate(grantee: iam.IGrantable, namespace: str, key: kms.IKey) -> None:
     """An operator (the dashboard, `messenger limits`): read every item of the namespace's
-    limits table, write channels' limits records only (no bucket, no lease), and the key."""
+    limits table, write channels' limits records only (no limiter, lease or report), and the
+    key."""
     table = limits_table_arn(namespace)
     principal = grantee.grant_principal
     principal.add_to_principal_policy(iam.PolicyStatement(
@@ -130,6 +133,6 @@ def grant_limits_operate(grantee: iam.IGrantable, namespace: str, key: kms.IKey)
         resources=[table]))
     principal.add_to_principal_policy(iam.PolicyStatement(
         actions=list(LIMITS_OPERATOR_WRITES), resources=[table],
-        conditions={"ForAllValues:StringNotLike": {
-            "dynamodb:LeadingKeys": [f"*{KEY_SEPARATOR}*"]}}))
+        conditions={"ForAllValues:StringLike": {
+            "dynamodb:LeadingKeys": [f"{LIMITS_RECORD_PREFIX}*"]}}))
     key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")

@@ -194,8 +194,9 @@ def test_a_consumer_may_touch_only_its_own_channels_limit_items(
         ("dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")}
     items = by_actions[
         ("dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")]
-    assert items["Condition"] == {"ForAllValues:StringLike": {
-        "dynamodb:LeadingKeys": [channel, f"{channel}#*"]}}
+    assert items["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [
+        f"limits#{channel}", f"rate#{channel}", f"rate#{channel}#tenant#*",
+        f"concurrency#{channel}", f"report#{channel}"]}}
     # the table by its ARN, no index, no wildcard
     assert all(not json.dumps(s["Resource"]).endswith('*"') for s in statements)
 
@@ -224,3 +225,50 @@ def test_event_source_scaling_out_of_range_or_both_modes_fails_naming_the_field(
                        code=Path(__file__).resolve().parents[2] / "examples",
                        consumer_class="examples.wishlist:ReceiptsConsumer", namespace="",
                        **options)
+
+
+def test_the_grants_cover_every_key_the_store_uses_and_no_other_channels(
+    settings: Any, clients: Any,
+) -> None:
+    # Given every item request the flow-control store makes for 'orders' on the moto server
+    # (an operator's change, the consumers' limiters, the channel's and a tenant's, and their
+    # report), recorded on the wire
+    from fnmatch import fnmatchcase
+
+    from messenger.channel import Rate
+    from messenger.jobs.limits import LimitStore, RateLimiter, rate_key
+    from stacks.flow_control import LIMITS_RECORD_PREFIX, channel_keys
+
+    calls: list[tuple[str, str]] = []
+
+    def record(model: Any, params: dict[str, Any], **_: Any) -> None:
+        if "Key" in params:
+            calls.append((model.name, params["Key"]["key"]["S"]))
+
+    clients.register("provide-client-params", record)
+    store = LimitStore(clients, settings)
+    store.ensure()
+    store.set("orders", rate_limit="10/s", by="ada")  # the operator's
+    operator = list(calls)
+    store.get("orders")
+    assert RateLimiter(store, rate_key("orders"), Rate(10, 1)).take() is not None
+    assert RateLimiter(store, rate_key("orders", "acme"), Rate(2, 1), tenant=True).take() \
+        is not None
+    store.report("orders", "p1", 1.0, 0)
+    consumer = calls[len(operator):]
+    assert {name for name, _ in consumer} >= {"GetItem", "UpdateItem"}
+
+    # Then the consumer's LeadingKeys patterns allow each key, and no key of 'orders-eu' (a
+    # channel whose name starts with 'orders'), nor the operator's
+    def allowed(key: str, patterns: list[str]) -> bool:
+        return any(fnmatchcase(key, pattern) for pattern in patterns)
+
+    patterns = channel_keys(_spec("orders"))
+    assert all(allowed(key, patterns) for _, key in consumer), consumer
+    other = channel_keys(_spec("orders-eu"))
+    assert not any(allowed(key, other) for _, key in calls)
+    # And an operator writes only limits records, which no consumer limiter or report is
+    writes = [(name, key) for name, key in operator if name != "GetItem"]
+    assert writes == [("UpdateItem", f"{LIMITS_RECORD_PREFIX}orders")]
+    assert not any(key.startswith(LIMITS_RECORD_PREFIX) for name, key in consumer
+                   if name != "GetItem")
