@@ -243,6 +243,9 @@ class ConsumerService(ConsumerClassFacts):
         foundation.grant_fired_claims(self.task_definition.task_role)  # a retried firing: once
         if any(level.spec.track_status for level in channel.levels):
             foundation.grant_status_write(self.task_definition.task_role)
+        if any(level.spec.keep_results for level in channel.levels):
+            # its final outcomes, and whatever waits on its jobs advanced (jobs.workflows)
+            foundation.grant_workflows(self.task_definition.task_role)
         self.grant_from_class(foundation, self.task_definition.task_role)
         # Flow control: the channel's run-time limits, its token buckets and leases (any channel
         # may get a limit at run time: `messenger limits set`)

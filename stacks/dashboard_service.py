@@ -457,6 +457,10 @@ class DashboardService(Construct):
             role.add_to_policy(statement)
         foundation.key.grant(role, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
         foundation.grant_offload_read(role)  # a letter's offloaded body
+        # A job's result, dependencies and dependents, a group's progress; and an operator's
+        # final action (a dead letter deleted, a scheduled job cancelled) settles the job and
+        # advances what waits on it (jobs.workflows.Workflows.settle).
+        foundation.grant_workflows(role)
         policy = role.node.try_find_child("DefaultPolicy")
         assert policy is not None
         acknowledge(policy, "AwsSolutions-IAM5[Resource::*]",

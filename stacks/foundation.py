@@ -39,15 +39,28 @@ from messenger.channel import (
     platform_key_alias,
     status_table_name,
     workers_table_name,
+    workflows_table_name,
 )
 from stacks.nag import acknowledge_wildcard_resource
+from stacks.ownership import any_name, ownership_condition, ownership_reason
 
 #: Offloaded payloads outlive every message pointing at them (`messenger.offload.lifecycle_days`):
 #: 14 days in the queue, 14 more for a FIFO dead-letter copy (SQS resets its enqueue time), one
 #: day's margin; `messenger requeue` refreshes the payloads of the messages it moves.
 OFFLOAD_EXPIRY_DAYS = 2 * -(-SQS_MAX_RETENTION_SECONDS // 86_400) + 1
-#: Where offloaded bodies live in the bucket (`messenger.offload.OFFLOAD_PREFIX`).
+#: Where offloaded bodies live in the bucket (`messenger.offload.OFFLOAD_PREFIX`); results too
+#: large for their item go there through the same offload store (`messenger.jobs.results`).
 OFFLOAD_PREFIX = "payloads/"
+#: The workflows table's sparse index of what is not settled yet (`messenger.jobs.workflows`:
+#: held jobs and groups), read by the sweeper: partition `open_shard`, sort `created_at`.
+WORKFLOWS_OPEN_INDEX = "open"
+#: What runs `messenger.jobs.workflows.Workflows` does on its table: hold a job, count a
+#: barrier, release or cancel (conditional writes), read a job's or group's record.
+WORKFLOWS_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:PutItem",
+                           "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+#: What `messenger.jobs.results.ResultStore` does on the status table's final items
+#: (sk `~final`): write the outcome, register a waiter (UpdateItem), read one or many.
+RESULT_ACTIONS = ("dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:BatchGetItem")
 ACCESS_LOG_EXPIRY_DAYS = 90
 #: The feature flag that makes `server_access_logs_bucket` grant S3's log delivery through the
 #: log bucket's policy; without it CDK grants an ACL, which a bucket with ACLs disabled
@@ -227,6 +240,18 @@ class Foundation(Construct):
         # leases; grants by channel in stacks.flow_control.
         self.limits_table = self._ttl_table(
             "LimitsTable", limits_table_name(namespace), "key", None, removal_policy)
+        # Held jobs and groups (messenger.jobs.workflows): one item per `job#<id>` or
+        # `group#<id>`; the sparse "open" index holds only those not settled, for the sweeper.
+        self.namespace = namespace
+        self.workflows_table = self._ttl_table(
+            "WorkflowsTable", workflows_table_name(namespace), "id", None, removal_policy)
+        self.workflows_table.add_global_secondary_index(
+            index_name=WORKFLOWS_OPEN_INDEX,
+            partition_key=dynamodb.Attribute(name="open_shard",
+                                             type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name="created_at", type=dynamodb.AttributeType.NUMBER),
+            projection_type=dynamodb.ProjectionType.ALL,
+        )
         Tags.of(self).add(TAG_MANAGED, "true")
         if namespace:
             Tags.of(self).add(TAG_NAMESPACE, namespace)
@@ -289,12 +314,72 @@ class Foundation(Construct):
         self._grant_table(grantee, self.idempotency_table, "dynamodb:PutItem",
                           "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
 
+    def grant_results(self, grantee: iam.IGrantable) -> None:
+        """Keep results (`jobs.results.ResultStore`, a consumer of a keep_results channel):
+        write a job's final outcome and read it, on the status table (its `~final` items: IAM
+        cannot tell a sort key apart, only the partition); a result too large for its item is
+        an offloaded object (`grant_offload_write`, `grant_offload_read`)."""
+        self._grant_table(grantee, self.status_table, *RESULT_ACTIONS)
+        self.grant_offload_write(grantee)
+        self.grant_offload_read(grantee)
+
+    def grant_workflows(self, grantee: iam.IGrantable, *, releases: bool = True) -> None:
+        """Run workflows (`jobs.workflows.Workflows`: a producer's `depends_on` and `group`, a
+        consumer advancing what waits on a job, an operator's final action, the sweeper): the
+        workflows table's items, final outcomes (`grant_results`: a held job cancelled
+        because its dependency failed is settled CANCELLED), and the release of a held job:
+        a send to its queue or topic, which may be any channel of the namespace (named by the
+        namespace's tags: queues and topics are made at run time too; with the read of their
+        channel's declarations, as any producer's).
+
+        releases: False for a role that releases only jobs of its own channels (the HTTP API:
+        it holds jobs it was posted, on its channels, and releases one at once when its
+        dependencies are final already; its channels' publish grants cover that send)."""
+        iam.Grant.add_to_principal(
+            grantee=grantee, actions=["dynamodb:DescribeTable", *WORKFLOWS_TABLE_ACTIONS],
+            resource_arns=[self.workflows_table_arn])
+        self.grant_results(grantee)
+        self.key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
+        principal = grantee.grant_principal
+        if not releases:
+            return
+        policy = principal.node.try_find_child("DefaultPolicy") \
+            if isinstance(principal, iam.Role) else None
+        for service, actions, role in (
+                ("sqs", ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes",
+                         "sqs:ListQueueTags"], "queue"),
+                ("sns", ["sns:Publish", "sns:GetTopicAttributes"], "topic")):
+            principal.add_to_principal_policy(iam.PolicyStatement(
+                actions=actions, resources=[any_name(service)],
+                conditions=ownership_condition(self.namespace, role)))
+        if policy is not None:
+            for service in ("sqs", "sns"):
+                acknowledge_wildcard_resource(policy, any_name(service),
+                                              ownership_reason(self.namespace))
+
+    def grant_workflows_sweep(self, grantee: iam.IGrantable) -> None:
+        """Sweep the workflows (`Workflows.sweep`, the 15-minute operations run): what runs
+        workflows (`grant_workflows`), the Query of the table's open index, and of the status
+        records (whether a group's member reached its queue)."""
+        self.grant_workflows(grantee)
+        index = f"{self.workflows_table_arn}/index/{WORKFLOWS_OPEN_INDEX}"
+        iam.Grant.add_to_principal(grantee=grantee, actions=["dynamodb:Query"],
+                                   resource_arns=[index])
+        self._grant_table(grantee, self.status_table, "dynamodb:Query")
+
     def _grant_table(self, grantee: iam.IGrantable, table: dynamodb.Table, *actions: str) -> None:
         iam.Grant.add_to_principal(
             grantee=grantee, actions=["dynamodb:DescribeTable", *actions],
             resource_arns=[table.table_arn],
         )
         self.key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
+
+    @property
+    def workflows_table_arn(self) -> str:
+        """The workflows table's ARN built from its name, as a grant in any stack of the
+        platform's environment names it (no cross-stack export)."""
+        return (f"arn:{Aws.PARTITION}:dynamodb:{Aws.REGION}:{Aws.ACCOUNT_ID}:table/"
+                f"{workflows_table_name(self.namespace)}")
 
     @property
     def offload_bucket_arn(self) -> str:

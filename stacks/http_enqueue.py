@@ -69,6 +69,9 @@ JOB_SCHEMA: dict[str, Any] = {
         # MAX_DELAY_SECONDS (a year): beyond 900 s, or on an ordered channel, a schedule
         "delay_seconds": {"type": "integer", "minimum": 0, "maximum": 366 * 86_400},
         "at": {"type": "string", "minLength": 20, "maxLength": 35},  # RFC 3339, its zone
+        # messenger.api.requests.MAX_DEPENDENCIES job ids; "cancel" or "run"
+        "depends_on": {"type": "array", "minItems": 1, "maxItems": 100},
+        "on_dependency_failure": {"type": "string", "minLength": 3, "maxLength": 6},
     },
 }
 BATCH_SCHEMA: dict[str, Any] = {
@@ -250,6 +253,10 @@ class HttpEnqueue(Construct):
             iam.Grant.add_to_principal(  # GET /jobs/{id}: the timeline of one job
                 grantee=role, actions=["dynamodb:Query"],
                 resource_arns=[foundation.status_table.table_arn])
+        # A job's depends_on (its dependencies may be on any channel of the namespace; the job
+        # is held in the workflows table, and released here, to its own channel, when they are
+        # final already), and GET /jobs/{id}'s result or error, dependencies and dependents.
+        foundation.grant_workflows(role, releases=False)
         # GET /jobs/{id} of a job on a tracked exchange reads the declaration of every queue
         # subscribed to its topic (a queue channel's: grant_publish's ListQueueTags).
         exchanges = [c["name"] for c in served if c["exchange"] and c["track_status"]]

@@ -74,6 +74,9 @@ class PlatformStack(Stack):
             critical_mention=config.critical_mention,
             key=self.foundation.key,
         )
+        # The 15-minute run also sweeps the workflows (jobs.workflows.Workflows.sweep): groups
+        # whose producer stopped, held jobs whose dependencies never finished.
+        self.foundation.grant_workflows_sweep(self.ops.queue_alarm)
         #: Scheduled jobs: the namespace's schedule group, DLQ and scheduler role.
         self.schedules = ScheduleWiring(self, "Schedules", namespace=config.namespace,
                                         key=self.foundation.key)
