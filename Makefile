@@ -38,7 +38,7 @@ TIMING_TESTS := tests/unit/test_prefetch.py tests/unit/test_consumer.py \
 	tests/integration/test_prefetch.py tests/integration/test_leases.py \
 	tests/integration/test_consumer_process.py tests/integration/test_consumer_runtime.py \
 	tests/integration/test_outcome_table.py tests/integration/test_retry_budget.py \
-	tests/integration/test_unrecoverable.py \
+	tests/integration/test_unrecoverable.py tests/integration/test_results.py \
 	tests/integration/test_status_sigterm.py tests/integration/test_status_writer.py \
 	tests/integration/test_cli_errors.py tests/integration/test_job_failures.py \
 	tests/integration/test_task_protection.py tests/integration/test_dlq_concurrent_reads.py \

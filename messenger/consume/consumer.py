@@ -41,6 +41,8 @@ from messenger.channel import (
     ChannelSpec,
     ChannelTags,
     MessageFilter,
+    declared_keep_results,
+    declared_track_status,
 )
 from messenger.consume.controls import READ_TIMEOUT_SECONDS as CONTROL_READ_TIMEOUT
 from messenger.consume.failures import MAX_RETRY_DELAY_SECONDS, RetryPolicy
@@ -71,7 +73,8 @@ from messenger.provision import ChannelResources, Provisioner
 from messenger.schema import BodySchema
 from messenger.settings import Settings
 
-if TYPE_CHECKING:  # loaded only by a consumer that tracks status
+if TYPE_CHECKING:  # loaded only by a consumer that tracks status (keeps results)
+    from messenger.consume.results import ResultKeeper
     from messenger.consume.tracking import StatusTracker
 
 logger = logging.getLogger("messenger.consumer")
@@ -147,6 +150,10 @@ class Consumer:
     and the dashboard from the tag the channel's queues carry: in auto mode the consumer's
     provisioning writes it there; in verify mode a class that disagrees with the deployed
     channel does not start (InvalidChannelSpec naming both).
+    keep_results: keep each job's final outcome and its handler's return value (JSON) with its
+    status records, under the same expiry (needs track_status; default False): written before
+    the message is deleted, read by `Producer.result(job_id)` and what waits on the job
+    (`messenger.jobs.results`). The channel's declaration, checked as track_status is.
     max_attempts: runs a message gets before the consumer dead-letters it with its error, 1 to
     max_receives (default None: max_receives); a producer's `push(..., max_attempts=N)` wins.
     final_errors: exception classes whose failure is final (default none): a handler raising
@@ -176,6 +183,7 @@ class Consumer:
     priority_weights: ClassVar[Mapping[str, int] | None] = None
     priority_mode: ClassVar[str] = "weighted"
     track_status: ClassVar[bool] = False
+    keep_results: ClassVar[bool] = False
     max_attempts: ClassVar[int | None] = None
     final_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     retry_delay: ClassVar[float] = RETRY_DELAY_SECONDS
@@ -216,6 +224,14 @@ class Consumer:
 
             self.status = StatusTracker(StatusStore(
                 self.clients, self.settings, retention_seconds=self.spec.retention_seconds))
+        #: Final outcomes and results (keep_results), written before each message's delete.
+        self.results: ResultKeeper | None = None
+        if self.spec.keep_results:
+            from messenger.consume.results import ResultKeeper
+            from messenger.jobs.results import ResultStore
+
+            self.results = ResultKeeper(ResultStore(self.clients, self.settings),
+                                        self.spec.name, self.spec.retention_seconds, self.emit)
         #: This process's entry in the worker registry (`messenger workers`).
         self.workers = WorkerRegistry(self.clients, self.settings, self.spec.name,
                                       f"{type(self).__module__}.{type(self).__qualname__}")
@@ -263,8 +279,9 @@ class Consumer:
                                 float(self.processing_timeout), self.idempotency_window, key)
 
     # -- to override --------------------------------------------------------------------------
-    def handler(self, message: ReceivedMessage) -> None:
-        """Handle one message; return to have it deleted, raise to have it retried."""
+    def handler(self, message: ReceivedMessage) -> Any:
+        """Handle one message; return to have it deleted, raise to have it retried. On a
+        channel that keeps results, what it returns (JSON) is the job's result."""
         raise NotImplementedError(f"{type(self).__name__} must define handler(self, message)")
 
     def on_event(self, event: LifecycleEvent) -> None:
@@ -282,6 +299,7 @@ class Consumer:
             retention_seconds=cls.retention_seconds, visibility_timeout=cls.visibility_timeout,
             tags=cls.tags, namespace=namespace, priorities=tuple(cls.priorities),
             default_priority=cls.default_priority, track_status=cls.track_status,
+            keep_results=cls.keep_results,
         )
 
     def check_tracking(self, resources: ChannelResources) -> None:
@@ -295,13 +313,16 @@ class Consumer:
 
         sqs = self.clients.client("sqs")
         for level in resources.levels or (resources,):
-            declared = queue_tracking(sqs, level.queue.url)
-            if declared is not None and declared != self.spec.track_status:
-                raise InvalidChannelSpec(
-                    f"{type(self).__name__}.track_status is {self.spec.track_status} but "
-                    f"channel {self.spec.name!r} is deployed with track_status={declared} (queue "
-                    f"{level.queue.name!r}); a channel's tracking is declared once, by its "
-                    f"ChannelSpec: make the class agree with it, or redeploy the channel")
+            for what, read in (("track_status", declared_track_status),
+                               ("keep_results", declared_keep_results)):
+                declared = queue_tracking(sqs, level.queue.url, read)
+                ours = getattr(self.spec, what)
+                if declared is not None and declared != ours:
+                    raise InvalidChannelSpec(
+                        f"{type(self).__name__}.{what} is {ours} but channel "
+                        f"{self.spec.name!r} is deployed with {what}={declared} (queue "
+                        f"{level.queue.name!r}); a channel's {what} is declared once, by its "
+                        f"ChannelSpec: make the class agree with it, or redeploy the channel")
 
     def _priority_policy(self) -> PriorityPolicy | None:
         name = type(self).__name__

@@ -19,6 +19,7 @@ from messenger.settings import Settings
 
 if TYPE_CHECKING:  # loaded only by a consumer that tracks status or is idempotent
     from messenger.consume.idempotency import IdempotencyGuard
+    from messenger.consume.results import ResultKeeper
     from messenger.consume.tracking import StatusTracker
 
 
@@ -35,6 +36,8 @@ class RuntimeHost(Protocol):
     firings: FiringClaims | None
     #: Status tracking (None: the channel does not track status).
     status: StatusTracker | None
+    #: Final outcomes and results (None: the channel does not keep results).
+    results: ResultKeeper | None
 
     # The consumer class's attributes (class variables): read-only here.
     @property
@@ -55,7 +58,7 @@ class RuntimeHost(Protocol):
     @property
     def final_errors(self) -> tuple[type[BaseException], ...]: ...
 
-    def handler(self, message: ReceivedMessage) -> None: ...
+    def handler(self, message: ReceivedMessage) -> Any: ...
 
     def emit(self, name: str, message_id: str | None = None, duration: float | None = None,
              fields: dict[str, Any] | None = None) -> None: ...

@@ -56,6 +56,8 @@ from messenger.consume.mailbox import Delivery, Mailbox, ReceivedMessage, Stage,
 from messenger.consume.watchdog import ProcessingTimeout, run_interruptibly
 from messenger.errors import MessageDecodeError, PayloadMissing
 from messenger.jobs.fired import Cancelled, job_mark, received_job_mark
+from messenger.jobs.results import FinalOutcome
+from messenger.jobs.results import Outcome as FinalState
 from messenger.offload import PayloadStore
 from messenger.tracing import ProcessTrace
 
@@ -181,15 +183,24 @@ class OutcomePolicy:
                 self._settle(key, delivery, ProcessingTimeout())
                 return Outcome.TAKEN
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_START, message)
-        raised = run_interruptibly(delivery, consumer.handler, message, consumer.settings.tracing)
+        raised, value = run_interruptibly(delivery, consumer.handler, message,
+                                          consumer.settings.tracing)
         consumer.run_hooks(LifecycleHooks.MSG_PROCESSING_END, message)
-        verdict = self._past_deadline(delivery, limit if key is not None else None)
+        verdict = self._past_deadline(
+            delivery, limit if key is not None or consumer.results is not None else None)
+        unkept = None  # the result's write failed: not deleted, run again after the backoff
+        if verdict is None and raised is None:
+            unkept = self._keep(delivery, FinalOutcome.completed(
+                delivery.log_id, self._channel, value))
         if key is not None:
-            self._settle(key, delivery, raised if verdict is None else ProcessingTimeout())
+            self._settle(key, delivery, (raised or unkept) if verdict is None
+                         else ProcessingTimeout())
         if verdict is not None:
             return verdict
         if raised is not None:
             return self._failed(delivery, message, raised)
+        if unkept is not None:
+            return self._retry(delivery, error=unkept)
         return self._delete(delivery, "completed", Outcome.COMPLETED)
 
     def attempts(self, delivery: Delivery) -> int:
@@ -262,6 +273,11 @@ class OutcomePolicy:
         except Exception as error:  # neither run unclaimed nor dropped: tried again later
             return self._retry(delivery, error=error)
         if isinstance(other, Cancelled):
+            unkept = self._keep(delivery, FinalOutcome(
+                delivery.log_id, self._channel, FinalState.CANCELLED, time.time(),
+                reason=decision.cancelled_reason(other.by or "unknown") + ": deleted unrun"))
+            if unkept is not None:
+                return self._retry(delivery, error=unkept)
             if not delivery.claim(Stage.RUNNING, self.done_stage):
                 return Outcome.TAKEN
             self._note_firing(delivery, message, StatusEvent.CANCELLED, time.time(),
@@ -403,6 +419,9 @@ class OutcomePolicy:
         (claimed already)."""
         from messenger.consume.tracking import consumer_id
 
+        if self._keep(delivery, self._dead_letter_outcome(delivery, reason, failure)) \
+                is not None:  # not forwarded: the DLQ would hold a job with no outcome
+            return self._retry(delivery)
         try:
             self._mailbox(delivery).dead_letter(
                 delivery, reason, failure_note(delivery.receive_count, consumer_id(), failure))
@@ -419,6 +438,44 @@ class OutcomePolicy:
                            fields={"reason": reason, "receive_count": delivery.receive_count})
         self._release_firing(delivery)
         return Outcome.DEAD_LETTERED
+
+    # -- results (keep_results) --------------------------------------------------------------
+    @property
+    def _channel(self) -> str:
+        results = self.consumer.results
+        return results.channel if results is not None else ""
+
+    def _keep(self, delivery: Delivery, outcome: FinalOutcome) -> BaseException | None:
+        """Record a final outcome before the message leaves its queue, on a channel that keeps
+        results (`messenger.consume.results`): None when written (or nothing to write), else
+        the store's error, reported ('result_record_failed')."""
+        results = self.consumer.results
+        if results is None:
+            return None
+        try:
+            results.keep(outcome)
+        except Exception as error:
+            self.consumer.emit("result_record_failed", delivery.log_id, fields={
+                "outcome": outcome.outcome.value, "receive_count": delivery.receive_count,
+                "error": f"{type(error).__name__}: {error}"})
+            return error
+        return None
+
+    def _dead_letter_outcome(self, delivery: Delivery, reason: str,
+                             failure: HandlerFailure | None) -> FinalOutcome:
+        """The final outcome of a message about to be dead-lettered with `reason`: CANCELLED
+        when an operator cancelled it running, else DEAD_LETTERED with what failed."""
+        by = delivery.cancelled_by
+        if by is not None and reason == decision.cancelled_reason(by):
+            return FinalOutcome(delivery.log_id, self._channel, FinalState.CANCELLED,
+                                time.time(), reason=reason)
+        error_type, error = "", ""
+        if failure is not None:
+            error_type, error = failure.error_type, failure.error_message
+        elif delivery.stage is Stage.TIMED_OUT:
+            error_type = ProcessingTimeout.__name__
+        return FinalOutcome(delivery.log_id, self._channel, FinalState.DEAD_LETTERED,
+                            time.time(), error_type=error_type, error=error, reason=reason)
 
     def _release_firing(self, delivery: Delivery) -> None:
         """A dead-lettered copy of a job that carries an id gives its claim back (only its

@@ -58,10 +58,11 @@ def interrupt(thread_id: int, exception: type[BaseException] | None) -> None:
 
 
 def run_interruptibly(
-    delivery: Delivery, handler: Callable[[Any], None], message: Any, tracing: str = "off"
-) -> BaseException | None:
+    delivery: Delivery, handler: Callable[[Any], Any], message: Any, tracing: str = "off"
+) -> tuple[BaseException | None, Any]:
     """Run `handler(message)` for a RUNNING delivery, interruptible by `interrupt`: what it
-    raised, or None (also when interrupted, or when its time ran out before: the stage says so).
+    raised, or None (also when interrupted, or when its time ran out before: the stage says so),
+    and what it returned (None when it raised; a job's result on a keep_results channel).
 
     An interruption raised after the handler returned is cancelled under the delivery's lock,
     so it never lands in the caller's code. Anything the handler raises is returned, not raised
@@ -75,34 +76,34 @@ def run_interruptibly(
                                    delivery.log_id)
     if trace is None:
         return _run_interruptibly(delivery, handler, message)
-    error: BaseException | None = None
+    ended: tuple[BaseException | None, Any] = (None, None)
     try:
-        error = _run_interruptibly(delivery, handler, message)
-        return error
+        ended = _run_interruptibly(delivery, handler, message)
+        return ended
     finally:
-        trace.end(error, timed_out=delivery.stage is Stage.TIMED_OUT)
+        trace.end(ended[0], timed_out=delivery.stage is Stage.TIMED_OUT)
 
 
 def _run_interruptibly(
-    delivery: Delivery, handler: Callable[[Any], None], message: Any
-) -> BaseException | None:
+    delivery: Delivery, handler: Callable[[Any], Any], message: Any
+) -> tuple[BaseException | None, Any]:
     try:
         with delivery.lock:
             if delivery.stage is not Stage.RUNNING:  # timed out in a START hook
-                return None
+                return None, None
             delivery.in_handler = True
         try:
-            handler(message)
+            value = handler(message)
         finally:
             with delivery.lock:
                 delivery.in_handler = False
                 if delivery.stage is Stage.TIMED_OUT:  # drop an interruption not yet raised
                     interrupt(threading.get_ident(), None)
     except ProcessingTimeout:
-        return None
+        return None, None
     except BaseException as error:
-        return error
-    return None
+        return error, None
+    return None, value
 
 
 class Watched(Protocol):

@@ -21,6 +21,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -458,29 +459,38 @@ def running_channel(records: list[StatusRecord]) -> str:
     return last.channel if last is not None and last.event in RUNNING_EVENTS else ""
 
 
-def queue_tracking(sqs: Any, queue_url: str) -> bool | None:
+def queue_tracking(sqs: Any, queue_url: str,
+                   declared: Callable[[Mapping[str, str]], bool | None] = declared_track_status
+                   ) -> bool | None:
     """The `track_status` a queue declares for its channel (its TAG_TRACK_STATUS tag): True,
     False, or None when it carries none or its tags cannot be read (sqs:ListQueueTags not
-    allowed, the queue gone): a status store failure is never a reason to fail."""
+    allowed, the queue gone): a status store failure is never a reason to fail. declared: the
+    declaration read from the tags (`channel.declared_keep_results`: its `keep_results`)."""
     try:
         tags = sqs.list_queue_tags(QueueUrl=queue_url).get("Tags") or {}
     except (ClientError, BotoCoreError) as error:
-        logger.info("track_status of %s not readable: %s", queue_url, error)
+        logger.info("declarations of %s not readable: %s", queue_url, error)
         return None
-    return declared_track_status(tags)
+    return declared(tags)
 
 
 class TrackingDeclarations:
     """Reads whether channels are tracked from the channels themselves: the TAG_TRACK_STATUS
     tag their queues carry, written from `ChannelSpec.track_status` by whoever made them (the CDK
     constructs, a consumer's provisioning in auto mode). Each queue's answer is kept `ttl`
-    seconds. Used by the HTTP API's status route; any reader of job status may use it."""
+    seconds. Used by the HTTP API's status route; any reader of job status may use it. With
+    `declared=declared_keep_results` it reads whether channels keep results (TAG_KEEP_RESULTS)
+    the same way (`Producer.result`)."""
 
     def __init__(self, clients: ClientFactory, settings: Settings,
-                 ttl: float = DECLARATION_TTL_SECONDS) -> None:
+                 ttl: float = DECLARATION_TTL_SECONDS,
+                 declared: Callable[[Mapping[str, str]], bool | None] = declared_track_status
+                 ) -> None:
         self.clients = clients
         self.settings = settings
         self.ttl = ttl
+        #: Reads the declaration from a queue's tags (`declared_keep_results`: keep_results).
+        self.declared = declared
         self._known: dict[str, tuple[float, bool | None]] = {}
         self._lock = threading.Lock()
 
@@ -498,7 +508,7 @@ class TrackingDeclarations:
             logger.info("track_status of queue %s not readable: %s", name, error)
             declared = None
         else:
-            declared = queue_tracking(sqs, str(url))
+            declared = queue_tracking(sqs, str(url), self.declared)
         with self._lock:
             self._known[name] = (now, declared)
         return declared

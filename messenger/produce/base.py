@@ -12,6 +12,7 @@ A push with `at=`/`delay=` is sent by `messenger.produce.scheduled.ScheduledSend
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -34,11 +35,13 @@ from messenger.jobs.dedup import (
     check_window,
 )
 from messenger.jobs.enqueue_dedup import EnqueueDedup
+from messenger.jobs.results import ResultStore
 from messenger.jobs.schedules import Delivery, plan_delivery
 from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.offload import PayloadStore
 from messenger.produce.preparation import MessagePreparation
 from messenger.produce.push import PreparedItem, PushedId, PushFailure, PushItem, PushManyResult
+from messenger.produce.results import ResultWaits
 from messenger.produce.scheduled import ScheduledSends
 from messenger.produce.sending import ChannelSending, failure_code
 from messenger.produce.transport import QueueTarget, TopicTarget
@@ -349,6 +352,26 @@ class BaseProducer(MessagePreparation, ChannelSending, WaitingJobs):
                 self.channel,
             )
         return result
+
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """The result of a job pushed to a channel that keeps results (`keep_results`): what
+        its handler returned (JSON), once it completed. Raises `messenger.JobFailed` (its
+        outcome, error type, error, reason) when it was dead-lettered, cancelled, deleted from
+        its DLQ or expired; TimeoutError when it has no final outcome within `timeout` seconds
+        (None: wait for ever; 0: one read); InvalidSettings naming keep_results when the
+        channel does not declare it. The reads back off from 0.1 s to 5 s (`result_waits`)."""
+        self._check_keeps_results()
+        return self.result_waits.result(job_id, timeout)
+
+    @functools.cached_property
+    def result_waits(self) -> ResultWaits:
+        """How `result` reads (`messenger.produce.results.ResultWaits`: tests may swap its
+        clock and sleep)."""
+        return ResultWaits(ResultStore(self.clients, self.settings))
+
+    def _check_keeps_results(self) -> None:
+        """InvalidSettings unless the channel declares keep_results (its queue's tag)."""
+        raise NotImplementedError
 
     # -- internals ------------------------------------------------------------------------
     def _trace(self, batch: bool) -> ProducerTrace | None:

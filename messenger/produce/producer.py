@@ -20,11 +20,13 @@ from messenger.channel import (
     SNS_MAX_MESSAGE_BYTES,
     SQS_MAX_MESSAGE_BYTES,
     SQS_MAX_RECEIVE_COUNT,
+    TAG_KEEP_RESULTS,
+    declared_keep_results,
     queue_name_for,
     topic_name_for,
 )
-from messenger.errors import ChannelNotFound
-from messenger.jobs.status import StatusStore, queue_tracking
+from messenger.errors import ChannelNotFound, InvalidSettings
+from messenger.jobs.status import StatusStore, TrackingDeclarations, queue_tracking
 from messenger.produce.base import MAX_OFFLOADED_BYTES, BaseProducer
 from messenger.produce.push import PushedId, PushFailure, PushItem, PushManyResult
 from messenger.produce.transport import QueueTarget, TopicTarget
@@ -68,6 +70,21 @@ class Producer(BaseProducer):
             self.status = StatusStore(self.clients, self.settings)
             self.scheduled.status = self.status
 
+    @functools.cached_property
+    def _result_declarations(self) -> TrackingDeclarations:
+        return TrackingDeclarations(self.clients, self.settings, declared=declared_keep_results)
+
+    def _check_keeps_results(self) -> None:
+        declared = self._result_declarations.of_channel(self._spec(self.channel))
+        if declared is True:
+            return
+        why = ("is deployed with keep_results=False" if declared is False else
+               f"declares no keep_results (its queue is missing, carries no {TAG_KEEP_RESULTS} "
+               f"tag, or its tags cannot be read)")
+        raise InvalidSettings(
+            f"keep_results: channel {self.channel!r} {why}; result() reads the jobs of a "
+            f"channel whose ChannelSpec has keep_results=True")
+
     def _max_receives(self, level: str | None) -> int:
         """The queue's max_receives (its redrive policy's maxReceiveCount), read once per level
         and only for pushes that give `max_attempts`."""
@@ -101,6 +118,12 @@ class MultiProducer(BaseProducer):
     @functools.cached_property
     def destination_name(self) -> str:
         return topic_name_for(self.channel, self.settings.namespace, self.ordered)
+
+    def _check_keeps_results(self) -> None:
+        raise InvalidSettings(
+            f"keep_results: {type(self).__name__} publishes to exchange {self.channel!r}, whose "
+            f"jobs run once on each subscribed channel under one id: result() reads the jobs "
+            f"of a queue channel (a Producer's) with keep_results=True")
 
     def _make_target(self, level: str | None) -> TopicTarget:
         arn = self.provisioner.ensure_exchange(self.channel, self.ordered)
