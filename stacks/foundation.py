@@ -339,7 +339,9 @@ class Foundation(Construct):
             grantee=grantee, actions=["dynamodb:DescribeTable", *WORKFLOWS_TABLE_ACTIONS],
             resource_arns=[self.workflows_table_arn])
         self.grant_results(grantee)
-        self.key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
+        # a push with depends_on reads each dependency's status records (its channel must keep
+        # results); the sweeper whether a group's member reached its queue
+        self._grant_table(grantee, self.status_table, "dynamodb:Query")
         principal = grantee.grant_principal
         if not releases:
             return
@@ -359,13 +361,11 @@ class Foundation(Construct):
 
     def grant_workflows_sweep(self, grantee: iam.IGrantable) -> None:
         """Sweep the workflows (`Workflows.sweep`, the 15-minute operations run): what runs
-        workflows (`grant_workflows`), the Query of the table's open index, and of the status
-        records (whether a group's member reached its queue)."""
+        workflows (`grant_workflows`) and the Query of the table's open index."""
         self.grant_workflows(grantee)
         index = f"{self.workflows_table_arn}/index/{WORKFLOWS_OPEN_INDEX}"
         iam.Grant.add_to_principal(grantee=grantee, actions=["dynamodb:Query"],
                                    resource_arns=[index])
-        self._grant_table(grantee, self.status_table, "dynamodb:Query")
 
     def _grant_table(self, grantee: iam.IGrantable, table: dynamodb.Table, *actions: str) -> None:
         iam.Grant.add_to_principal(
