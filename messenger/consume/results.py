@@ -62,6 +62,7 @@ class ResultKeeper:
             if self._advance is None:
                 from messenger.jobs.workflows import Workflows  # loaded when something waits
 
-                workflows: Any = Workflows(self.store.clients, self.store.settings)
+                workflows: Any = Workflows(self.store.clients, self.store.settings,
+                                           results=self.store)
                 self._advance = workflows.advance
             return self._advance

@@ -3,9 +3,9 @@ results (`ChannelSpec.keep_results`), reading it back off (`messenger.jobs.resul
 
 The reads back off: the first after FIRST_DELAY_SECONDS, each wait twice the one before up to
 MAX_DELAY_SECONDS, each drawn between half and all of its value (jitter: many producers waiting
-on jobs that finish together do not read in step). A job waited on for a minute costs about 15
-GetItem requests, for an hour about 730. The clock and the sleep are injectable (tests move a
-clock of their own).
+on jobs that finish together do not read in step). A job waited on for a minute costs 22
+GetItem requests on average, for an hour 966 (200 draws of the jitter each, with the clock of
+the tests). The clock and the sleep are injectable (tests move a clock of their own).
 """
 
 from __future__ import annotations

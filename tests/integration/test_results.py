@@ -23,6 +23,7 @@ from messenger import (
     ReceivedMessage,
     Unrecoverable,
 )
+from messenger.aws import RequestCounter
 from messenger.channel import ChannelSpec
 from messenger.consume.lambda_runtime import LambdaConsumerRuntime, LocalEventSource
 from messenger.consume.lifecycle import LifecycleEvent
@@ -112,16 +113,21 @@ def start(running, cls: type[Consumer] = Results, **changes: Any) -> Any:
 
 # -- Producer.result on the Fargate runtime ---------------------------------------------------
 @pytest.mark.timeout(120)
-def test_result_returns_what_the_handler_returned(settings, running, producer):
+def test_result_returns_what_the_handler_returned(settings, clients, running, producer):
     # Given a consumer of a channel that keeps results
     run = start(running)
-    # When a job completes
-    job = producer.push({"n": 21})
-    # Then its result is the handler's return value (written before the delete, while the
+    counter = RequestCounter().attach(clients)
+    # When jobs complete
+    jobs = [str(job) for job in producer.push_many([{"n": n} for n in range(20)]).message_ids]
+    # Then each result is the handler's return value (written before the delete, while the
     # status records are written off the hot path: the timeline has them once they are)
-    assert producer.result(job, timeout=WAIT) == {"doubled": 42}
+    assert [producer.result(job, timeout=WAIT) for job in jobs] == [
+        {"doubled": 2 * n} for n in range(20)]
     run.stop()
-    timeline = StatusStore(run.consumer.clients, settings).timeline(job)
+    counter.detach(clients)
+    # and a result costs one write per job (its UpdateItem; the records' BatchWriteItem aside)
+    assert counter.counts["dynamodb.UpdateItem"] == 20
+    timeline = StatusStore(run.consumer.clients, settings).timeline(jobs[0])
     assert timeline[-1].event is StatusEvent.COMPLETED
 
 
