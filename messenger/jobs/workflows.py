@@ -185,6 +185,8 @@ class Waiting:
     sent: bool = True
     settled: bool = False
     reason: str = ""
+    #: The token of the call that moved it out of HELD (see `Workflows._move`).
+    moved_by: str = ""
 
     @property
     def is_group(self) -> bool:
@@ -209,7 +211,8 @@ class Waiting:
             retention_seconds=int(item["retention"]["N"]),
             send=HeldSend.of_item(item["send"]) if "send" in item else None,
             sent=bool(item.get("sent", {}).get("BOOL", True)),
-            settled="open_shard" not in item, reason=text("reason"))
+            settled="open_shard" not in item, reason=text("reason"),
+            moved_by=text("moved_by"))
 
 
 @dataclass(frozen=True)
@@ -411,13 +414,9 @@ class Workflows:
         self._act(after)
 
     def _act(self, item: Waiting | None) -> None:
-        """Carry out what the item's state makes due: a cancel, a release, nothing."""
-        if item is None:
-            return
-        if item.state is State.RELEASING:
-            self._release(item)
-            return
-        if item.state is not State.HELD:
+        """Carry out what the item's state makes due: a cancel, a release, nothing (a release
+        under way is its releaser's; the sweeper finishes one left RELEASING)."""
+        if item is None or item.state is not State.HELD:
             return
         if item.policy == "cancel":
             failed = next((dep for dep in item.dependencies
@@ -433,9 +432,7 @@ class Workflows:
         reason = (f"dependency {failed} {counted.outcome.replace('_', ' ')}"
                   f"{': ' + counted.reason if counted.reason else ''} "
                   f"(on_dependency_failure='cancel')")
-        if self._update(item.id, f"cancelling {item.id}", "SET #state = :c, reason = :r",
-                        {":c": {"S": State.CANCELLED.value}, ":r": {"S": reason},
-                         ":h": {"S": State.HELD.value}}, condition="#state = :h") is None:
+        if self._move(item.id, State.CANCELLED, "cancelling", reason=reason) is None:
             return  # released or cancelled by another
         logger.info("%s: cancelled: %s", item.id, reason)
         self._settle_closed(item.id, Outcome.CANCELLED, reason)
@@ -450,17 +447,33 @@ class Workflows:
                                      reason=reason), item.retention_seconds)
         self._update(item_id, f"closing {item_id}", "REMOVE open_shard", {})
 
+    def _move(self, item_id: str, to: State, what: str, reason: str = "",
+              condition: str = "", values: dict[str, Any] | None = None) -> Waiting | None:
+        """HELD → `to` (and `condition`), written with a token of this call: the item after
+        it, or None when another moved it first. A retry after a lost answer fails the
+        condition and finds its own token: moved by this call."""
+        token = uuid.uuid4().hex
+        moved = self._update(
+            item_id, f"{what} {item_id}", "SET #state = :to, moved_by = :me, moved_at = :now"
+            + (", reason = :why" if reason else ""),
+            {":to": {"S": to.value}, ":me": {"S": token}, ":now": {"N": repr(time.time())},
+             ":h": {"S": State.HELD.value}, **({":why": {"S": reason}} if reason else {}),
+             **(values or {})},
+            condition="#state = :h" + (f" AND {condition}" if condition else ""))
+        if moved is not None:
+            return moved
+        after = self.read(item_id)
+        if after is not None and after.state is to and after.moved_by == token:
+            return after
+        return None
+
     def _release(self, item: Waiting) -> None:
         if item.state is State.HELD:
-            moved = self._update(
-                item.id, f"releasing {item.id}", "SET #state = :r, releasing_at = :now",
-                {":r": {"S": State.RELEASING.value}, ":h": {"S": State.HELD.value},
-                 ":now": {"N": repr(time.time())}, ":t": {"BOOL": True}},
-                condition="#state = :h AND attribute_not_exists(pending) AND sent = :t")
-            if moved is None:  # another releases it, or our own answer was lost
-                moved = self.read(item.id)
-                if moved is None or moved.state is not State.RELEASING:
-                    return
+            moved = self._move(item.id, State.RELEASING, "releasing",
+                               condition="attribute_not_exists(pending) AND sent = :t",
+                               values={":t": {"BOOL": True}})
+            if moved is None:  # another releases it
+                return
             item = moved
         if item.send is not None:
             self._send(item)
@@ -561,9 +574,7 @@ class Workflows:
         if now >= item.hold_until:
             reason = (f"dependencies {', '.join(sorted(item.pending))} did not finish within "
                       f"the channel's retention ({item.retention_seconds} s)")
-            if self._update(item_id, f"expiring {item_id}", "SET #state = :e, reason = :r",
-                            {":e": {"S": State.EXPIRED.value}, ":r": {"S": reason},
-                             ":h": {"S": State.HELD.value}}, condition="#state = :h"):
+            if self._move(item_id, State.EXPIRED, "expiring", reason=reason):
                 self._settle_closed(item_id, Outcome.EXPIRED, reason)
                 report.expired += 1
             return
@@ -650,8 +661,19 @@ def _dependencies_text(entries: list[tuple[str, FinalOutcome | None, Counted | N
     text = json.dumps(values, separators=(",", ":"))
     for _, dep in sizes:
         if len(text.encode()) <= budget:
-            break
+            return text
         values[dep] = {"omitted": True}
+        text = json.dumps(values, separators=(",", ":"))
+    # Still too large (many failures, a body near the limit): shorter texts, then outcomes only.
+    for keep in (200, 0):
+        if len(text.encode()) <= budget:
+            break
+        for value in values.values():
+            for name in ("error_type", "error", "reason"):
+                if name in value:
+                    value[name] = value[name][:keep]
+                    if not keep:
+                        del value[name]
         text = json.dumps(values, separators=(",", ":"))
     return text
 

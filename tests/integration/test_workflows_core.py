@@ -19,6 +19,7 @@ from messenger.jobs.workflows import (
     SWEEP_GRACE_SECONDS,
     HeldSend,
     State,
+    Waiting,
     Workflows,
 )
 from messenger.message import DEPENDENCIES_HEADER, Message, ResultOmitted
@@ -201,3 +202,54 @@ def test_a_result_too_large_for_the_message_is_omitted(stores, clients):
     [message] = received(clients, url, wait=1)
     assert message.dependencies == {"a": ResultOmitted("a"), "b": 5}
     assert json.loads(message.meta_headers[DEPENDENCIES_HEADER])["b"] == {"result": 5}
+
+
+def test_a_release_under_way_elsewhere_is_not_sent_again(stores, clients):
+    flows, url = stores
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "run", RETENTION)
+    flows.results.finish(done("a", 1), RETENTION)  # final, not advanced yet
+    # Given another releaser moved the item to RELEASING and is sending it
+    seen = flows.read(JOB + "j")
+    flows._update(JOB + "j", "test", "SET #state = :r, moved_by = :other DELETE pending :a",
+                  {":r": {"S": "RELEASING"}, ":other": {"S": "another"}, ":a": {"SS": ["a"]}})
+    # When this one, having read the item before, tries to release it too
+    flows._release(Waiting(**{**seen.__dict__, "pending": frozenset()}))
+    # Then it sends nothing: the release is the other one's
+    assert received(clients, url, wait=1) == []
+
+
+def test_a_lost_answer_to_the_release_still_sends_once(stores, clients, settings):
+    flows, url = stores
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "run", RETENTION)
+    lost = LostAnswer(b'"RELEASING"')
+    lossy = ClientFactory("us-east-1")
+    lossy.register("before-send.dynamodb.UpdateItem", lost)
+    Workflows(lossy, settings).settle(done("a", 1), RETENTION)
+    assert lost.lost == 1
+    assert [m.message_id for m in received(clients, url, wait=1)] == ["j"]
+    assert flows.read(JOB + "j").state is State.RELEASED
+
+
+def test_the_barrier_costs_one_write_per_member(stores, clients, settings):
+    flows, url = stores
+    members = [f"g.{n}" for n in range(50)]
+    flows.hold(GROUP + "g", "g.then", "work", held_send(url, "g.then"), members, "run",
+               RETENTION, sent=False)
+    flows.mark_sent("g")
+    # Count every request made to the workflows table while the members finish
+    requests: list[str] = []
+
+    def count(params, model, **_):
+        if params.get("TableName") == flows.table:
+            requests.append(model.name)
+
+    counted = ClientFactory("us-east-1")
+    counted.register("provide-client-params.dynamodb", count)
+    finisher = Workflows(counted, settings)
+    for member in members:
+        finisher.settle(done(member, 1), RETENTION)
+    writes = [name for name in requests if name in ("UpdateItem", "PutItem")]
+    # 50 barrier writes, and the release's two (RELEASING, RELEASED); no read, no scan
+    assert len(writes) == 52 and set(requests) == {"UpdateItem"}
+    [message] = received(clients, url, wait=1)
+    assert len(message.dependencies) == 50
