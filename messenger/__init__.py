@@ -39,7 +39,7 @@ from messenger.errors import (
     RetryBudgetExhausted,
     Unrecoverable,
 )
-from messenger.message import Message
+from messenger.message import Message, ResultOmitted
 from messenger.settings import Settings
 
 if TYPE_CHECKING:  # the lazily loaded names, for type checkers and editors
@@ -103,6 +103,7 @@ __all__ = [
     "QueueCallFailed",
     "RateLimited",
     "ReceivedMessage",
+    "ResultOmitted",
     "RetryBudgetExhausted",
     "Settings",
     "Unrecoverable",
