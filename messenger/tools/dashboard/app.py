@@ -36,9 +36,10 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from messenger.aws import ClientFactory
+from messenger.aws import ClientFactory, error_code
 from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSettings, MessengerError
 from messenger.jobs.controls import CancelRequests
+from messenger.jobs.limits import LIMIT_FIELDS, LimitStore, LimitsView, check_limit
 from messenger.jobs.schedule_store import ScheduleStore
 from messenger.jobs.status import StatusStore, running_channel
 from messenger.jobs.workers import list_workers
@@ -309,7 +310,8 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         rows = snapshot(dashboard.clients, dashboard.settings, name)
         return render(request, "channel.html", channel=name, listing=listing, workers=workers,
                       rows=rows, limit=limit, next_limit=min(MAX_LETTERS, limit + PAGE_SIZE),
-                      max_letters=MAX_LETTERS, now=time.time())
+                      max_letters=MAX_LETTERS, now=time.time(),
+                      limits=_limits(dashboard, name), limit_fields=LIMIT_FIELDS)
 
     # Live parts of the channel and job pages (dashboard.js replaces them every --refresh s).
     def channel_counts(request: Request) -> Response:
@@ -320,6 +322,10 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         name = request.path_params["channel"]
         return render(request, "channel_workers.html", now=time.time(),
                       workers=list_workers(dashboard.clients, dashboard.settings, name))
+
+    def channel_limits(request: Request) -> Response:
+        return render(request, "channel_limits.html", limit_fields=LIMIT_FIELDS,
+                      limits=_limits(dashboard, request.path_params["channel"]))
 
     def job_timeline(request: Request) -> Response:
         store = StatusStore(dashboard.clients, dashboard.settings)
@@ -429,7 +435,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
                 user, kind, name, ids, "refused",
                 why + ("" if confirmed else " (confirmation page)")))
             return problem(request, 403, "Forbidden", why + "; nothing changed")
-        return await run_in_threadpool(_act, request, name, kind, ids, confirmed, user)
+        return await run_in_threadpool(_act, request, name, kind, ids, confirmed, user, form)
 
     def audited(request: Request, user: Identity, kind: str, name: str, targets: list[str],
                 run: Callable[[], tuple[str, dict[str, Any], str, str]]) -> Response:
@@ -448,8 +454,10 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         return render(request, template, audit_error=missing, **context)
 
     def _act(request: Request, name: str, kind: str, ids: list[str], confirmed: bool,
-             user: Identity) -> Response:
+             user: Identity, form: FormData) -> Response:
         actor = user.name
+        if kind == "limits":
+            return _set_limits(request, name, confirmed, user, form)
         if kind in ("requeue", "delete"):
             ids = _action_ids(ids, "dead letters")
             bench = dashboard.workbench(name, actor)
@@ -523,7 +531,39 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             return audited(request, user, kind, name, ids, cancel_running)
         return problem(request, 404, "Not found", f"no action {kind!r} (requeue, requeue-all, "
                                                   f"delete, cancel-scheduled, pause, resume, "
-                                                  f"cancel-job); nothing changed")
+                                                  f"cancel-job, limits); nothing changed")
+
+    def _set_limits(request: Request, name: str, confirmed: bool, user: Identity,
+                    form: FormData) -> Response:
+        """An operator's change of a channel's limits (`LimitStore.set`): each field given is
+        checked (400 naming it), confirmed, then set and audited (action 'limits', the changes
+        as targets)."""
+        channel = channel_queues(dashboard.clients, dashboard.settings, name)[0].channel
+        changes = {field: check_limit(field, str(form.get(field, "")).strip())
+                   for field in LIMIT_FIELDS if str(form.get(field, "")).strip()}
+        cleared = tuple(field for field in LIMIT_FIELDS if field in form.getlist("clear")
+                        and field not in changes)
+        if not changes and not cleared:
+            raise InvalidSettings(f"limits: give a value for one of {', '.join(LIMIT_FIELDS)} "
+                                  f"(or 'none'), or clear one")
+        targets = [f"{field}={value}" for field, value in changes.items()] + [
+            f"{field}=declared" for field in cleared]
+        if not confirmed:
+            return render(request, "confirm.html", channel=name, kind="limits", ids=[],
+                          changes=changes, cleared=cleared, limits=_limits(dashboard, name))
+
+        def change() -> tuple[str, dict[str, Any], str, str]:
+            store = LimitStore(dashboard.clients, dashboard.settings)
+            store.ensure()  # locally (auto) made on first use; deployed, the stack's
+            view = store.set(channel, by=user.name, clear=cleared, **changes)
+            now = view.limits.as_text()
+            return ("control.html", dict(channel=name, kind="limits", limits=view,
+                                         limit_fields=LIMIT_FIELDS), "done",
+                    "; ".join(f"{field} {now[field] or 'none'}" for field in LIMIT_FIELDS
+                              if field in changes or field in cleared)
+                    + " (consumers follow within 5 s)")
+
+        return audited(request, user, "limits", channel, targets, change)
 
     def audit_page(request: Request) -> Response:
         params = request.query_params
@@ -561,6 +601,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             Route("/fragment/channels/{channel}/counts", channel_counts),
             Route("/fragment/channels/{channel}/workers", channel_workers),
             Route("/fragment/channels/{channel}/scheduled", scheduled_jobs),
+            Route("/fragment/channels/{channel}/limits", channel_limits),
             Route("/fragment/job", job_timeline),
             Route("/job", lookup),
             Route("/search", finder),
@@ -594,7 +635,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
 
 #: Templates that are parts of a page (live updates): they carry no paused-channel banner.
 FRAGMENTS = frozenset({"channel_rows.html", "channel_workers.html", "timeline.html",
-                       "job_live.html", "scheduled_jobs.html"})
+                       "job_live.html", "scheduled_jobs.html", "channel_limits.html"})
 
 
 def audit_entry(user: Identity, kind: str, channel: str, targets: list[str], result: str,
@@ -642,6 +683,24 @@ def _paused(dashboard: Dashboard) -> dict[str, str]:
     """The namespace's paused channels → "paused by <who> at <time>" (one tag query)."""
     return {channel: str(mark) for channel, mark in
             paused_channels(dashboard.clients, dashboard.settings).items()}
+
+
+def _limits(dashboard: Dashboard, name: str) -> LimitsView | None:
+    """The channel's limits, where each comes from, its consumers' current rate and jobs
+    waiting (`LimitStore.show`); before any limit table exists, its declaration alone. None
+    for a name no queue is tagged with (the page says so elsewhere)."""
+    try:
+        channel = channel_queues(dashboard.clients, dashboard.settings, name)[0].channel
+    except ChannelNotFound:
+        return None
+    store = LimitStore(dashboard.clients, dashboard.settings)
+    try:
+        return store.show(channel)
+    except ClientError as error:
+        if error_code(error) != "ResourceNotFoundException":
+            raise
+        declared = store.declared(channel)
+        return LimitsView(channel, declared, declared)
 
 
 def _check_action(request: Request, form: FormData, dashboard: Dashboard) -> str:
