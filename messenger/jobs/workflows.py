@@ -497,7 +497,7 @@ class Workflows:
         headers[JOB_WINDOW_HEADER] = str(SQS_MAX_RETENTION_SECONDS)
         used = len(send.body.encode()) + sum(
             len(name) + len(json.dumps(value)) for name, value in attributes.items()) + 1024
-        headers[DEPENDENCIES_HEADER] = _dependencies_text(
+        headers[DEPENDENCIES_HEADER] = dependencies_text(
             [(dep, outcomes.get(dep), item.done.get(dep)) for dep in item.dependencies],
             limit - used)
         attributes[META_HEADERS_ATTRIBUTE] = {"DataType": "String",
@@ -633,7 +633,7 @@ class Workflows:
             late=tuple(sorted(item.late)), outcomes=dict(item.done))
 
 
-def _dependencies_text(entries: list[tuple[str, FinalOutcome | None, Counted | None]],
+def dependencies_text(entries: list[tuple[str, FinalOutcome | None, Counted | None]],
                        budget: int) -> str:
     """DEPENDENCIES_HEADER's JSON (decoded by `messenger.message.decode_dependencies`): each
     dependency's {"result": value}, or {"outcome", "error_type", "error", "reason"} of a
@@ -685,4 +685,4 @@ def _shard(item_id: str) -> str:
 __all__ = ["GROUP", "HELD_INLINE_BYTES", "JOB", "MAX_DEPENDENCIES", "MAX_GROUP_MEMBERS",
            "ON_DEPENDENCY_FAILURE", "OPEN_INDEX", "OPEN_SHARDS", "SWEEP_GRACE_SECONDS",
            "Counted", "Dependent", "GroupProgress", "HeldSend", "State", "SweepReport",
-           "Waiting", "Workflows", "group_member_id", "group_then_id"]
+           "Waiting", "Workflows", "dependencies_text", "group_member_id", "group_then_id"]
