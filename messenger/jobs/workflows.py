@@ -1,7 +1,7 @@
 """Jobs that wait for others: held jobs (`push(depends_on=...)`) and groups (`Producer.group`).
 
-Every waiting thing is one item in the workflows table (`workflows_table_name(ns)`, partition
-key `id`), written BEFORE anything it waits on can advance it:
+Every waiting thing is one item in the workflows table (its attributes:
+`messenger.jobs.workflow_items`), written BEFORE anything it waits on can advance it:
 
 - a held job, `job#<job id>`: its prepared send (SQS queue URL or SNS topic ARN, the encoded
   body or its offload pointer, the attributes, the FIFO fields), `pending` (the dependencies
@@ -9,8 +9,8 @@ key `id`), written BEFORE anything it waits on can advance it:
   `policy` (on_dependency_failure: 'cancel' or 'run'), `state` (HELD, RELEASING, RELEASED,
   CANCELLED, EXPIRED);
 - a group, `group#<group id>`: the same item for its `then` job (its send, absent for a group
-  without one; policy 'run': the callback runs with its members' failures), plus `members`
-  and `sent` (False until the producer pushed every member).
+  without one; policy 'run': the callback runs with its members' failures), its members as
+  the dependencies, and `sent` (False until the producer pushed every member).
 
 Then the waiter registers on each dependency's final-outcome item (`ResultStore.add_waiter`,
 waiter = the item's id); a dependency that is final already is applied at once by the
@@ -25,10 +25,13 @@ other than the one counted is recorded in `late` (the callback is never sent twi
 release or cancel that is due is carried out.
 
 The release is a conditional state change, HELD → RELEASING (condition: nothing pending, a
-group's members all sent), then the send, then RELEASING → RELEASED. The message carries its
-job id and the job-id mark (`jobs.fired`, window: a queue's longest retention), so the
-consumer's job-id claim runs it once even if a crash or a lost answer sends it twice; its meta
-header DEPENDENCIES_HEADER carries each dependency's result or failure (`message.dependencies`).
+group's members all sent), then the send, then RELEASING → RELEASED. Each move out of HELD
+(release, cancel, expiry) carries a token of its writer: the retry of one whose answer was
+lost finds its own move, and a racing releaser that lost sends nothing. The message carries
+its job id and the job-id mark (`jobs.fired`, window: a queue's longest retention), so the
+consumer's job-id claim runs it once even if a crash sends it twice (a sweep re-sends a
+release left RELEASING); its meta header DEPENDENCIES_HEADER carries each dependency's result
+or failure (`message.dependencies`, `workflow_items.dependencies_text`).
 With on_dependency_failure='cancel', the first failed dependency moves HELD → CANCELLED and
 settles the held job CANCELLED naming the failed job, so whatever waits on it advances in turn.
 
@@ -42,20 +45,17 @@ producer stopped before marking it sent and that never reached their queue (no s
 
 A dependency must be on a channel that keeps results (`ChannelSpec.keep_results`): only those
 write final outcomes. The producer refuses one whose status records name a channel that does
-not (see `messenger.produce.base`).
+not (`messenger.produce.waiting`).
 """
 
 from __future__ import annotations
 
-import enum
 import functools
 import json
 import logging
 import time
 import uuid
-import zlib
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -71,195 +71,33 @@ from messenger.channel import (
 from messenger.errors import RetryBudgetExhausted
 from messenger.jobs.fired import JOB_WINDOW_HEADER
 from messenger.jobs.results import FINAL_SK, FinalOutcome, Outcome, ResultStore
-from messenger.jobs.tables import EXPIRES_AT, GlobalIndex, ensure_table
+from messenger.jobs.tables import EXPIRES_AT, ensure_table
+from messenger.jobs.workflow_items import (
+    GROUP,
+    HELD_INLINE_BYTES,
+    JOB,
+    MAX_DEPENDENCIES,
+    MAX_GROUP_MEMBERS,
+    ON_DEPENDENCY_FAILURE,
+    OPEN_INDEX,
+    OPEN_SHARDS,
+    SWEEP_GRACE_SECONDS,
+    Counted,
+    Dependent,
+    GroupProgress,
+    HeldSend,
+    State,
+    SweepReport,
+    Waiting,
+    dependencies_text,
+    group_member_id,
+    group_then_id,
+    open_shard,
+)
 from messenger.message import DEPENDENCIES_HEADER, META_HEADERS_ATTRIBUTE
 from messenger.settings import Settings
 
 logger = logging.getLogger("messenger.workflows")
-
-#: The sparse index of items not settled yet (the sweeper's), and its shards.
-OPEN_INDEX = GlobalIndex("open", "open_shard", "created_at", range_type="N")
-OPEN_SHARDS = 4
-#: The sweeper leaves items younger than this to whoever is writing them.
-SWEEP_GRACE_SECONDS = 600.0
-#: What a dependency that failed does to its waiting job.
-ON_DEPENDENCY_FAILURE = ("cancel", "run")
-#: The most dependencies of one held job, and members of one group (their ids and outcome
-#: summaries stay well within a DynamoDB item's 400 KB).
-MAX_DEPENDENCIES = 100
-MAX_GROUP_MEMBERS = 1_000
-#: A held job's encoded message up to this is kept in its item; larger bodies are offloaded.
-HELD_INLINE_BYTES = 300_000
-JOB, GROUP = "job#", "group#"
-
-
-class State(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 too
-    HELD = "HELD"
-    RELEASING = "RELEASING"
-    RELEASED = "RELEASED"
-    CANCELLED = "CANCELLED"
-    EXPIRED = "EXPIRED"
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-
-@dataclass(frozen=True)
-class HeldSend:
-    """The send a held job waits to make: `kind` 'sqs' (target: a queue URL) or 'sns' (a topic
-    ARN), the encoded body, its message attributes, FIFO group and deduplication ids."""
-
-    kind: str
-    target: str
-    body: str
-    attributes: Mapping[str, Mapping[str, str]]
-    group_id: str | None = None
-    dedup_id: str | None = None
-
-    def item(self) -> dict[str, Any]:
-        fields = {"kind": self.kind, "target": self.target, "body": self.body,
-                  "attributes": json.dumps(self.attributes, sort_keys=True)}
-        fields.update({name: value for name, value in (("group_id", self.group_id),
-                                                        ("dedup_id", self.dedup_id)) if value})
-        return {"M": {name: {"S": value} for name, value in fields.items()}}
-
-    @classmethod
-    def of_item(cls, value: Mapping[str, Any]) -> HeldSend:
-        fields = {name: entry["S"] for name, entry in value["M"].items()}
-        return cls(fields["kind"], fields["target"], fields["body"],
-                   json.loads(fields["attributes"]), fields.get("group_id"),
-                   fields.get("dedup_id"))
-
-
-@dataclass(frozen=True)
-class Counted:
-    """What the barrier recorded of one dependency: its outcome, when, and why it failed."""
-
-    outcome: str
-    at: float
-    reason: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.outcome == Outcome.COMPLETED.value
-
-    @classmethod
-    def of(cls, outcome: FinalOutcome) -> Counted:
-        what = f"{outcome.error_type}: {outcome.error}" if outcome.error_type else \
-            (outcome.error or outcome.reason)
-        return cls(outcome.outcome.value, outcome.at, what[:500])
-
-    def item(self) -> dict[str, Any]:
-        return {"M": {"outcome": {"S": self.outcome}, "at": {"N": repr(float(self.at))},
-                      "reason": {"S": self.reason}}}
-
-    @classmethod
-    def of_item(cls, value: Mapping[str, Any]) -> Counted:
-        fields = value["M"]
-        return cls(fields["outcome"]["S"], float(fields["at"]["N"]),
-                   fields.get("reason", {}).get("S", ""))
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """A held job or a group, as its item says (`dependencies_of`, `group`).
-
-    id: the item id ('job#<id>' or 'group#<id>'). job_id: the job it sends ('' for a group
-    without a callback). dependencies: every dependency (a group: its members), in order.
-    pending: those not counted yet. done: each counted one's outcome. late: outcomes that came
-    after one was counted (a member requeued from its DLQ that completed later)."""
-
-    id: str
-    job_id: str
-    channel: str
-    state: State
-    policy: str
-    dependencies: tuple[str, ...]
-    pending: frozenset[str]
-    done: Mapping[str, Counted]
-    late: Mapping[str, Counted]
-    created_at: float
-    hold_until: float
-    retention_seconds: int
-    send: HeldSend | None = None
-    sent: bool = True
-    settled: bool = False
-    reason: str = ""
-    #: The token of the call that moved it out of HELD (see `Workflows._move`).
-    moved_by: str = ""
-
-    @property
-    def is_group(self) -> bool:
-        return self.id.startswith(GROUP)
-
-    @classmethod
-    def of_item(cls, item: Mapping[str, Any]) -> Waiting:
-        def text(name: str) -> str:
-            return str(item.get(name, {}).get("S", ""))
-
-        def counted(name: str) -> dict[str, Counted]:
-            return {dep: Counted.of_item(value)
-                    for dep, value in item.get(name, {}).get("M", {}).items()}
-
-        return cls(
-            id=text("id"), job_id=text("job_id"), channel=text("channel"),
-            state=State(text("state")), policy=text("policy"),
-            dependencies=tuple(entry["S"] for entry in item.get("deps", {}).get("L", [])),
-            pending=frozenset(item.get("pending", {}).get("SS", [])),
-            done=counted("done"), late=counted("late"),
-            created_at=float(item["created_at"]["N"]), hold_until=float(item["hold_until"]["N"]),
-            retention_seconds=int(item["retention"]["N"]),
-            send=HeldSend.of_item(item["send"]) if "send" in item else None,
-            sent=bool(item.get("sent", {}).get("BOOL", True)),
-            settled="open_shard" not in item, reason=text("reason"),
-            moved_by=text("moved_by"))
-
-
-@dataclass(frozen=True)
-class GroupProgress:
-    """A group's progress: its members, how many reached a final outcome (`finished`) and how
-    many of those failed, its state (HELD until the callback is released), the callback's job
-    id ('' without one) and the members recorded late."""
-
-    group_id: str
-    members: tuple[str, ...]
-    finished: int
-    failed: int
-    state: State
-    then_job: str
-    sent: bool
-    late: tuple[str, ...] = ()
-    outcomes: Mapping[str, Counted] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Dependent:
-    """What waits on a job: a held job (`job_id`), or a group (`group_id`, its callback's
-    `job_id`)."""
-
-    job_id: str
-    group_id: str = ""
-
-
-@dataclass
-class SweepReport:
-    """What one sweep did: items looked at, dependencies applied, releases, cancels, expiries,
-    members failed as never sent."""
-
-    looked: int = 0
-    applied: int = 0
-    released: int = 0
-    cancelled: int = 0
-    expired: int = 0
-    never_sent: int = 0
-
-
-def group_member_id(group_id: str, index: int) -> str:
-    return f"{group_id}.{index}"
-
-
-def group_then_id(group_id: str) -> str:
-    return f"{group_id}.then"
 
 
 class Workflows:
@@ -342,7 +180,7 @@ class Workflows:
             "deps": {"L": [{"S": dep} for dep in deps]}, "done": {"M": {}}, "late": {"M": {}},
             "created_at": {"N": repr(now)}, "hold_until": {"N": repr(now + retention_seconds)},
             "retention": {"N": str(retention_seconds)}, "sent": {"BOOL": sent},
-            "open_shard": {"S": _shard(item_id)}, "token": {"S": token},
+            "open_shard": {"S": open_shard(item_id)}, "token": {"S": token},
             EXPIRES_AT: {"N": str(int(now + 2 * retention_seconds))},
         }
         if deps:
@@ -631,55 +469,6 @@ class Workflows:
             failed=sum(1 for counted in item.done.values() if not counted.ok),
             state=item.state, then_job=item.job_id, sent=item.sent,
             late=tuple(sorted(item.late)), outcomes=dict(item.done))
-
-
-def dependencies_text(entries: list[tuple[str, FinalOutcome | None, Counted | None]],
-                       budget: int) -> str:
-    """DEPENDENCIES_HEADER's JSON (decoded by `messenger.message.decode_dependencies`): each
-    dependency's {"result": value}, or {"outcome", "error_type", "error", "reason"} of a
-    failure, the outcome counted by the barrier. Results that do not fit within `budget`
-    bytes are left out, the largest first ({"omitted": true}: read them with
-    `Producer.result`)."""
-    values: dict[str, dict[str, Any]] = {}
-    for dep, outcome, counted in entries:
-        if outcome is not None and counted is not None and \
-                outcome.outcome.value != counted.outcome:
-            outcome = None  # finished again since it was counted: the counted outcome stands
-        if outcome is not None and outcome.ok:
-            values[dep] = {"result": outcome.result}
-        elif outcome is not None:
-            values[dep] = {"outcome": outcome.outcome.value, **{
-                name: getattr(outcome, name) for name in ("error_type", "error", "reason")
-                if getattr(outcome, name)}}
-        elif counted is not None and counted.ok:
-            values[dep] = {"omitted": True}
-        else:
-            values[dep] = {"outcome": counted.outcome if counted else Outcome.EXPIRED.value,
-                           "reason": counted.reason if counted else "no outcome recorded"}
-    sizes = sorted(((len(json.dumps(value)), dep) for dep, value in values.items()
-                    if "result" in value), reverse=True)
-    text = json.dumps(values, separators=(",", ":"))
-    for _, dep in sizes:
-        if len(text.encode()) <= budget:
-            return text
-        values[dep] = {"omitted": True}
-        text = json.dumps(values, separators=(",", ":"))
-    # Still too large (many failures, a body near the limit): shorter texts, then outcomes only.
-    for keep in (200, 0):
-        if len(text.encode()) <= budget:
-            break
-        for value in values.values():
-            for name in ("error_type", "error", "reason"):
-                if name in value:
-                    value[name] = value[name][:keep]
-                    if not keep:
-                        del value[name]
-        text = json.dumps(values, separators=(",", ":"))
-    return text
-
-
-def _shard(item_id: str) -> str:
-    return str(zlib.crc32(item_id.encode()) % OPEN_SHARDS)
 
 
 __all__ = ["GROUP", "HELD_INLINE_BYTES", "JOB", "MAX_DEPENDENCIES", "MAX_GROUP_MEMBERS",
