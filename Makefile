@@ -43,7 +43,7 @@ TIMING_TESTS := tests/unit/test_prefetch.py tests/unit/test_consumer.py \
 	tests/integration/test_cli_errors.py tests/integration/test_job_failures.py \
 	tests/integration/test_task_protection.py tests/integration/test_dlq_concurrent_reads.py \
 	tests/integration/test_dedup.py tests/integration/test_schedules.py \
-	tests/integration/test_http_api_deadline.py \
+	tests/integration/test_http_api_deadline.py tests/integration/test_http_workflows.py \
 	tests/integration/test_job_ids.py tests/integration/test_cancel_races.py \
 	tests/integration/test_status_tracking.py tests/integration/test_refused_entries.py \
 	tests/reliability/test_kill.py \

@@ -2,7 +2,8 @@
 
     POST /channels/{channel}/jobs         one job: 202 + {"job_id": ...} + Location: /jobs/{id}
     POST /channels/{channel}/jobs/batch   up to 10 jobs: per-job results, like `push_many`
-    GET  /jobs/{id}                       the job's status timeline (channels that track status)
+    GET  /jobs/{id}                       the job's status timeline (channels that track status),
+                                          its result or error, dependencies and dependents
 
 Every job goes through the channel's own `Producer.push` / `push_many`, so offload, priorities,
 routing keys, `max_attempts`, dedup and the QUEUED record are those of any Python producer.
@@ -58,6 +59,7 @@ from messenger.errors import (
     PayloadTooLarge,
     RetryBudgetExhausted,
 )
+from messenger.jobs.job_view import JobReader
 from messenger.jobs.status import (
     StatusRecord,
     StatusStore,
@@ -138,6 +140,7 @@ class JobApi:
         self._producers: dict[str, Any] = {}
         self._stores: dict[str, Any] = {}
         self._status: StatusStore | None = None
+        self._reader: JobReader | None = None
         self._declarations: TrackingDeclarations | None = None
         self._lock = threading.Lock()
         self._table_ready = False
@@ -307,7 +310,7 @@ class JobApi:
         pushed = _refusing(lambda: producer.push(
             item.body, item.routing_key, group_id=item.group_id, priority=item.priority,
             message_id=item.message_id, max_attempts=item.max_attempts, dedup=item.dedup,
-            **_timing(job)))
+            **_timing(job), **_dependencies(job)))
         self._flush_status(producer)
         return _accepted(pushed)
 
@@ -423,7 +426,8 @@ class JobApi:
         for index, raw in enumerate(batch.jobs):
             try:
                 job = JobRequest.model_validate(raw)
-                if _timing(job):  # its own due time: a push of its own (push_many's is per call)
+                # its own due time or dependencies: a push of its own (push_many's are per call)
+                if _timing(job) or job.depends_on:
                     accepted = self._push(channel, job, ids[index], dedup=key is not None)
                     results[index].update(
                         status=202, job_id=accepted["job_id"],
@@ -477,15 +481,28 @@ class JobApi:
                   if r.channel == name or (self.channels[name].exchange
                                            and r.channel.startswith(f"{name}."))}
         records = [r for r in found if r.channel in served]
+        reader = self._reader_of()
         if not records:
-            raise ApiError(404, f"no job {job_id!r} on a channel that tracks status")
+            # A job held until its dependencies are final has no record before its release
+            held = reader.held(job_id)
+            if held is None or held.channel not in tracked:
+                raise ApiError(404, f"no job {job_id!r} on a channel that tracks status")
+            return {"job_id": job_id, "channel": held.channel, "status": held.state.value,
+                    **reader.job(job_id), "events": []}
         # Whether progress is recorded is the channel's fact (its ChannelSpec's track_status, on
         # its queues): a channel whose consumers do not track answers its last known record as
         # such, never as current (`messenger.jobs.status.progress_answer`).
         channel = self.channels[served[records[0].channel]]
         return {"job_id": job_id, "channel": records[0].channel, "status": records[-1].event.value,
                 **progress_answer(records, self._declared(channel), channel.name),
+                **reader.job(job_id),
                 "events": [_event(record) for record in records]}
+
+    def _reader_of(self) -> JobReader:
+        with self._lock:
+            if self._reader is None:
+                self._reader = JobReader(self.clients, self.settings)
+            return self._reader
 
     def _declared(self, channel: ApiChannel) -> bool | None:
         """The channel's own declaration of track_status, read from its queues' tag. Where no
@@ -580,6 +597,14 @@ def _timing(job: JobRequest) -> dict[str, Any]:
     if job.delay_seconds:
         return {"delay": job.delay_seconds}
     return {}
+
+
+def _dependencies(job: JobRequest) -> dict[str, Any]:
+    """push's `depends_on=` / `on_dependency_failure=` of a job ({} when it waits for none)."""
+    if not job.depends_on:
+        return {}
+    return {"depends_on": list(job.depends_on),
+            "on_dependency_failure": job.on_dependency_failure or "cancel"}
 
 
 def _accepted(pushed: Any) -> dict[str, str]:

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 from messenger.channel import MAX_BATCH_ENTRIES, SQS_MAX_RECEIVE_COUNT
+from messenger.errors import InvalidMessage
 from messenger.jobs.schedules import MAX_AHEAD, MAX_AHEAD_SECONDS
+from messenger.jobs.workflows import MAX_DEPENDENCIES
+from messenger.produce.checks import check_id
 
 #: Jobs in one batch request (SQS's batch size: one SendMessageBatch per level).
 MAX_BATCH_JOBS = MAX_BATCH_ENTRIES
@@ -34,6 +44,15 @@ _RFC3339 = re.compile(
 AT_FORM = "an RFC 3339 time with its zone, e.g. 2026-12-01T09:00:00Z or 2026-12-01T10:00:00+01:00"
 
 
+def _job_id(value: str) -> str:
+    """A job id a job may depend on: what `push(message_id=)` takes."""
+    try:
+        check_id("a job id", value)
+    except InvalidMessage as error:
+        raise ValueError(str(error)) from None
+    return value
+
+
 class JobRequest(BaseModel):
     """One job. body: any JSON value (the message body). priority: one of the channel's levels.
     routing_key: an exchange's routing key (its subscriptions filter on it). group_id: ordered
@@ -41,7 +60,11 @@ class JobRequest(BaseModel):
     before the consumer dead-letters the job (1 to the channel's max_receives). delay_seconds:
     run the job this many seconds from now (0 to `MAX_DELAY_SECONDS`; default 0). at: run it at
     this RFC 3339 time with its zone (not with delay_seconds). Both are `push(delay=/at=)`'s:
-    SQS's DelaySeconds within 15 minutes on a standard queue, else a one-time schedule."""
+    SQS's DelaySeconds within 15 minutes on a standard queue, else a one-time schedule.
+    depends_on: job ids (1 to `MAX_DEPENDENCIES`, each a valid job id, on channels that keep
+    results) the job waits for: it is held until each reached a final outcome.
+    on_dependency_failure: with depends_on, "cancel" (the default: a failed dependency cancels
+    the job) or "run" (it runs anyway, `message.dependencies` telling what failed)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -52,6 +75,16 @@ class JobRequest(BaseModel):
     max_attempts: int | None = Field(default=None, ge=1, le=SQS_MAX_RECEIVE_COUNT, strict=True)
     delay_seconds: int = Field(default=0, ge=0, le=MAX_DELAY_SECONDS, strict=True)
     at: datetime | None = None
+    depends_on: list[Annotated[str, AfterValidator(_job_id)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_DEPENDENCIES)
+    on_dependency_failure: Literal["cancel", "run"] | None = None
+
+    @field_validator("on_dependency_failure", mode="after")
+    @classmethod
+    def _with_dependencies(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and not info.data.get("depends_on"):
+            raise ValueError("only with depends_on (the job ids the job waits for)")
+        return value
 
     @field_validator("at", mode="before")
     @classmethod
