@@ -63,7 +63,8 @@ class State(str, enum.Enum):  # not StrEnum (3.11): EMR runs Python 3.9 too
 @dataclass(frozen=True)
 class HeldSend:
     """The send a held job waits to make: `kind` 'sqs' (target: a queue URL) or 'sns' (a topic
-    ARN), the encoded body, its message attributes, FIFO group and deduplication ids."""
+    ARN), the encoded body, its message attributes, FIFO group and deduplication ids, and
+    whether its producer records status (`tracked`: the release records its QUEUED)."""
 
     kind: str
     target: str
@@ -71,10 +72,13 @@ class HeldSend:
     attributes: Mapping[str, Mapping[str, str]]
     group_id: str | None = None
     dedup_id: str | None = None
+    tracked: bool = False
 
     def item(self) -> dict[str, Any]:
         fields = {"kind": self.kind, "target": self.target, "body": self.body,
                   "attributes": json.dumps(self.attributes, sort_keys=True)}
+        if self.tracked:
+            fields["tracked"] = "true"
         fields.update({name: value for name, value in (("group_id", self.group_id),
                                                         ("dedup_id", self.dedup_id)) if value})
         return {"M": {name: {"S": value} for name, value in fields.items()}}
@@ -84,7 +88,7 @@ class HeldSend:
         fields = {name: entry["S"] for name, entry in value["M"].items()}
         return cls(fields["kind"], fields["target"], fields["body"],
                    json.loads(fields["attributes"]), fields.get("group_id"),
-                   fields.get("dedup_id"))
+                   fields.get("dedup_id"), fields.get("tracked") == "true")
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ from messenger.channel import (
 from messenger.errors import RetryBudgetExhausted
 from messenger.jobs.fired import JOB_WINDOW_HEADER
 from messenger.jobs.results import FINAL_SK, FinalOutcome, Outcome, ResultStore
+from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
 from messenger.jobs.tables import EXPIRES_AT, ensure_table
 from messenger.jobs.workflow_items import (
     GROUP,
@@ -113,6 +114,9 @@ class Workflows:
         self.table = workflows_table_name(settings.namespace)
         self.budget = settings.retry_budget_seconds if budget is None else budget
         self.results = results or ResultStore(clients, settings, budget=budget)
+        #: QUEUED records of released jobs whose producer tracks status (written in the
+        #: background, as a producer's are).
+        self.status = StatusStore(clients, settings)
         self._ready = False
 
     # -- table -------------------------------------------------------------------------------
@@ -343,6 +347,7 @@ class Workflows:
         fifo = {name: value for name, value in (("MessageGroupId", send.group_id),
                                                 ("MessageDeduplicationId", send.dedup_id))
                 if value}
+        sent_at = time.time()  # SQS takes it after this: its consumer's RECEIVED comes later
         if send.kind == "sns":
             sns = self.clients.client("sns")
             call_with_budget(lambda: sns.publish(TopicArn=send.target, Message=send.body,
@@ -354,6 +359,9 @@ class Workflows:
                                                       MessageBody=send.body,
                                                       MessageAttributes=attributes, **fifo),
                              self.budget, f"releasing job {item.job_id}")
+        if send.tracked:
+            self.status.record(StatusRecord(item.job_id, StatusEvent.QUEUED, item.channel,
+                                            at=sent_at))
 
     # -- the sweeper -------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> SweepReport:
@@ -421,12 +429,9 @@ class Workflows:
     def _fail_unsent(self, item: Waiting, members: set[str]) -> int:
         """A group's producer stopped before marking it sent: settle the members that never
         reached their queue (no status record) CANCELLED, so the group advances."""
-        from messenger.jobs.status import StatusStore
-
-        status = StatusStore(self.clients, self.settings)
         failed = 0
         for member in sorted(members):
-            if status.timeline(member):
+            if self.status.timeline(member):
                 continue  # it reached its queue: it will finish
             self.settle(FinalOutcome(member, item.channel, Outcome.CANCELLED, time.time(),
                                      reason="never sent: the producer stopped"),

@@ -70,6 +70,7 @@ class WaitingJobs:
     _spec: Any
     _offload: Any
     push_many: Any
+    status: StatusStore | None
     _check_keeps_results: Any
 
     @functools.cached_property
@@ -157,7 +158,8 @@ class WaitingJobs:
             assert isinstance(target, QueueTarget)
             kind, where = "sqs", target.url
         return HeldSend(kind, where, encoded.body, encoded.attributes,
-                        prepared.outgoing.group_id, prepared.outgoing.dedup_id)
+                        prepared.outgoing.group_id, prepared.outgoing.dedup_id,
+                        tracked=self.status is not None)
 
     def _retention(self) -> int:
         return int(self._spec(self.channel).retention_seconds)

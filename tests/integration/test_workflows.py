@@ -14,6 +14,7 @@ from messenger import Consumer, JobFailed, Producer, ReceivedMessage, Unrecovera
 from messenger.errors import InvalidMessage, InvalidSettings
 from messenger.jobs.controls import CancelRequests
 from messenger.jobs.results import FinalOutcome, Outcome, ResultStore
+from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.jobs.workflows import State, Workflows
 from messenger.produce.push import PushItem
 from tests.integration import test_consumer_runtime
@@ -183,6 +184,10 @@ def test_depends_on_jobs_of_another_channel(settings, clients, running):
     flows = Workflows(clients, settings)
     assert [d.job_id for d in flows.dependents_of(first)] == [job]
     assert flows.dependencies_of(job).state is State.RELEASED
+    # And its timeline starts when it was released (QUEUED, written by its releaser)
+    events = wait_until(lambda: [r.event for r in StatusStore(clients, settings).timeline(job)
+                                 if r.event is StatusEvent.QUEUED], WAIT)
+    assert events == [StatusEvent.QUEUED]
     # And a job pushed to wait on jobs already final is sent at once
     again = report.push({"report": 1}, depends_on=[first])
     assert wait_until(lambda: reports.consumer.run_of(again), WAIT).dependencies == {
