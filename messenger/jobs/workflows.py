@@ -114,8 +114,7 @@ class Workflows:
         self.table = workflows_table_name(settings.namespace)
         self.budget = settings.retry_budget_seconds if budget is None else budget
         self.results = results or ResultStore(clients, settings, budget=budget)
-        #: QUEUED records of released jobs whose producer tracks status (written in the
-        #: background, as a producer's are).
+        #: QUEUED records of released jobs whose producer tracks status.
         self.status = StatusStore(clients, settings)
         self._ready = False
 
@@ -359,9 +358,14 @@ class Workflows:
                                                       MessageBody=send.body,
                                                       MessageAttributes=attributes, **fifo),
                              self.budget, f"releasing job {item.job_id}")
-        if send.tracked:
+        if send.tracked:  # written now: a Lambda consumer may be frozen after its batch
             self.status.record(StatusRecord(item.job_id, StatusEvent.QUEUED, item.channel,
                                             at=sent_at))
+            try:
+                self.status.flush()
+            except Exception as error:  # a status record is never a reason to fail a release
+                logger.warning("job %s: its QUEUED record was not written: %s", item.job_id,
+                               error)
 
     # -- the sweeper -------------------------------------------------------------------------
     def sweep(self, now: float | None = None) -> SweepReport:
