@@ -223,3 +223,36 @@ def test_a_group_needs_a_channel_that_keeps_results(settings, clients):
     plain.push({"n": 1})  # the channel exists, without keep_results
     with pytest.raises(InvalidSettings, match="keep_results"):
         plain.group([{"n": 1}], then={"n": 2})
+
+
+class FakeContext:
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
+
+
+@pytest.mark.timeout(120)
+def test_the_lambda_runtime_advances_a_dependent(settings, clients, tmp_path):
+    from messenger import ConsumerSettings
+    from messenger.consume.lambda_runtime import LambdaConsumerRuntime, LocalEventSource
+
+    consumer = Steps(settings=settings, clients=clients, runtime=ConsumerSettings(
+        health_file=str(tmp_path / "health.json")))
+    lambda_runtime = LambdaConsumerRuntime(consumer)
+    assert consumer.resources is not None
+    source = LocalEventSource(clients.client("sqs"), consumer.resources.queue.url, "us-east-1")
+    producer = producer_of(settings, clients, Steps.channel)
+    # Given a job waiting on another, and an invocation that runs the other
+    first = producer.push({"n": 8})
+    waiting = producer.push({"report": 1}, depends_on=[first])
+    batch = wait_until(lambda: source.receive(1), WAIT)
+    assert source.invoke(lambda_runtime.handle, batch, FakeContext(30)) == {
+        "batchItemFailures": []}
+    # Then the waiting job is in the queue, and the next invocation runs it with the result
+    batch = wait_until(lambda: source.receive(1), WAIT)
+    source.invoke(lambda_runtime.handle, batch, FakeContext(30))
+    ran = consumer.run_of(waiting)
+    assert ran is not None and ran.dependencies == {first: {"doubled": 16}}
+    assert producer.result(waiting, timeout=0) == [first]
