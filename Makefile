@@ -48,6 +48,7 @@ TIMING_TESTS := tests/unit/test_prefetch.py tests/unit/test_consumer.py \
 	tests/integration/test_status_tracking.py tests/integration/test_refused_entries.py \
 	tests/reliability/test_kill.py \
 	tests/reliability/test_controls.py \
+	tests/integration/test_flow_control.py \
 	tests/integration/test_workflows.py tests/reliability/test_workflow_kills.py \
 	tests/integration/test_dashboard_pages.py tests/integration/test_dashboard_auth.py
 

@@ -74,6 +74,7 @@ from messenger.schema import BodySchema
 from messenger.settings import Settings
 
 if TYPE_CHECKING:  # loaded only by a consumer that tracks status (keeps results)
+    from messenger.consume.limits import LimitGate
     from messenger.consume.results import ResultKeeper
     from messenger.consume.tracking import StatusTracker
 
@@ -159,6 +160,9 @@ class Consumer:
     final_errors: exception classes whose failure is final (default none): a handler raising
     one, or `messenger.Unrecoverable`, has its message dead-lettered at once, whatever attempts
     are left, with the reason 'unrecoverable: <type>: <message>'.
+    rate_limit / tenant_rate_limit / max_concurrency: the channel's limits (ChannelSpec's;
+    default none; a deployed queue's declaration wins), changed at run time by `messenger
+    limits set`; `weight(message)` is the units a job takes of them (docs/flow-control.md).
     retry_delay: seconds before the second attempt, 0-43200 (default 5; ConsumerSettings'
     retry_delay wins); retry_backoff: factor per later attempt, 1-100 (default 2; 1: the same
     delay each time); max_retry_delay: the longest delay, retry_delay-43200 (default 600). Each
@@ -184,6 +188,9 @@ class Consumer:
     priority_mode: ClassVar[str] = "weighted"
     track_status: ClassVar[bool] = False
     keep_results: ClassVar[bool] = False
+    rate_limit: ClassVar[str | None] = None
+    tenant_rate_limit: ClassVar[str | None] = None
+    max_concurrency: ClassVar[int | None] = None
     max_attempts: ClassVar[int | None] = None
     final_errors: ClassVar[tuple[type[BaseException], ...]] = ()
     retry_delay: ClassVar[float] = RETRY_DELAY_SECONDS
@@ -232,6 +239,8 @@ class Consumer:
 
             self.results = ResultKeeper(ResultStore(self.clients, self.settings),
                                         self.spec.name, self.spec.retention_seconds, self.emit)
+        #: The channel's limits (`start_limits`; None: it has none).
+        self.limits: LimitGate | None = None
         #: This process's entry in the worker registry (`messenger workers`).
         self.workers = WorkerRegistry(self.clients, self.settings, self.spec.name,
                                       f"{type(self).__module__}.{type(self).__qualname__}")
@@ -284,6 +293,11 @@ class Consumer:
         channel that keeps results, what it returns (JSON) is the job's result."""
         raise NotImplementedError(f"{type(self).__name__} must define handler(self, message)")
 
+    def weight(self, message: ReceivedMessage) -> int:
+        """The units of the channel's rate limits this job takes (default 1; a whole number
+        >= 1: a bulk job that calls the upstream 10 times may take 10)."""
+        return 1
+
     def on_event(self, event: LifecycleEvent) -> None:
         """Every lifecycle event goes through here; the default writes it to the JSON log.
         Override (and call super) to also send them elsewhere, e.g. a status store."""
@@ -299,7 +313,8 @@ class Consumer:
             retention_seconds=cls.retention_seconds, visibility_timeout=cls.visibility_timeout,
             tags=cls.tags, namespace=namespace, priorities=tuple(cls.priorities),
             default_priority=cls.default_priority, track_status=cls.track_status,
-            keep_results=cls.keep_results,
+            keep_results=cls.keep_results, max_concurrency=cls.max_concurrency,
+            rate_limit=cls.rate_limit, tenant_rate_limit=cls.tenant_rate_limit,
         )
 
     def check_tracking(self, resources: ChannelResources) -> None:
@@ -591,6 +606,8 @@ class Consumer:
             if self.status is not None:
                 self.status.close(timeout=self._final_flush_seconds())
             self.workers.stop()
+            if self.limits is not None:
+                self.limits.close()
             self.transition(ConsumerState.EXITED)
             self._health_stop.set()  # a process still up later reads as stale: not healthy
             hold_lines(0.0)  # writes what is held; lines after the run are written at once
@@ -628,6 +645,7 @@ class Consumer:
                         writer_process=self.runtime.status_writer == "process")
                 if self.idempotency is not None:  # a missing table stops the start, once
                     self.idempotency.ensure()
+                self.start_limits(outcome["resources"])
             except BaseException as error:  # raised on the main thread
                 outcome["error"] = error
             finally:
@@ -641,6 +659,33 @@ class Consumer:
             raise outcome["error"]
         resources: ChannelResources = outcome["resources"]
         return resources
+
+    def start_limits(self, resources: ChannelResources) -> None:
+        """The limit gate (`messenger.consume.limits`), when the channel declares a limit: its
+        deployed queue's declaration (tags), else this class's; none otherwise (no limits-table
+        call at all). Both runtimes call it once the channel is resolved."""
+        from messenger.jobs.limits import ChannelLimits
+
+        declared = ChannelLimits.of_spec(self.spec)
+        try:
+            tags = self.clients.client("sqs").list_queue_tags(
+                QueueUrl=resources.queue.url).get("Tags") or {}
+        except Exception:  # (tags not readable: the class's declaration)
+            tags = {}
+        deployed = ChannelLimits.of_tags(tags)
+        if deployed.limited:
+            declared = deployed
+        if not declared.limited:
+            return
+        from messenger.consume.limits import LimitGate
+        from messenger.consume.tracking import consumer_id
+        from messenger.jobs.limits import LimitStore
+
+        store = LimitStore(self.clients, self.settings)
+        store.ensure()
+        self.limits = LimitGate(store, self.spec.name, declared, consumer_id(),
+                                cloudwatch=self.clients.client("cloudwatch"))
+        self.limits.start()
 
     def mailboxes(self, resources: ChannelResources,
                   sqs: Any = None) -> tuple[Mailbox, LevelPoller | None]:

@@ -23,6 +23,10 @@ pure decision from (message, exception, options), tested without a broker
   when its lease ends, or SQS's redrive moves it); one dead-lettered for another reason (no DLQ
   to take an unreadable or timed-out message) stops a long-running consumer (STOP_CONSUMER,
   Fargate: ECS replaces the task), and is KEPT where there is no consumer to stop (Lambda).
+- `on_limited`: a job held back by a limit (`messenger.consume.limits`) or by its handler's
+  `messenger.RateLimited`: RUN (wait in the consumer, its lease kept: a short wait, or any on
+  an ordered channel within the time it has) or HOLD (back in its queue after a delay, as a new
+  message carrying the attempts it used: no attempt used, no step toward the DLQ).
 - `after_step`: in an ordered group, a message not finished for good holds back the rest of
   the group (RELEASE_REST 'group_blocked': SQS hands them out again in order); else RUN.
 - `deadline`: when a message's run ends: its processing timeout, never past the limit (Lambda:
@@ -32,6 +36,7 @@ pure decision from (message, exception, options), tested without a broker
 from __future__ import annotations
 
 import enum
+import math
 import random
 import re
 from collections.abc import Callable, Mapping
@@ -44,7 +49,7 @@ from messenger.consume.failures import (
     RetryPolicy,
     exhausted_reason,
 )
-from messenger.errors import Unrecoverable
+from messenger.errors import RateLimited, Unrecoverable
 
 if TYPE_CHECKING:
     from messenger.consume.host import RuntimeHost
@@ -52,6 +57,18 @@ if TYPE_CHECKING:
 #: Release reasons (the 'released' event's `reason`).
 OUT_OF_TIME = "out_of_time"
 GROUP_BLOCKED = "group_blocked"
+#: Hold reasons (the 'held' event's `reason`): a limit's, a handler's RateLimited.
+LIMITED = "limited"
+RATE_LIMITED = "rate_limited"
+#: A job held back waits in its consumer (its lease kept) at most this long; longer, it goes
+#: back in its queue with a delay (a new message: SQS's receive count starts again).
+WAIT_IN_CONSUMER_SECONDS = 1.0
+#: A job held back again and again is delayed up to 2**holds seconds more (jitter), at most
+#: this much more: a tenant's backlog spreads out instead of coming back all at once.
+MAX_HOLD_SPREAD_SECONDS = 120
+#: SQS's longest DelaySeconds: a longer hold is sent with it, and held again when it arrives
+#: early (its held-until mark).
+MAX_HOLD_DELAY_SECONDS = 900
 
 #: Characters SQS refuses in a message attribute's value (its allowed set is #x9 #xA #xD,
 #: #x20-#xD7FF, #xE000-#xFFFD, #x10000-#x10FFFF): replaced in a reason.
@@ -67,6 +84,7 @@ class Action(enum.Enum):
     DEAD_LETTER = "dead_letter"  # to the DLQ with `reason`, then deleted
     RELEASE = "release"  # visible again at once, not dead-lettered (`reason`)
     RELEASE_REST = "release_rest"  # the rest of its ordered group visible again (`reason`)
+    HOLD = "hold"  # held back by a limit: not a failure, no attempt used (`delay`, `reason`)
     KEEP = "keep"  # left in its queue: back when its lease ends
     STOP_CONSUMER = "stop_consumer"  # left in its queue, and the consumer stops (`reason`)
 
@@ -92,15 +110,18 @@ RUN = Verdict(Action.RUN)
 class Facts:
     """What is known of one delivery.
 
-    receive_count: SQS's ApproximateReceiveCount (the current attempt). attributes: the
+    receive_count: the current attempt (SQS's ApproximateReceiveCount, plus the attempts of
+    the copies before it when it was held back by a limit: `Delivery.attempt`). attributes: the
     message's attributes (its headers: the producer's max_attempts among them). held_seconds:
     how long it has been in flight since SQS can have handed it out (its 12 hours count from
-    there). cancelled_by: who cancelled it while it ran (None: nobody)."""
+    there). cancelled_by: who cancelled it while it ran (None: nobody). hold_left: seconds it
+    is still held back (a RateLimited delay longer than SQS's largest DelaySeconds)."""
 
     receive_count: int
     attributes: Mapping[str, Mapping[str, Any]]
     held_seconds: float = 0.0
     cancelled_by: str | None = None
+    hold_left: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -176,9 +197,12 @@ def retry_delay(facts: Facts, rules: Rules, draw: Callable[[], float] = random.r
 
 def on_receive(facts: Facts, rules: Rules, now: float, limit: float | None = None) -> Verdict:
     """Before a message runs: RELEASE when the invocation's time is up (`limit`: Lambda's; not
-    a dead letter), DEAD_LETTER when its attempts were used up already, else RUN."""
+    a dead letter), HOLD while its hold lasts, DEAD_LETTER when its attempts were used up
+    already, else RUN."""
     if limit is not None and now >= limit:
         return Verdict(Action.RELEASE, OUT_OF_TIME)
+    if facts.hold_left >= 1:  # arrived before its hold's end (a hold longer than 900 s)
+        return Verdict(Action.HOLD, RATE_LIMITED, delay=math.ceil(facts.hold_left))
     attempts = rules.attempts(facts)
     if facts.receive_count > attempts:
         return Verdict(Action.DEAD_LETTER, stopped_reason(facts.receive_count, attempts))
@@ -193,10 +217,13 @@ def on_unreadable(reason: str) -> Verdict:
 
 def on_result(facts: Facts, rules: Rules, error: BaseException | None,
               draw: Callable[[], float] = random.random) -> Verdict:
-    """The handler's end: returned (`error` None) → COMPLETE; a final failure → DEAD_LETTER at
+    """The handler's end: returned (`error` None) → COMPLETE; `messenger.RateLimited` → HOLD
+    for its retry_after (not a failure: no attempt used); a final failure → DEAD_LETTER at
     once; its last attempt → DEAD_LETTER; else RETRY after the backoff delay."""
     if error is None:
         return Verdict(Action.COMPLETE)
+    if isinstance(error, RateLimited):
+        return Verdict(Action.HOLD, RATE_LIMITED, delay=math.ceil(error.retry_after))
     if is_final(error, rules):
         return Verdict(Action.DEAD_LETTER, unrecoverable_reason(error), final=True)
     attempts = rules.attempts(facts)
@@ -233,6 +260,27 @@ def on_forward_failed(rules: Rules, handler_failed: bool, reason: str,
     return Verdict(Action.STOP_CONSUMER, f"{type(error).__name__}: {error}")
 
 
+def on_limited(wait: float, room: float | None, ordered: bool, holds: int = 0,
+               draw: Callable[[], float] = random.random) -> Verdict:
+    """A job held back `wait` seconds by a limit (or its handler's RateLimited): RUN, to wait
+    in the consumer (its lease kept), when the wait is at most WAIT_IN_CONSUMER_SECONDS, or on
+    an ordered channel (its group waits either way; re-sending it would put it behind the rest
+    of its group); never past `room` (Lambda: the invocation's time left; None: no bound).
+    Else HOLD: back in its queue after `hold_delay` (a new message, its attempts carried)."""
+    fits = room is None or wait < room
+    if fits and (wait <= WAIT_IN_CONSUMER_SECONDS or ordered):
+        return RUN
+    return Verdict(Action.HOLD, LIMITED, delay=hold_delay(wait, holds, draw))
+
+
+def hold_delay(wait: float, holds: int, draw: Callable[[], float] = random.random) -> int:
+    """Whole seconds a job held back goes back in its queue for: its wait, plus up to
+    2**holds seconds (at most MAX_HOLD_SPREAD_SECONDS) drawn at random, so that a backlog held
+    back again and again spreads out; at least 1."""
+    spread = min(2.0 ** min(holds, 16), MAX_HOLD_SPREAD_SECONDS)
+    return max(1, math.ceil(wait + draw() * spread))
+
+
 def after_step(ordered: bool, finished: bool, remaining: int) -> Verdict:
     """After one message of a chain (a poll's messages of one group): on an ordered channel a
     message not finished for good (retried, kept, timed out) holds the `remaining` ones back:
@@ -243,8 +291,9 @@ def after_step(ordered: bool, finished: bool, remaining: int) -> Verdict:
 
 
 __all__ = [
-    "GROUP_BLOCKED", "OUT_OF_TIME", "RUN", "Action", "Facts", "Rules", "Verdict", "after_step",
-    "cancelled_reason", "deadline", "is_final", "on_deadline", "on_forward_failed",
-    "on_receive", "on_result", "on_unreadable", "retry_delay", "stopped_reason",
+    "GROUP_BLOCKED", "LIMITED", "OUT_OF_TIME", "RATE_LIMITED", "RUN", "WAIT_IN_CONSUMER_SECONDS",
+    "Action", "Facts", "Rules", "Verdict", "after_step", "cancelled_reason", "deadline",
+    "hold_delay", "is_final", "on_deadline", "on_forward_failed", "on_limited", "on_receive",
+    "on_result", "on_unreadable", "retry_delay", "stopped_reason",
     "timeout_reason", "unrecoverable_reason",
 ]

@@ -23,6 +23,15 @@ if TYPE_CHECKING:  # loaded only by a consumer that tracks status or is idempote
     from messenger.consume.tracking import StatusTracker
 
 
+class Gate(Protocol):
+    """A channel's limit gate as the outcome policy asks it (`messenger.consume.limits`)."""
+
+    def admit(self, tenant: str | None, units: int = 1, room: float | None = None,
+              ordered: bool = False, holds: int = 0) -> int: ...
+
+    def rate_limited(self, retry_after: float) -> None: ...
+
+
 class RuntimeHost(Protocol):
     """The consumer as its runtime sees it: settings, the handler, events, hooks and state."""
 
@@ -38,6 +47,10 @@ class RuntimeHost(Protocol):
     status: StatusTracker | None
     #: Final outcomes and results (None: the channel does not keep results).
     results: ResultKeeper | None
+
+    @property
+    def limits(self) -> Gate | None:
+        """The channel's limits (`messenger.consume.limits.LimitGate`; None: it has none)."""
 
     # The consumer class's attributes (class variables): read-only here.
     @property
@@ -59,6 +72,8 @@ class RuntimeHost(Protocol):
     def final_errors(self) -> tuple[type[BaseException], ...]: ...
 
     def handler(self, message: ReceivedMessage) -> Any: ...
+
+    def weight(self, message: ReceivedMessage) -> int: ...
 
     def emit(self, name: str, message_id: str | None = None, duration: float | None = None,
              fields: dict[str, Any] | None = None) -> None: ...

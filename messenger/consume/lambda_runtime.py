@@ -259,6 +259,7 @@ class LambdaConsumerRuntime:
             consumer.status.start()
         if consumer.idempotency is not None:  # a missing table fails the cold start
             consumer.idempotency.ensure()
+        consumer.start_limits(consumer.resources)  # (a channel with limits: its gate)
         # the Fargate runtime's own, on the client that resolved the channel
         default, poller = consumer.mailboxes(consumer.resources, consumer.clients.client("sqs"))
         boxes = list(poller.by_level.values()) if poller is not None else [default]

@@ -1,5 +1,6 @@
 """What a consumer does to the messages of its queue: decode, delete in batches, extend, release,
-retry later and forward to the dead-letter queue. Every call retries transient errors within the
+retry later, hold back (sent again as a new message with a delay) and forward to the
+dead-letter queue. Every call retries transient errors within the
 retry budget; batch calls check their per-entry failures.
 """
 
@@ -26,6 +27,7 @@ from messenger.errors import (
 from messenger.message import (
     DEAD_LETTER_FAILURE_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
+    META_HEADERS_ATTRIBUTE,
     EncodedMessage,
     decode_dependencies,
     decode_envelope,
@@ -50,6 +52,41 @@ TRICKLE_DELETE_SECONDS = 0.2
 MAX_REASON_LENGTH = 1024
 #: The system attributes a delivery reads (`Delivery`, `Delivery.decode`); SQS sends only these.
 SYSTEM_ATTRIBUTES = ("ApproximateReceiveCount", "SentTimestamp", "MessageGroupId")
+
+
+#: Meta headers of a job held back by a limit and sent again as a new message (`Mailbox.hold`):
+#: the attempts its earlier copies used, how many times it was held back, and when its hold
+#: ends (epoch seconds; set when longer than SQS's largest DelaySeconds).
+ATTEMPTS_USED_HEADER = "messenger-attempts-used"
+HOLDS_HEADER = "messenger-holds"
+HELD_UNTIL_HEADER = "messenger-held-until"
+
+
+@dataclass(frozen=True)
+class HeldMarks:
+    """What a received message's meta headers say of its earlier holds (`held_marks`)."""
+
+    attempts_used: int = 0
+    holds: int = 0
+    held_until: float = 0.0
+
+
+_NO_MARKS = HeldMarks()
+
+
+def held_marks(raw: dict[str, Any]) -> HeldMarks:
+    """A received message's hold marks (none when it was never held back, or they are not
+    readable: a message of a producer that never held anything)."""
+    value = raw.get("MessageAttributes", {}).get(META_HEADERS_ATTRIBUTE, {}).get("StringValue")
+    if not value or HOLDS_HEADER not in value:  # (no JSON parsed for a plain message)
+        return _NO_MARKS
+    try:
+        headers = json.loads(value)
+        return HeldMarks(int(headers.get(ATTEMPTS_USED_HEADER, 0)),
+                         int(headers.get(HOLDS_HEADER, 0)),
+                         float(headers.get(HELD_UNTIL_HEADER, 0)))
+    except (ValueError, TypeError, AttributeError):
+        return _NO_MARKS
 
 
 class Stage(enum.Enum):
@@ -127,6 +164,8 @@ class Delivery:
     in_handler: bool = False
     #: Its lease ran out while held (the process stalled): reported once.
     lapsed: bool = False
+    #: Times it waited here and ran again after its handler's RateLimited (`OutcomePolicy`).
+    waits: int = 0
     #: Who cancelled it while it ran (`messenger.consume.controls`): its deadline is then now,
     #: and its timeout is dead-lettered as 'cancelled by <who>'.
     cancelled_by: str | None = None
@@ -158,6 +197,12 @@ class Delivery:
         self.receive_count = int(system.get("ApproximateReceiveCount", "1"))
         value = raw.get("MessageAttributes", {}).get("message_id", {}).get("StringValue")
         self.log_id = str(value or self.sqs_message_id)
+
+    @property
+    def attempt(self) -> int:
+        """The job's current attempt: SQS's receive count, plus the attempts its earlier copies
+        used when it was held back by a limit (a copy's receives start again at 1)."""
+        return self.receive_count + held_marks(self.raw).attempts_used
 
     @property
     def level(self) -> str | None:
@@ -332,6 +377,40 @@ class Mailbox:
 
     def delete_batch(self, deliveries: Sequence[Delivery]) -> list[EntryError]:
         return self._batch("DeleteMessageBatch", "delete_message_batch", deliveries)
+
+    def hold(self, delivery: Delivery, seconds: int, marks: HeldMarks) -> None:
+        """Send a job held back by a limit again as a new message, visible after `seconds`
+        (at most 900: longer, its `held_until` mark holds it again), its meta headers carrying
+        `marks` (the attempts it used: SQS's receive count of the copy starts again at 1, so
+        holds never move it toward the DLQ). The caller deletes the delivery afterwards (send
+        first: a crash in between leaves two copies, never none). Body (an offload pointer
+        stays a pointer), attributes and a fair queue's tenant key travel unchanged. Standard
+        queues only: on a FIFO queue the copy would go behind the rest of its group."""
+        home = self._home(delivery)
+        attributes = sendable_attributes(delivery.raw.get("MessageAttributes", {}))
+        entry = attributes.get(META_HEADERS_ATTRIBUTE, {}).get("StringValue")
+        try:
+            headers = json.loads(entry) if entry else {}
+        except ValueError:
+            headers = {}
+        if not isinstance(headers, dict):
+            headers = {}
+        headers[ATTEMPTS_USED_HEADER] = str(marks.attempts_used)
+        headers[HOLDS_HEADER] = str(marks.holds)
+        if marks.held_until:
+            headers[HELD_UNTIL_HEADER] = f"{marks.held_until:.3f}"
+        else:
+            headers.pop(HELD_UNTIL_HEADER, None)
+        attributes[META_HEADERS_ATTRIBUTE] = {
+            "DataType": "String", "StringValue": json.dumps(headers, separators=(",", ":"))}
+        tenant = {"MessageGroupId": delivery.group_id} if delivery.group_id else {}
+        home._call(
+            "SendMessage (held back)",
+            lambda: home.sqs.send_message(
+                QueueUrl=home.queue_url, MessageBody=str(delivery.raw.get("Body", "")),
+                MessageAttributes=attributes, DelaySeconds=max(0, min(seconds, 900)), **tenant,
+            ),
+        )
 
     def dead_letter(self, delivery: Delivery, reason: str, note: str | None = None) -> None:
         """Forward to the DLQ with the reason (and `note`, the JSON of what failed, see

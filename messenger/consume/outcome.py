@@ -25,6 +25,12 @@ workers, leases, deletes, the batch response, watching deadlines); each calls
    processing timeout: done already → DUPLICATE; running elsewhere → visible again when that
    run's claim expires; the table unavailable past the retry budget → retried after the backoff
    delay (not the handler's failure, never a dead letter).
+3a. Limits (`messenger.consume.limits`, a channel with a rate limit): the gate waits for the
+   job's start time, or the job is held back (HELD: sent again as a new message with a delay,
+   the attempts it used carried in its meta headers, then deleted: no attempt used, never a
+   step toward the DLQ; on an ordered channel it waits in the consumer instead). A handler
+   raising `messenger.RateLimited(retry_after)` is held back the same way (a short wait runs it
+   again here), and pauses this process's jobs of the channel for `retry_after`.
 5. START hooks, the handler under its processing timeout (anything it raises is its failure,
    `SystemExit` and `KeyboardInterrupt` included), END hooks. A handler returning past its
    deadline timed out (TIMED_OUT: the runtime reports and forwards it, `report_timeout`,
@@ -52,9 +58,17 @@ from messenger.consume.decision import Action, Facts, Rules
 from messenger.consume.failures import HandlerFailure, failure_note
 from messenger.consume.host import RuntimeHost
 from messenger.consume.lifecycle import LifecycleHooks
-from messenger.consume.mailbox import Delivery, Mailbox, ReceivedMessage, Stage, unreadable_reason
+from messenger.consume.mailbox import (
+    Delivery,
+    HeldMarks,
+    Mailbox,
+    ReceivedMessage,
+    Stage,
+    held_marks,
+    unreadable_reason,
+)
 from messenger.consume.watchdog import ProcessingTimeout, run_interruptibly
-from messenger.errors import MessageDecodeError, PayloadMissing
+from messenger.errors import MessageDecodeError, PayloadMissing, RateLimited
 from messenger.jobs.fired import Cancelled, job_mark, received_job_mark
 from messenger.jobs.results import FinalOutcome
 from messenger.jobs.results import Outcome as FinalState
@@ -77,19 +91,23 @@ class Outcome(enum.Enum):
     TIMED_OUT = "timed_out"  # past its deadline, marked here: report and forward it
     TAKEN = "taken"  # another thread gave the verdict (the deadline watcher): nothing to do
     CANCELLED = "cancelled"  # its job was cancelled before any copy claimed it: delete it unrun
+    HELD = "held"  # held back by a limit: sent again with a delay as a new message: delete it
 
     @property
     def deletes(self) -> bool:
         """The runtime deletes the message (Fargate's delete batch, Lambda's response)."""
-        return self in (Outcome.COMPLETED, Outcome.DUPLICATE, Outcome.CANCELLED)
+        return self in (Outcome.COMPLETED, Outcome.DUPLICATE, Outcome.CANCELLED, Outcome.HELD)
 
     @property
     def finished(self) -> bool:
         """Gone from its queue for good (deleted or dead-lettered)."""
         return self in (Outcome.COMPLETED, Outcome.DUPLICATE, Outcome.CANCELLED,
-                        Outcome.DEAD_LETTERED)
+                        Outcome.DEAD_LETTERED, Outcome.HELD)
 
 
+#: Times a job waits in its consumer and runs again after its handler's RateLimited before it
+#: is held back in its queue instead.
+MAX_WAITS_HERE = 10
 #: Stops the consumer with an error (Fargate's `Runtime.fail`): a dead letter it cannot forward.
 StopConsumer = Callable[[BaseException], None]
 
@@ -129,8 +147,9 @@ class OutcomePolicy:
         """The decision's facts of a delivery (`decision.Facts`), now."""
         handed_out = delivery.handed_out_after
         held = time.monotonic() - (delivery.received_at if handed_out is None else handed_out)
-        return Facts(delivery.receive_count, delivery.raw.get("MessageAttributes", {}), held,
-                     delivery.cancelled_by)
+        until = held_marks(delivery.raw).held_until
+        return Facts(delivery.attempt, delivery.raw.get("MessageAttributes", {}), held,
+                     delivery.cancelled_by, until - time.time() if until else 0.0)
 
     # -- one message -------------------------------------------------------------------------
     def run(self, delivery: Delivery, budget: float, limit: float | None = None) -> Outcome:
@@ -144,6 +163,8 @@ class OutcomePolicy:
         first = decision.on_receive(self.facts(delivery), self.rules, self.clock())
         if first.action is Action.DEAD_LETTER:
             return self._unprocessable(delivery, first.reason)
+        if first.action is Action.HOLD:
+            return self._send_back(delivery, first.delay, first.reason)
         try:
             message = delivery.decode(self.store, budget, consumer.body_schema)
         except (MessageDecodeError, PayloadMissing) as bad:  # never readable: the DLQ at once
@@ -155,6 +176,9 @@ class OutcomePolicy:
             return self._failed(delivery, None, unreadable)
         delivery.message = message
         consumer.check_delay(message)
+        held = self._admit(delivery, message, limit)
+        if held is not None:
+            return held
         repeat = self._claim_job(delivery, message, limit)
         if repeat is not None:
             return repeat
@@ -197,6 +221,8 @@ class OutcomePolicy:
                          else ProcessingTimeout())
         if verdict is not None:
             return verdict
+        if isinstance(raised, RateLimited):
+            return self._rate_limited(delivery, raised, budget, limit)
         if raised is not None:
             return self._failed(delivery, message, raised)
         if unkept is not None:
@@ -476,6 +502,94 @@ class OutcomePolicy:
             error_type = ProcessingTimeout.__name__
         return FinalOutcome(delivery.log_id, self._channel, FinalState.DEAD_LETTERED,
                             time.time(), error_type=error_type, error=error, reason=reason)
+
+    # -- held back by a limit (messenger.consume.limits) -------------------------------------
+    def _admit(self, delivery: Delivery, message: ReceivedMessage, limit: float | None
+               ) -> Outcome | None:
+        """The limit gate (a channel with limits): None once the job may start (after a wait
+        here, not counted against its processing timeout), else HELD (or TAKEN)."""
+        gate = self.consumer.limits
+        if gate is None:
+            return None
+        self._set_deadline(delivery, limit)
+        try:
+            units = max(1, int(self.consumer.weight(message)))
+        except Exception as error:  # a weight that fails is 1: the job still runs
+            self.consumer.emit("weight_failed", delivery.log_id, fields={
+                "error": f"{type(error).__name__}: {error}"})
+            units = 1
+        marks = held_marks(delivery.raw)
+        delay = gate.admit(delivery.group_id, units,
+                           None if limit is None else limit - self.clock(),
+                           self.consumer.ordered, marks.holds)
+        if delay:
+            return self._send_back(delivery, delay, decision.LIMITED, marks)
+        if not self._set_deadline(delivery, decision.deadline(
+                time.monotonic(), self.consumer.processing_timeout, limit)):
+            return Outcome.TAKEN
+        return None
+
+    def _rate_limited(self, delivery: Delivery, error: RateLimited, budget: float,
+                      limit: float | None) -> Outcome:
+        """The handler said the upstream is saturated: not a failure (`decision.on_result`:
+        HOLD). The process's jobs of the channel pause for `retry_after`; this one waits here
+        and runs again when that is short (`decision.on_limited`), else is held back."""
+        gate = self.consumer.limits
+        if gate is not None:
+            gate.rate_limited(error.retry_after)
+        verdict = decision.on_result(self.facts(delivery), self.rules, error)
+        marks = held_marks(delivery.raw)
+        room = None if limit is None else limit - self.clock()
+        then = decision.on_limited(error.retry_after, room, self.consumer.ordered, marks.holds)
+        if then.action is Action.RUN and delivery.waits < MAX_WAITS_HERE:
+            if not self._set_deadline(delivery, limit):
+                return Outcome.TAKEN
+            self.consumer.emit("held", delivery.log_id, fields={
+                "reason": verdict.reason, "wait": error.retry_after, "in_consumer": True,
+                "receive_count": delivery.receive_count})
+            delivery.waits += 1
+            time.sleep(error.retry_after)
+            if not self._set_deadline(delivery, decision.deadline(
+                    time.monotonic(), self.consumer.processing_timeout, limit)):
+                return Outcome.TAKEN
+            return self.run(delivery, budget, limit)
+        delay = max(verdict.delay, then.delay) if then.action is Action.HOLD else verdict.delay
+        return self._send_back(delivery, delay, verdict.reason, marks)
+
+    def _send_back(self, delivery: Delivery, delay: int, reason: str,
+                   marks: HeldMarks | None = None) -> Outcome:
+        """Hold a job back for `delay` seconds without using an attempt: sent again as a new
+        message carrying the attempts it used (`Mailbox.hold`), its own claim of its job id
+        given back, then deleted (HELD). An ordered channel's job (a copy would go behind its
+        group), or one whose send failed, is visible again after the delay instead (RETRY:
+        SQS counts that receive)."""
+        marks = marks or held_marks(delivery.raw)
+        fields: dict[str, Any] = {"reason": reason, "delay": delay,
+                                  "receive_count": delivery.receive_count,
+                                  "attempt": delivery.attempt, "holds": marks.holds + 1}
+        if not self.consumer.ordered:
+            until = time.time() + delay if delay > decision.MAX_HOLD_DELAY_SECONDS else 0.0
+            try:
+                self._mailbox(delivery).hold(delivery, delay, HeldMarks(
+                    delivery.attempt - 1, marks.holds + 1, until))
+            except Exception as error:
+                fields["error"] = f"{type(error).__name__}: {error}"
+            else:
+                if not delivery.claim(Stage.RUNNING, self.done_stage):
+                    return Outcome.TAKEN  # (a duplicate at worst: the copy is sent)
+                self._release_firing(delivery)
+                self.consumer.emit("held", delivery.log_id, fields=fields)
+                return Outcome.HELD
+        if not delivery.claim(Stage.RUNNING, Stage.DONE):
+            return Outcome.TAKEN
+        fields["counted"] = True  # this receive counts toward max_receives
+        try:
+            self._mailbox(delivery).retry_later(
+                delivery, min(delay, decision.MAX_HOLD_DELAY_SECONDS))
+            self.consumer.emit("held", delivery.log_id, fields=fields)
+        except Exception as failed:  # its lease runs out instead: redelivered a bit later
+            self.consumer.emit("retry_failed", delivery.log_id, fields={"error": str(failed)})
+        return Outcome.RETRY
 
     def _release_firing(self, delivery: Delivery) -> None:
         """A dead-lettered copy of a job that carries an id gives its claim back (only its

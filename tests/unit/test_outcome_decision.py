@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from messenger import Unrecoverable
+from messenger import RateLimited, Unrecoverable
 from messenger.consume import decision
 from messenger.consume.decision import Action, Facts, Rules, Verdict
 from messenger.consume.failures import MAX_RETRY_DELAY_SECONDS, RetryPolicy
@@ -158,6 +158,26 @@ TABLE: dict[str, Row] = {
         lambda: decision.on_result(facts(1), RULES, Unrecoverable("y" * 5000)),
         Verdict(Action.DEAD_LETTER, "unrecoverable: Unrecoverable: " + "y" * 1024,
                 final=True)),
+    # -- held back by a limit or the handler's RateLimited (on_result, on_limited) --
+    "RateLimited: held back for its retry_after, not a failure": (
+        lambda: decision.on_result(facts(5), RULES, RateLimited(2.5)),
+        Verdict(Action.HOLD, "rate_limited", delay=3)),
+    "a held job that arrives before its hold ends is held again": (
+        lambda: decision.on_receive(Facts(1, {}, hold_left=1200.2), RULES, now=10.0),
+        Verdict(Action.HOLD, "rate_limited", delay=1201)),
+    "a short wait: in the consumer": (
+        lambda: decision.on_limited(0.8, None, ordered=False), decision.RUN),
+    "a longer wait: back in its queue after the wait and a spread": (
+        lambda: decision.on_limited(4.2, None, ordered=False, holds=3, draw=top),
+        Verdict(Action.HOLD, "limited", delay=13)),
+    "an ordered channel's job waits in the consumer (a copy would go behind its group)": (
+        lambda: decision.on_limited(300.0, None, ordered=True), decision.RUN),
+    "lambda: never past the invocation's time left": (
+        lambda: decision.on_limited(0.5, 0.4, ordered=True, draw=bottom),
+        Verdict(Action.HOLD, "limited", delay=1)),
+    "the spread is capped": (
+        lambda: decision.on_limited(2.0, None, ordered=False, holds=40, draw=top),
+        Verdict(Action.HOLD, "limited", delay=122)),
     # -- the deadline (on_deadline, deadline) --
     "not due yet: run on": (
         lambda: decision.on_deadline(facts(1), RULES, due=160.0, limit=None, now=159.9),
