@@ -56,6 +56,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -99,6 +100,9 @@ from messenger.message import DEPENDENCIES_HEADER, META_HEADERS_ATTRIBUTE
 from messenger.settings import Settings
 
 logger = logging.getLogger("messenger.workflows")
+
+#: Registrations (`ResultStore.add_waiter`) a producer makes at once for one group.
+REGISTER_THREADS = 8
 
 
 class Workflows:
@@ -199,10 +203,18 @@ class Workflows:
             if error_code(error) != "ConditionalCheckFailedException":
                 raise
             return False
-        for dep in deps:
+
+        def register(dep: str) -> None:
             outcome = self.results.add_waiter(dep, item_id, retention_seconds)
-            if outcome is not None:
+            if outcome is not None:  # final already: nothing will call us for it
                 self._count(item_id, outcome)
+
+        if len(deps) > 1:  # one UpdateItem each: a group's members a few at a time
+            with ThreadPoolExecutor(min(REGISTER_THREADS, len(deps))) as pool:
+                list(pool.map(register, deps))
+        else:
+            for dep in deps:
+                register(dep)
         if not deps:
             self._act(self.read(item_id))
         return True
@@ -216,13 +228,30 @@ class Workflows:
     def advance(self, outcome: FinalOutcome, waiters: Iterable[str]) -> None:
         """Count `outcome` for each waiter (ids from `ResultStore.finish`/`add_waiter`): one
         conditional UpdateItem each, then the release or cancel it makes due. Raises what the
-        table raises past the retry budget (the caller retries: counting again is harmless)."""
+        table raises past the retry budget, once every waiter was tried (the caller retries,
+        or the sweeper applies it: counting again is harmless)."""
+        failure: Exception | None = None
         for waiter in sorted(set(waiters)):
-            if waiter.startswith((JOB, GROUP)):
-                self._count(waiter, outcome)
-            else:
+            if not waiter.startswith((JOB, GROUP)):
                 logger.warning("job %s: waiter %r is not a workflow item; ignored",
                                outcome.job_id, waiter)
+                continue
+            try:
+                self._count(waiter, outcome)
+            except Exception as error:  # the other waiters still advance
+                failure = failure or error
+        if failure is not None:
+            raise failure
+
+    def cancel(self, job_id: str, by: str) -> bool:
+        """Cancel a held job (an operator's): it is never sent, its outcome is CANCELLED
+        ('cancelled by <by>') and what waits on it advances. False when it is not held
+        (released, settled already, or never held)."""
+        reason = f"cancelled by {by}"
+        if self._move(JOB + job_id, State.CANCELLED, "cancelling", reason=reason) is None:
+            return False
+        self._settle_closed(JOB + job_id, Outcome.CANCELLED, reason)
+        return True
 
     def settle(self, outcome: FinalOutcome, retention_seconds: int) -> None:
         """Record a final outcome reached outside a consumer (an operator's DLQ delete, a

@@ -253,3 +253,17 @@ def test_the_barrier_costs_one_write_per_member(stores, clients, settings):
     assert len(writes) == 52 and set(requests) == {"UpdateItem"}
     [message] = received(clients, url, wait=1)
     assert len(message.dependencies) == 50
+
+
+def test_an_operator_cancels_a_held_job_and_its_dependents_advance(stores, clients):
+    flows, url = stores
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "run", RETENTION)
+    flows.hold(JOB + "k", "k", "work", held_send(url, "k"), ["j"], "run", RETENTION)
+    assert flows.cancel("j", "dave") and not flows.cancel("j", "dave")
+    assert not flows.cancel("unknown", "dave")
+    assert flows.results.get("j").reason == "cancelled by dave"
+    # Then j never goes out, even when a completes; k runs with j's cancel
+    flows.settle(done("a", 1), RETENTION)
+    [message] = received(clients, url, wait=1)
+    assert message.message_id == "k" and message.dependencies["j"].outcome == "cancelled"
+    assert flows.dependencies_of("j").state is State.CANCELLED
