@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from messenger import Consumer, JobFailed, Producer, ReceivedMessage, Unrecoverable
 from messenger.errors import InvalidMessage, InvalidSettings
@@ -256,3 +257,42 @@ def test_the_lambda_runtime_advances_a_dependent(settings, clients, tmp_path):
     ran = consumer.run_of(waiting)
     assert ran is not None and ran.dependencies == {first: {"doubled": 16}}
     assert producer.result(waiting, timeout=0) == [first]
+
+
+class Order(BaseModel):
+    n: int
+
+
+class TypedSteps(Consumer):
+    """A channel whose bodies must be an Order: any other is poison (dead-lettered unread)."""
+
+    channel = "typed_steps"
+    track_status = True
+    keep_results = True
+    model = Order
+
+    def handler(self, message: ReceivedMessage) -> Any:
+        return {"doubled": 2 * message.body.n}
+
+
+@pytest.mark.timeout(180)
+def test_a_poison_member_advances_its_group_and_a_dependent(settings, clients, running):
+    # Given a channel that reads Orders, and the callback's channel
+    typed, steps = start(running, TypedSteps), start(running)
+    members = producer_of(settings, clients, TypedSteps.channel)
+    reports = producer_of(settings, clients, Steps.channel)
+    # When a group's first member is not an Order (sent past the model: a bare producer)
+    group = members.group([{"n": "not a number"}, {"n": 2}], then={"report": 1},
+                          then_to=reports)
+    member = group.member_ids[0]
+    waiting = reports.push({"report": 1}, depends_on=[member], on_dependency_failure="run")
+    # Then the callback and the dependent run on their channel with its failure
+    for job in (group.then_id, waiting):
+        ran = wait_until(lambda job=job: steps.consumer.run_of(job), WAIT)
+        failure = ran.dependencies[member]
+        assert isinstance(failure, JobFailed) and failure.outcome == "dead_lettered"
+        assert "invalid" in failure.reason
+    assert wait_until(lambda: steps.consumer.run_of(group.then_id)).dependencies[
+        group.member_ids[1]] == {"doubled": 4}
+    typed.stop()
+    steps.stop()
