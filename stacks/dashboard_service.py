@@ -63,6 +63,7 @@ from messenger.channel import (
     workers_table_name,
 )
 from stacks.bundle import IGNORE_CODE, REPO_ROOT, staging_root
+from stacks.flow_control import grant_limits_operate
 from stacks.foundation import Foundation, log_access
 from stacks.nag import acknowledge, acknowledge_wildcard_resource
 from stacks.ownership import any_name, ownership_condition, ownership_reason
@@ -461,6 +462,9 @@ class DashboardService(Construct):
         # final action (a dead letter deleted, a scheduled job cancelled) settles the job and
         # advances what waits on it (jobs.workflows.Workflows.settle).
         foundation.grant_workflows(role)
+        # Each channel page's limits, and an operator's change of them (jobs.limits.LimitStore):
+        # every item read, limits records only written.
+        grant_limits_operate(role, self.namespace, foundation.key)
         policy = role.node.try_find_child("DefaultPolicy")
         assert policy is not None
         acknowledge(policy, "AwsSolutions-IAM5[Resource::*]",

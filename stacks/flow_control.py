@@ -85,12 +85,12 @@ class _Total:
         return "" if total is None else str(total)
 
 
-#: What a consumer does on its channel's items: read the limits, take tokens and hold leases
-#: (conditional UpdateItem, PutItem), let a lease go (DeleteItem).
-LIMITS_CONSUMER_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
-                           "dynamodb:DeleteItem")
-#: What an operator writes: a channel's limits record (`LimitStore.set`).
-LIMITS_OPERATOR_WRITES = ("dynamodb:PutItem", "dynamodb:UpdateItem")
+#: What a consumer does on its channel's items (`messenger.jobs.limits`): read the limits
+#: (GetItem), reserve rate units, hold and renew its share of the lease, report (conditional
+#: UpdateItems).
+LIMITS_CONSUMER_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem")
+#: What an operator writes: a channel's limits record (`LimitStore.set`: one UpdateItem).
+LIMITS_OPERATOR_WRITES = ("dynamodb:UpdateItem",)
 #: The key of a channel's run-time limits record, `limits#<channel>`.
 LIMITS_RECORD_PREFIX = "limits#"
 
@@ -129,10 +129,11 @@ def grant_limits_operate(grantee: iam.IGrantable, namespace: str, key: kms.IKey)
     table = limits_table_arn(namespace)
     principal = grantee.grant_principal
     principal.add_to_principal_policy(iam.PolicyStatement(
+        sid="ReadFlowControl",
         actions=["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:BatchGetItem"],
         resources=[table]))
     principal.add_to_principal_policy(iam.PolicyStatement(
-        actions=list(LIMITS_OPERATOR_WRITES), resources=[table],
+        sid="SetChannelLimits", actions=list(LIMITS_OPERATOR_WRITES), resources=[table],
         conditions={"ForAllValues:StringLike": {
             "dynamodb:LeadingKeys": [f"{LIMITS_RECORD_PREFIX}*"]}}))
     key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")

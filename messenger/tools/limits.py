@@ -20,11 +20,10 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from messenger.aws import ClientFactory
 from messenger.errors import InvalidSettings
 from messenger.jobs.limits import LIMIT_FIELDS, UNLIMITED, LimitStore, LimitsView, check_limit
+from messenger.operations.flow import channel_limits
 from messenger.operations.queues import channel_queues
-from messenger.settings import Settings
 from messenger.tools.controls import default_actor
 from messenger.tools.runtime import CommandRuntime
 
@@ -117,13 +116,6 @@ def view_lines(view: LimitsView) -> list[str]:
     return lines
 
 
-def channel_of(clients: ClientFactory, settings: Settings, name: str) -> str:
-    """The channel `name` is (its own name; a priority level's or a queue's name gives its
-    channel's, which its limits are kept under), from the queues' tags; ChannelNotFound when
-    no queue of the namespace is tagged with it (a typo must not set limits nobody reads)."""
-    return channel_queues(clients, settings, name)[0].channel
-
-
 def run_cli(args: argparse.Namespace) -> int:
     changes: dict[str, str] = {}
     cleared: tuple[str, ...] = ()
@@ -132,13 +124,16 @@ def run_cli(args: argparse.Namespace) -> int:
             {"rate_limit": args.rate, "tenant_rate_limit": args.tenant_rate,
              "max_concurrency": args.max_concurrency}, args.clear)
     runtime = CommandRuntime.from_env()
-    channel = channel_of(runtime.clients, runtime.settings, args.channel)
-    store = LimitStore(runtime.clients, runtime.settings)
-    store.ensure()
+    clients, settings = runtime.clients, runtime.settings
+    # The channel from its queues' tags (a level's name gives its channel): a typo is
+    # ChannelNotFound, never limits nobody reads
+    channel = channel_queues(clients, settings, args.channel)[0].channel
     if args.limits_command == "set":
-        view = store.set(channel, by=args.actor or default_actor(), clear=cleared, **changes)
-    else:
-        view = store.show(channel)
+        store = LimitStore(clients, settings)
+        store.ensure()
+        store.set(channel, by=args.actor or default_actor(), clear=cleared, **changes)
+    view = channel_limits(clients, settings, channel)
+    assert view is not None  # its queues were just found
     if args.json:
         print(json.dumps(view_json(view), sort_keys=True))
     else:

@@ -10,7 +10,10 @@ Per channel queue: visible, in flight, delayed, DLQ depth, age of the oldest mes
 unit), messages/min in and out, consumer processes registered and alive (`messenger workers`),
 and whether consumers received in the last 5 minutes ('-' when CloudWatch has no datapoint),
 critical channels marked '!'. A priority level's row names its level ('jobs/high'); a paused
-channel's row says '(paused)', and a line under the table names who paused it and when. Fits an
+channel's row says '(paused)', and a line under the table names who paused it and when. Under it,
+the channels with a flow-control limit (docs/flow-control.md): each limit ('*' when set at run
+time, else declared), the jobs started per second and the jobs waiting on a limit, as the
+consumers last reported them (`messenger limits show CHANNEL` for one in full). Fits an
 80-column terminal; not on a terminal (a pipe, a file) the table has its own full width unless
 COLUMNS is set: no name is folded or cut, each row is one line for `grep` and scripts.
 """
@@ -30,6 +33,8 @@ from typing import Any
 
 from messenger.aws import ClientFactory
 from messenger.errors import InvalidSettings
+from messenger.jobs.limits import LIMIT_FIELDS, LimitsView
+from messenger.operations.flow import namespace_limits
 from messenger.operations.snapshot import ChannelRow, channel_dlq_rows, requeue_rows, snapshot
 from messenger.settings import Settings
 from messenger.tools.format import duration_text
@@ -79,6 +84,42 @@ def render(rows: list[ChannelRow], namespace: str) -> Any:
     if paused:
         table.caption += "".join(f"\n{channel}: {text}" for channel, text in paused.items())
     return table
+
+
+def render_limits(views: list[LimitsView]) -> Any:
+    """A rich Table of the channels with a limit: each limit (marked '*' when set at run time),
+    jobs started per second and jobs waiting on a limit ('-': no consumer reported lately)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title="flow control", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table.add_column("channel", overflow="fold", min_width=10)
+    for column in ("rate", "tenant", "conc", "now/s", "wait"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for view in views:
+        values = view.limits.as_text()
+        limits = [(values[name] or "-") + ("*" if view.source(name) == "set" else "")
+                  for name in LIMIT_FIELDS]
+        report = view.report
+        table.add_row(view.channel, *limits,
+                      f"{report.rate:.1f}" if report.processes else "-",
+                      str(report.waiting) if report.processes else "-")
+    table.caption = "* set at run time (messenger limits)  now/s: jobs started  wait: held back"
+    return table
+
+
+def render_all(rows: list[ChannelRow], views: list[LimitsView], namespace: str) -> Any:
+    """The channels' table and, when a channel has a limit, the flow-control table under it."""
+    if not views:
+        return render(rows, namespace)
+    from rich.console import Group
+
+    return Group(render(rows, namespace), render_limits(views))
+
+
+def _view(clients: ClientFactory, settings: Settings) -> Any:
+    return render_all(snapshot(clients, settings), namespace_limits(clients, settings),
+                      settings.namespace)
 
 
 #: Widest table printed when standard output is not a terminal (no name is that long).
@@ -153,16 +194,14 @@ def run_cli(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(row) for row in snapshot(clients, settings)], indent=2))
         return 0
     if args.once:
-        console.print(fit_width(console, render(snapshot(clients, settings),
-                                                settings.namespace)))
+        console.print(fit_width(console, _view(clients, settings)))
         return 0
-    with Live(fit_width(console, render(snapshot(clients, settings), settings.namespace)),
-              console=console, refresh_per_second=1) as live:
+    with Live(fit_width(console, _view(clients, settings)), console=console,
+              refresh_per_second=1) as live:
         try:
             while True:
                 time.sleep(args.interval)
-                live.update(fit_width(console, render(snapshot(clients, settings),
-                                                      settings.namespace)))
+                live.update(fit_width(console, _view(clients, settings)))
         except KeyboardInterrupt:
             return 0
 

@@ -279,6 +279,21 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     assert "arn:aws:sqs:*" not in text
 
 
+def test_operators_read_flow_control_and_write_only_channels_limits_records(
+        synthesized: Synthesized) -> None:
+    # The channel page's limits (LimitStore.show) and an operator's change (LimitStore.set:
+    # one UpdateItem of 'limits#<channel>'), never a rate limiter, lease or report
+    by_sid = {s.get("Sid"): s for s in _statements(synthesized, "dcog") if s.get("Sid")}
+    table = "table/dcog-messenger-limits"
+    assert sorted(_actions(by_sid["ReadFlowControl"])) == [
+        "dynamodb:BatchGetItem", "dynamodb:DescribeTable", "dynamodb:GetItem"]
+    assert json.dumps(by_sid["ReadFlowControl"]["Resource"]).endswith(f'{table}"]]}}')
+    assert _actions(by_sid["SetChannelLimits"]) == ["dynamodb:UpdateItem"]
+    assert json.dumps(by_sid["SetChannelLimits"]["Resource"]).endswith(f'{table}"]]}}')
+    assert by_sid["SetChannelLimits"]["Condition"] == {"ForAllValues:StringLike": {
+        "dynamodb:LeadingKeys": ["limits#*"]}}
+
+
 def test_the_grants_name_the_pause_records_partition_the_library_writes() -> None:
     assert PAUSE_RECORDS_PARTITION == PAUSE_PARTITION
     assert DASHBOARD_TAG_PAUSED == TAG_PAUSED == OPS_PAUSE_TAG

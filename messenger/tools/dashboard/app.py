@@ -36,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from messenger.aws import ClientFactory, error_code
+from messenger.aws import ClientFactory
 from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSettings, MessengerError
 from messenger.jobs.controls import CancelRequests
 from messenger.jobs.limits import LIMIT_FIELDS, LimitStore, LimitsView, check_limit
@@ -45,6 +45,7 @@ from messenger.jobs.status import StatusStore, running_channel
 from messenger.jobs.workers import list_workers
 from messenger.operations.audit import DEFAULT_DAYS, RETENTION_DAYS, AuditEntry, AuditTrail
 from messenger.operations.deadletters import DeadLetterListing, DeadLetterWorkbench, read_channels
+from messenger.operations.flow import channel_limits
 from messenger.operations.history import WINDOWS, channel_history
 from messenger.operations.pause import pause, paused_channels, resume
 from messenger.operations.progress import describe_progress
@@ -555,7 +556,9 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         def change() -> tuple[str, dict[str, Any], str, str]:
             store = LimitStore(dashboard.clients, dashboard.settings)
             store.ensure()  # locally (auto) made on first use; deployed, the stack's
-            view = store.set(channel, by=user.name, clear=cleared, **changes)
+            store.set(channel, by=user.name, clear=cleared, **changes)
+            view = _limits(dashboard, channel)
+            assert view is not None  # its queues were just found
             now = view.limits.as_text()
             return ("control.html", dict(channel=name, kind="limits", limits=view,
                                          limit_fields=LIMIT_FIELDS), "done",
@@ -687,20 +690,8 @@ def _paused(dashboard: Dashboard) -> dict[str, str]:
 
 def _limits(dashboard: Dashboard, name: str) -> LimitsView | None:
     """The channel's limits, where each comes from, its consumers' current rate and jobs
-    waiting (`LimitStore.show`); before any limit table exists, its declaration alone. None
-    for a name no queue is tagged with (the page says so elsewhere)."""
-    try:
-        channel = channel_queues(dashboard.clients, dashboard.settings, name)[0].channel
-    except ChannelNotFound:
-        return None
-    store = LimitStore(dashboard.clients, dashboard.settings)
-    try:
-        return store.show(channel)
-    except ClientError as error:
-        if error_code(error) != "ResourceNotFoundException":
-            raise
-        declared = store.declared(channel)
-        return LimitsView(channel, declared, declared)
+    waiting; None for a name no queue is tagged with (the page says so elsewhere)."""
+    return channel_limits(dashboard.clients, dashboard.settings, name)
 
 
 def _check_action(request: Request, form: FormData, dashboard: Dashboard) -> str:

@@ -1,0 +1,69 @@
+"""Channels' flow-control limits as operators see them: what holds now (set at run time, else
+declared), the consumers' current rate and the jobs waiting on a limit (`messenger top`, the
+dashboard's channel page, `messenger limits`).
+
+    channel_limits(clients, settings, "orders")   # LimitsView, None: no such channel
+    namespace_limits(clients, settings)           # every channel with a limit, by name
+
+A channel is resolved from its queues' tags (`messenger.operations.queues`): a priority level's
+name gives its channel, whose limits hold for every level, and its declaration is read from the
+tags of its queues (`ChannelLimits.of_tags`), a prioritized channel's levels included. Before
+the limits table exists (no consumer or operator used it yet in this namespace) a channel's
+limits are its declaration, and no consumer reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from botocore.exceptions import ClientError
+
+from messenger.aws import ClientFactory, error_code
+from messenger.errors import ChannelNotFound
+from messenger.jobs.limits import LIMIT_FIELDS, ChannelLimits, LimitStore, LimitsView
+from messenger.operations.queues import ChannelQueue, channel_queues
+from messenger.ops.inventory import list_platform_resources
+from messenger.settings import Settings
+
+
+def _declarations(clients: ClientFactory, settings: Settings) -> dict[str, ChannelLimits]:
+    """Each channel's declaration from its queues' tags (one tag query)."""
+    found: dict[str, ChannelLimits] = {}
+    for resource in list_platform_resources(clients, settings.namespace, roles=("queue",)):
+        found.setdefault(ChannelQueue.from_resource(resource).channel,
+                         ChannelLimits.of_tags(resource.tags))
+    return found
+
+
+def _show(store: LimitStore, channel: str, declared: ChannelLimits) -> LimitsView:
+    """The channel's view with `declared` as its declaration: what an operator set holds, the
+    declaration elsewhere."""
+    try:
+        view = store.show(channel)
+    except ClientError as error:
+        if error_code(error) != "ResourceNotFoundException":
+            raise
+        return LimitsView(channel, declared, declared)
+    holding = {name: getattr(view.limits if name in view.overrides else declared, name)
+               for name in LIMIT_FIELDS}
+    return dataclasses.replace(view, limits=ChannelLimits(**holding), declared=declared)
+
+
+def channel_limits(clients: ClientFactory, settings: Settings, name: str) -> LimitsView | None:
+    """The limits of the channel `name` names (a level's or a queue's name gives its channel);
+    None when no queue of the namespace is tagged with it."""
+    try:
+        channel = channel_queues(clients, settings, name)[0].channel
+    except ChannelNotFound:
+        return None
+    declared = _declarations(clients, settings).get(channel, ChannelLimits())
+    return _show(LimitStore(clients, settings), channel, declared)
+
+
+def namespace_limits(clients: ClientFactory, settings: Settings) -> list[LimitsView]:
+    """Every channel of the namespace that has a limit now (declared or set at run time), by
+    name: one tag query, then each channel's limits and reports."""
+    store = LimitStore(clients, settings)
+    views = [_show(store, channel, declared)
+             for channel, declared in sorted(_declarations(clients, settings).items())]
+    return [view for view in views if view.limits.limited]
