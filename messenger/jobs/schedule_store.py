@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -375,6 +376,9 @@ class ScheduleStore:
         first = fired.cancel(self.clients, self.settings, job.job_id, channels, by, due)
         if first is not None:
             raise TooLate(job.job_id, first[1].claimed_at, first[1].sqs_message_id, first[0])
+        # Final now (it will not run): what waits on it advances. Before the schedule goes, so
+        # that a failure here is finished by cancelling again.
+        self._settle_cancelled(job, channel, by)
         try:
             self.scheduler.delete_schedule(Name=job.name, GroupName=self.group)
         except ClientError as error:
@@ -388,12 +392,19 @@ class ScheduleStore:
         """The consumer channels a job's schedule sends to, whose claims a cancel takes: its
         queue's channel, or the channel of every queue subscribed to its topic (read from
         their `messenger:channel` tags; a priority level's queue: its channel's)."""
+        # in the subscriptions' order, once each
+        return tuple(dict.fromkeys(self._queue_channel(url)
+                                   for url in self._destination_queues(job)))
+
+    def _destination_queues(self, job: ScheduledJob) -> tuple[str, ...]:
+        """The URLs of the queues a job's schedule sends to: its queue, or every queue
+        subscribed to its topic (a subscription of a deleted queue receives nothing)."""
         from messenger.provision import QUEUE_MISSING_CODES
 
         if not job.destination.startswith("arn:"):
-            return (self._queue_channel(job.destination),)
+            return (job.destination,)
         sns, sqs = self.clients.client("sns"), self.clients.client("sqs")
-        channels: dict[str, None] = {}  # in the subscriptions' order, once each
+        urls: dict[str, None] = {}  # (the class's `list` hides the builtin here)
         for page in sns.get_paginator("list_subscriptions_by_topic").paginate(
                 TopicArn=job.destination):
             for subscription in page.get("Subscriptions", []):
@@ -406,9 +417,32 @@ class ScheduleStore:
                 except ClientError as error:
                     if error_code(error) not in QUEUE_MISSING_CODES:
                         raise
-                    continue  # a subscription of a deleted queue: nothing receives it
-                channels[self._queue_channel(str(url))] = None
-        return tuple(channels)
+                    continue
+                urls[str(url)] = None
+        return tuple(urls)
+
+    def _settle_cancelled(self, job: ScheduledJob, channel: str | None, by: str) -> None:
+        """The job's final outcome CANCELLED, with what waits on it advanced
+        (`Workflows.settle`), when a queue it goes to keeps results (its channel's
+        `messenger:keep-results` tag; the outcome kept as long as that queue's retention)."""
+        from messenger.channel import declared_keep_results
+        from messenger.jobs.results import FinalOutcome, Outcome
+        from messenger.jobs.workflows import Workflows
+
+        sqs = self.clients.client("sqs")
+        for url in self._destination_queues(job):
+            tags = sqs.list_queue_tags(QueueUrl=url).get("Tags", {})
+            if declared_keep_results(tags):
+                break
+        else:
+            return
+        retention = int(sqs.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["MessageRetentionPeriod"]).get(
+            "Attributes", {}).get("MessageRetentionPeriod", SQS_MAX_RETENTION_SECONDS))
+        due = f" before it was due ({job.due:%Y-%m-%d %H:%M:%S} UTC)" if job.due else ""
+        outcome = FinalOutcome(job.job_id, channel or self._queue_channel(url),
+                               Outcome.CANCELLED, time.time(), reason=f"cancelled by {by}{due}")
+        Workflows(self.clients, self.settings).settle(outcome, retention)
 
     def _queue_channel(self, url: str) -> str:
         """The consumer channel of a queue: its tags', else its name without the namespace

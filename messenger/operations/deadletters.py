@@ -54,7 +54,12 @@ from functools import partial
 from typing import Any, TypeVar
 
 from messenger.aws import ClientFactory, call_with_budget
-from messenger.channel import FIFO_SUFFIX, MAX_BATCH_ENTRIES, ROUTING_KEY_ATTRIBUTE
+from messenger.channel import (
+    FIFO_SUFFIX,
+    MAX_BATCH_ENTRIES,
+    ROUTING_KEY_ATTRIBUTE,
+    SQS_MAX_RETENTION_SECONDS,
+)
 from messenger.errors import (
     ChannelNotFound,
     DeadLetterNotFound,
@@ -62,7 +67,9 @@ from messenger.errors import (
     MessageDecodeError,
     MessengerError,
 )
+from messenger.jobs.results import FinalOutcome, Outcome
 from messenger.jobs.status import StatusEvent, StatusRecord, StatusStore
+from messenger.jobs.workflows import Workflows
 from messenger.message import (
     DEAD_LETTER_FAILURE_ATTRIBUTE,
     DEAD_LETTER_REASON_ATTRIBUTE,
@@ -236,6 +243,9 @@ class _Source:
     dlq: QueueRef
     queue: str  # physical name of the queue whose redrive names this DLQ
     destination: str  # the name of that queue's channel spec ('jobs-high'): where a requeue goes
+    channel: str = ""  # the channel as its users name it ('jobs' for every level)
+    keeps_results: bool = False  # its jobs' final outcomes are kept (`keep_results`)
+    retention: int = SQS_MAX_RETENTION_SECONDS  # the queue's, as long as an outcome is kept
 
     @property
     def ordered(self) -> bool:
@@ -302,11 +312,15 @@ class DeadLetterWorkbench:
         for queue in channel_queues(self.clients, self.settings, channel):
             url = self.sqs.get_queue_url(QueueName=queue.queue)["QueueUrl"]
             attributes = self.sqs.get_queue_attributes(
-                QueueUrl=url, AttributeNames=["RedrivePolicy"]).get("Attributes", {})
+                QueueUrl=url, AttributeNames=["RedrivePolicy", "MessageRetentionPeriod"]).get(
+                "Attributes", {})
             name = dead_letter_queue(attributes)
             dlq = self.provisioner.find_queue(name) if name else None
             if dlq is not None:
-                sources.append(_Source(dlq, queue.queue, queue.queue_channel))
+                retention = int(attributes.get("MessageRetentionPeriod")
+                                or SQS_MAX_RETENTION_SECONDS)
+                sources.append(_Source(dlq, queue.queue, queue.queue_channel, queue.channel,
+                                       queue.keeps_results, retention))
         return sources
 
     @property
@@ -366,6 +380,7 @@ class DeadLetterWorkbench:
             nonlocal deleted
             for start in range(0, len(messages), MAX_BATCH_ENTRIES):
                 chunk = messages[start : start + MAX_BATCH_ENTRIES]
+                self._settle_deleted(chunk, source)
                 response = self._batch(
                     "delete_message_batch", source.dlq,
                     [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
@@ -386,6 +401,25 @@ class DeadLetterWorkbench:
 
         self._find(list(letter_ids), act=remove)
         return deleted
+
+    def _settle_deleted(self, messages: Received, source: _Source) -> None:
+        """On a channel that keeps results: each letter's final outcome DELETED (its error and
+        dead-letter reason kept), and what waits on it advanced (`Workflows.settle`), BEFORE it
+        leaves the DLQ, as a consumer writes an outcome before its delete: a failure here
+        deletes nothing (delete again), and no crash leaves a waiter on a letter gone. A letter
+        SQS then refuses to delete stays in the DLQ, final all the same; requeued and run, its
+        new outcome is recorded late (`jobs.workflows`)."""
+        if not source.keeps_results or not messages:
+            return
+        workflows = Workflows(self.clients, self.settings)
+        by = self.actor or "an operator"
+        for message in messages:
+            letter = DeadLetter.parse(message, source.dlq.name)
+            workflows.settle(FinalOutcome(
+                letter.id, source.channel or source.destination, Outcome.DELETED, time.time(),
+                error_type=letter.error_type, error=letter.error_message,
+                reason=f"deleted from its DLQ by {by} (dead-lettered: {letter.reason})"),
+                source.retention)
 
     def _record_deleted(self, messages: Received, source: _Source) -> None:
         """DELETED (with who did it) on each deleted letter's timeline, when status is kept."""

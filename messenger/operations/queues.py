@@ -25,6 +25,7 @@ from messenger.channel import (
     FIFO_SUFFIX,
     TAG_PRIORITY_CHANNEL,
     TAG_PRIORITY_LEVEL,
+    declared_keep_results,
     physical_name,
 )
 from messenger.errors import ChannelNotFound
@@ -50,6 +51,8 @@ class ChannelQueue:
     critical: bool = False
     #: Who paused the channel's consumers, and when (`messenger pause`; None: not paused).
     paused: PauseMark | None = None
+    #: The channel keeps its jobs' results and final outcomes (its `keep_results` tag).
+    keeps_results: bool = False
 
     @classmethod
     def from_resource(cls, resource: PlatformResource) -> ChannelQueue:
@@ -62,6 +65,7 @@ class ChannelQueue:
             level=resource.tags.get(TAG_PRIORITY_LEVEL) or None,
             critical=resource.channel_tags.critical,
             paused=PauseMark.parse(resource.tags.get(TAG_PAUSED)),
+            keeps_results=declared_keep_results(resource.tags) is True,
         )
 
     @property

@@ -45,6 +45,10 @@ class QueueAlarmReport:
     #: mapping re-enabled), and what it could not (`messenger.ops.pauses`): one line each.
     pauses_reapplied: tuple[str, ...] = ()
     pause_errors: tuple[str, ...] = ()
+    #: What the run's workflow sweep did (`messenger.ops.workflow_sweep`: counts by name), and
+    #: its error ('' when none).
+    workflows_swept: tuple[tuple[str, int], ...] = ()
+    workflow_error: str = ""
 
     @property
     def critical(self) -> tuple[QueueProblem, ...]:

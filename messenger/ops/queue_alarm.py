@@ -42,6 +42,7 @@ from messenger.ops.report import (
     short_of_time,
 )
 from messenger.ops.settings import OpsSettings
+from messenger.ops.workflow_sweep import sweep_workflows
 from messenger.settings import Settings
 
 #: event["scope"] -> the role tag of the queues it checks.
@@ -66,6 +67,10 @@ class AlarmStopped(MessengerError):
 
 class PauseNotReapplied(MessengerError):
     """A pause that a deploy undid could not be put back: that channel may be consuming."""
+
+
+class WorkflowSweepFailed(MessengerError):
+    """The workflow sweep failed (held jobs and groups wait for the next run's)."""
 
 
 class InvalidEvent(MessengerError, ValueError):
@@ -100,6 +105,8 @@ class QueueAlarmOutcome:
                 f"{queue}: {tag}={value!r}" for queue, tag, value, _ in self.report.bad_tags],
             "pauses_reapplied": list(self.report.pauses_reapplied),
             "pause_errors": list(self.report.pause_errors),
+            "workflows_swept": dict(self.report.workflows_swept),
+            "workflow_error": self.report.workflow_error,
             "posted": self.posted,
         }
 
@@ -122,6 +129,8 @@ class QueueAlarmOutcome:
             "MalformedThresholdTags": len(self.report.bad_tags),
             "PausesReapplied": len(self.report.pauses_reapplied),
             "PauseErrors": len(self.report.pause_errors),
+            "WorkflowItemsSwept": dict(self.report.workflows_swept).get("looked", 0),
+            "WorkflowSweepFailed": int(bool(self.report.workflow_error)),
         }
 
     def raise_for_failure(self) -> None:
@@ -142,6 +151,11 @@ class QueueAlarmOutcome:
                 f"{' …' if len(self.report.pause_errors) > 1 else ''} (report "
                 f"{'posted' if self.posted else 'NOT posted'}, full report in the log)"
             )
+        if self.report.workflow_error:
+            raise WorkflowSweepFailed(
+                f"the queue alarm's workflow sweep failed: {self.report.workflow_error} "
+                f"(queue report {'posted' if self.posted else 'not needed or NOT posted'}; "
+                f"the next run sweeps again)")
         if self.report.pauses_reapplied and not self.posted:
             raise ReportNotDelivered(
                 f"the queue alarm put back {len(self.report.pauses_reapplied)} pause(s) a "
@@ -332,6 +346,10 @@ def run_queue_alarm(
         reapplied = reapply_pauses(clients, Settings.from_env(namespace=settings.namespace))
         report = replace(report, pauses_reapplied=tuple(reapplied.repaired),
                          pause_errors=tuple(reapplied.errors))
+        # ... and finish what crashes left of the workflows (held jobs, groups)
+        swept = sweep_workflows(clients, Settings.from_env(namespace=settings.namespace))
+        report = replace(report, workflows_swept=tuple(swept.counts.items()),
+                         workflow_error=swept.error)
     # logged before posting: a post that hangs until the Lambda's timeout loses nothing
     (log or logger).info("queue alarm report", extra={
         "report": {**QueueAlarmOutcome(report, False).summary(),

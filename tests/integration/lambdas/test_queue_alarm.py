@@ -124,7 +124,10 @@ def test_no_problem_no_post(
 
     assert result == {"scope": "source", "checked": 1, "problems": [], "critical": [],
                       "stopped": None, "not_checked": [], "malformed_threshold_tags": [],
-                      "pauses_reapplied": [], "pause_errors": [], "posted": False}
+                      "pauses_reapplied": [], "pause_errors": [],
+                      "workflows_swept": {"looked": 0, "applied": 0, "released": 0,
+                                          "cancelled": 0, "expired": 0, "never_sent": 0},
+                      "workflow_error": "", "posted": False}
     assert webhook.requests == 0
 
 
