@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from messenger.aws import ClientFactory
 from messenger.channel import ChannelSpec, declared_keep_results
 from messenger.errors import InvalidMessage, MessengerError
@@ -67,6 +69,7 @@ class WaitingJobs:
     settings: Settings
     _prepare: Any
     _with_target: Any
+    _level: Any
     _spec: Any
     _offload: Any
     push_many: Any
@@ -162,7 +165,24 @@ class WaitingJobs:
                         tracked=self.status is not None)
 
     def _retention(self) -> int:
-        return int(self._spec(self.channel).retention_seconds)
+        return self._channel_retention
+
+    @functools.cached_property
+    def _channel_retention(self) -> int:
+        """How long a job of this channel may wait: its queue's retention (read once; an
+        exchange, or a queue whose attributes cannot be read: the longest, 14 days). A member
+        not final by then has left its queue unrun; its group expires."""
+        retention = int(self._spec(self.channel).retention_seconds)
+        target = self._with_target(self._level(None), lambda found: found,
+                                   "locating the target")
+        if isinstance(target, QueueTarget):
+            try:
+                retention = int(target.sqs.get_queue_attributes(
+                    QueueUrl=target.url, AttributeNames=["MessageRetentionPeriod"])[
+                    "Attributes"]["MessageRetentionPeriod"])
+            except (ClientError, BotoCoreError, KeyError, ValueError):
+                pass  # the longest: a held job expires late, never early
+        return retention
 
     def _check_dependencies(self, deps: list[str]) -> None:
         """InvalidMessage naming depends_on for a dependency whose status records name a

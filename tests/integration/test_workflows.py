@@ -296,3 +296,25 @@ def test_a_poison_member_advances_its_group_and_a_dependent(settings, clients, r
         group.member_ids[1]] == {"doubled": 4}
     typed.stop()
     steps.stop()
+
+
+def test_a_held_job_expires_after_its_queues_retention(settings, clients):
+    from messenger.channel import ChannelSpec
+    from messenger.jobs.workflows import SWEEP_GRACE_SECONDS
+    from messenger.provision import Provisioner
+
+    # Given a channel whose queue keeps messages an hour, and a job waiting on one never run
+    Provisioner(clients, settings).ensure_channel(ChannelSpec(
+        name="short", namespace=settings.namespace, track_status=True, keep_results=True,
+        retention_seconds=3600))
+    ResultStore(clients, settings).ensure_table()
+    short = producer_of(settings, clients, "short")
+    job = short.push({"n": 1}, depends_on=["never-pushed"])
+    flows = Workflows(clients, settings)
+    # When the sweeper comes by within the retention, it waits; after it, the job expires
+    assert flows.sweep(time.time() + SWEEP_GRACE_SECONDS + 1).expired == 0
+    assert flows.sweep(time.time() + 3601).expired == 1
+    outcome = ResultStore(clients, settings).get(job)
+    assert outcome.outcome is Outcome.EXPIRED
+    assert outcome.reason == ("dependencies never-pushed did not finish within the channel's "
+                              "retention (3600 s)")
