@@ -340,8 +340,10 @@ class Foundation(Construct):
             resource_arns=[self.workflows_table_arn])
         self.grant_results(grantee)
         # a push with depends_on reads each dependency's status records (its channel must keep
-        # results); the sweeper whether a group's member reached its queue
+        # results); the sweeper whether a group's member reached its queue; a release records
+        # the released job QUEUED (on a channel that tracks status)
         self._grant_table(grantee, self.status_table, "dynamodb:Query")
+        self.grant_status_write(grantee)
         principal = grantee.grant_principal
         if not releases:
             return
