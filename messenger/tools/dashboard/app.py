@@ -39,6 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from messenger.aws import ClientFactory
 from messenger.errors import ChannelNotFound, DeadLetterNotFound, InvalidSettings, MessengerError
 from messenger.jobs.controls import CancelRequests
+from messenger.jobs.job_view import JobReader
 from messenger.jobs.limits import LIMIT_FIELDS, LimitStore, LimitsView, check_limit
 from messenger.jobs.schedule_store import ScheduleStore
 from messenger.jobs.status import StatusStore, running_channel
@@ -334,7 +335,7 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         timeline = store.timeline(job) if store.exists() else []
         # The cancel button comes and goes with the live timeline (a job starting, ending).
         return render(request, "job_live.html", letter_id=job, timeline=timeline,
-                      running=running_channel(timeline),
+                      running=running_channel(timeline), job=_job_view(dashboard, job),
                       progress=describe_progress(dashboard.clients, dashboard.settings, timeline))
 
     def letter(request: Request) -> Response:
@@ -368,13 +369,26 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             found, body, records = shown_letter
             return render(request, "letter.html", channel=candidate, letter=found, body=body,
                           timeline=records)
-        if not timeline:
+        job = _job_view(dashboard, letter_id)
+        if not timeline and not job:  # (a job held for its dependencies has no record yet)
             return problem(request, 404, "Not found",
                            f"no status recorded for {letter_id!r}; name its channel to search "
                            f"that channel's dead letters")
         return render(request, "lookup.html", letter_id=letter_id, timeline=timeline,
-                      searched=searched, running=running_channel(timeline),
+                      searched=searched, running=running_channel(timeline), job=job,
                       progress=describe_progress(dashboard.clients, dashboard.settings, timeline))
+
+    def group_view(request: Request, part: str = "group.html") -> Response:
+        group_id = _id(request.path_params["group_id"])
+        found = JobReader(dashboard.clients, dashboard.settings).group(group_id)
+        if found is None:
+            return problem(request, 404, "Not found", f"no group {group_id!r} (a group's id "
+                           f"is what Producer.group returned; its members are "
+                           f"'<group id>.<n>')")
+        return render(request, part, group=found)
+
+    def group_progress(request: Request) -> Response:
+        return group_view(request, "group_live.html")
 
     def selection(request: Request) -> Response:
         """A filter's preview: exactly the letters (by SQS MessageId) an action would name."""
@@ -606,6 +620,8 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
             Route("/fragment/channels/{channel}/scheduled", scheduled_jobs),
             Route("/fragment/channels/{channel}/limits", channel_limits),
             Route("/fragment/job", job_timeline),
+            Route("/fragment/groups/{group_id:path}", group_progress),
+            Route("/groups/{group_id:path}", group_view),
             Route("/job", lookup),
             Route("/search", finder),
             Route("/audit", audit_page),
@@ -638,7 +654,8 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
 
 #: Templates that are parts of a page (live updates): they carry no paused-channel banner.
 FRAGMENTS = frozenset({"channel_rows.html", "channel_workers.html", "timeline.html",
-                       "job_live.html", "scheduled_jobs.html", "channel_limits.html"})
+                       "job_live.html", "scheduled_jobs.html", "channel_limits.html",
+                       "group_live.html"})
 
 
 def audit_entry(user: Identity, kind: str, channel: str, targets: list[str], result: str,
@@ -680,6 +697,12 @@ def _listing(dashboard: Dashboard, channel: str, limit: int) -> DeadLetterListin
         fifo_blocked=sum(p.fifo_blocked for p in parts),
         stopped_at_limit=len(letters) > limit or any(p.stopped_at_limit for p in parts),
         dlqs=[dlq for part in parts for dlq in part.dlqs])
+
+
+def _job_view(dashboard: Dashboard, job_id: str) -> dict[str, Any]:
+    """The job's outcome (result or error), dependencies and dependents (`jobs.job_view`):
+    {} when it has none of them."""
+    return JobReader(dashboard.clients, dashboard.settings).job(job_id) if job_id else {}
 
 
 def _paused(dashboard: Dashboard) -> dict[str, str]:
