@@ -286,3 +286,18 @@ def test_the_read_side_in_json(stores, clients):
     assert [d["job_id"] for d in held["dependencies"]] == ["g.0", "g.1"]
     assert flows.dependencies_of("never-held") is None and flows.group("nope") is None
     assert [(d.job_id, d.group_id) for d in flows.dependents_of("g.1")] == [("g.then", "g")]
+
+
+def test_a_chain_advances_link_by_link(stores, clients):
+    flows, url = stores
+    # Given c waits on b, which waits on a
+    flows.hold(JOB + "b", "b", "work", held_send(url, "b"), ["a"], "cancel", RETENTION)
+    flows.hold(JOB + "c", "c", "work", held_send(url, "c"), ["b"], "cancel", RETENTION)
+    # When a completes, b is released (and only b); when b completes, c is
+    flows.settle(done("a", "A"), RETENTION)
+    [b] = received(clients, url, wait=1)
+    assert (b.message_id, b.dependencies) == ("b", {"a": "A"})
+    assert flows.dependencies_of("c").state is State.HELD
+    flows.settle(done("b", "B"), RETENTION)
+    [c] = received(clients, url, wait=1)
+    assert (c.message_id, c.dependencies) == ("c", {"b": "B"})
