@@ -260,6 +260,15 @@ class ResultStore:
             ConsistentRead=True))
         return self._outcome_of(answer.get("Item", {}))
 
+    def waiters(self, job_id: str) -> frozenset[str]:
+        """The ids of what waits on the job (`add_waiter`), whether it is final or not (one
+        consistent GetItem of the `waiters` attribute only)."""
+        dynamodb = self.clients.client("dynamodb")
+        answer = self._call(f"reading what waits on job {job_id}", functools.partial(
+            dynamodb.get_item, TableName=self.table, Key=self._key(job_id),
+            ProjectionExpression="waiters", ConsistentRead=True))
+        return frozenset(answer.get("Item", {}).get("waiters", {}).get("SS", []))
+
     def get_many(self, job_ids: Iterable[str]) -> dict[str, FinalOutcome]:
         """The final outcomes of the jobs that have one, by job id (BatchGetItem, 100 keys a
         request, consistent reads; keys DynamoDB leaves unprocessed are asked again)."""

@@ -63,6 +63,8 @@ def test_waiters_registered_before_the_outcome_are_returned_by_finish(store):
     assert store.add_waiter("job-1", "job#j2", 3600) is None
     assert store.add_waiter("job-1", "job#j2", 3600) is None  # a retry: the same set
     assert store.get("job-1") is None  # waiters only: not final
+    assert store.waiters("job-1") == frozenset({"group#g1", "job#j2"})
+    assert store.waiters("job-9") == frozenset()
     # When it finishes, the finish sees both
     outcome = FinalOutcome.completed("job-1", "orders", "done", at=5.0)
     assert store.finish(outcome) == frozenset({"group#g1", "job#j2"})

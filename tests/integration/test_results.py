@@ -297,6 +297,12 @@ def test_result_refuses_a_channel_that_does_not_keep_results(settings, clients):
         exchange.result("some-job")
 
 
+def test_keep_results_needs_track_status(settings, clients):
+    untracked = type("Untracked", (Results,), {"track_status": False})
+    with pytest.raises(InvalidChannelSpec, match="keep_results needs track_status=True"):
+        untracked(settings=settings, clients=clients)
+
+
 def test_a_consumer_disagreeing_with_the_deployed_keep_results_does_not_start(settings,
                                                                               clients):
     # Given the channel deployed without keep_results
