@@ -677,14 +677,16 @@ class Consumer:
             declared = deployed
         if not declared.limited:
             return
-        from messenger.consume.limits import LimitGate
+        from messenger.consume.limits import LimitGate, concurrency_cap
         from messenger.consume.tracking import consumer_id
         from messenger.jobs.limits import LimitStore
 
         store = LimitStore(self.clients, self.settings)
         store.ensure()
-        self.limits = LimitGate(store, self.spec.name, declared, consumer_id(),
-                                cloudwatch=self.clients.client("cloudwatch"))
+        holder = f"{consumer_id()}-{id(self):x}"  # (two consumers of one process: two)
+        self.limits = LimitGate(store, self.spec.name, declared, holder,
+                                cloudwatch=self.clients.client("cloudwatch"),
+                                workers=self.runtime.concurrency, cap=concurrency_cap())
         self.limits.start()
 
     def mailboxes(self, resources: ChannelResources,

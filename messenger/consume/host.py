@@ -7,6 +7,7 @@ so that imports run one way: consumer → runtime → watchdog → host.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from messenger.consume.failures import RetryPolicy
@@ -27,7 +28,8 @@ class Gate(Protocol):
     """A channel's limit gate as the outcome policy asks it (`messenger.consume.limits`)."""
 
     def admit(self, tenant: str | None, units: int = 1, room: float | None = None,
-              ordered: bool = False, holds: int = 0) -> int: ...
+              ordered: bool = False, holds: int = 0,
+              alive: Callable[[], bool] | None = None) -> int: ...
 
     def rate_limited(self, retry_after: float) -> None: ...
 

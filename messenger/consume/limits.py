@@ -11,6 +11,13 @@ the job back in its queue as a new message with a delay, without using one of it
 - A job's weight (`Consumer.weight(message)`, default 1) is the units it takes of each limit.
   Its tenant: its MessageGroupId (a fair queue's tenant key, a FIFO group); a job without one
   has no tenant limit.
+- `max_concurrency`, where the channel's consumers together could run more handlers
+  (`MESSENGER_CONCURRENCY_CAP`, the CDK app's cap of all of them, is above the limit or not
+  known): this process runs at most its share of a shared lease
+  (`messenger.jobs.limits.ConcurrencyLease`), renewed every LEASE_SECONDS / 3; a job finds a
+  free slot, waits a moment for one, or is held back like a rate-limited one. Under the cap the
+  runtime's own bounds hold it (Lambda's MaximumConcurrency, tasks × workers) and no lease is
+  taken.
 - A handler's `messenger.RateLimited(retry_after)` pauses this process's jobs of the channel
   for `retry_after` (the upstream said slow down), besides holding that job back.
 - The gate's thread (every TICK_SECONDS) refreshes the limits, reports this process's rate and
@@ -24,14 +31,16 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from messenger.consume import decision
 from messenger.consume.decision import Action
 from messenger.jobs.limits import (
+    LEASE_SECONDS,
     METRIC_DIMENSION,
     METRIC_LIMITED,
     METRIC_NAMESPACE,
@@ -42,6 +51,7 @@ from messenger.jobs.limits import (
     REPORT_FRESH_SECONDS,
     STORE_BUDGET_SECONDS,
     ChannelLimits,
+    ConcurrencyLease,
     LimiterUnavailable,
     LimitStore,
     RateLimiter,
@@ -58,6 +68,18 @@ REPORT_SECONDS = 10.0
 MAX_TENANTS = 10_000
 #: The window of this process's recent rate (its report), seconds.
 RATE_WINDOW_SECONDS = 10.0
+#: How often a job waiting for a concurrency slot looks again (seconds).
+SLOT_POLL_SECONDS = 0.05
+#: The CDK app's cap of all of a channel's consumers (`stacks.flow_control`): a whole number,
+#: or unset / '' when one of them is unbounded.
+CONCURRENCY_CAP_VARIABLE = "MESSENGER_CONCURRENCY_CAP"
+
+
+def concurrency_cap(environ: Mapping[str, str] | None = None) -> int | None:
+    """MESSENGER_CONCURRENCY_CAP: the most handlers the channel's consumers can run together
+    (None: not known, or unbounded)."""
+    value = (os.environ if environ is None else environ).get(CONCURRENCY_CAP_VARIABLE, "")
+    return int(value) if value.strip().isdigit() else None
 
 
 class LimitGate:
@@ -65,11 +87,14 @@ class LimitGate:
 
     store: the limits table. channel: its name. declared: the channel's declaration.
     process: this process's id (its report). clock: epoch seconds. sleep: how the gate waits
-    (a worker's thread). cloudwatch: a client for the metrics (None: none published)."""
+    (a worker's thread). cloudwatch: a client for the metrics (None: none published).
+    workers: handlers this process runs at once (the share of a concurrency lease it asks
+    for). cap: the most handlers all the channel's consumers can run (None: not known)."""
 
     def __init__(self, store: LimitStore, channel: str, declared: ChannelLimits, process: str,
                  clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, cloudwatch: Any = None) -> None:
+                 sleep: Callable[[float], None] = time.sleep, cloudwatch: Any = None,
+                 workers: int = 1, cap: int | None = None) -> None:
         self.store = store
         self.channel = channel
         self.declared = declared
@@ -96,6 +121,13 @@ class LimitGate:
         self._starts: collections.deque[float] = collections.deque()
         self._published = (0, 0)
         self._peak_waiting = 0
+        self.workers = workers
+        self.cap = cap
+        #: The concurrency lease (None: max_concurrency needs none), and the jobs holding
+        #: one of its slots (each: whether it still runs).
+        self.lease: ConcurrencyLease | None = None
+        self._slots: list[Callable[[], bool]] = []
+        self._lease_limit: int | None = None
         self._apply(declared)
 
     # -- the limits ------------------------------------------------------------------------
@@ -116,6 +148,14 @@ class LimitGate:
                     limiter.rate = limits.tenant_rate_limit
             for limiter in self._limiters():
                 limiter.processes = self._processes
+            concurrency = limits.max_concurrency
+            if concurrency is not None and (self.cap is None or self.cap > concurrency):
+                if self.lease is None:
+                    self.lease = ConcurrencyLease(self.store, self.channel, self.process,
+                                                  clock=self.clock)
+            elif self.lease is not None:
+                lease, self.lease = self.lease, None
+                lease.release()
 
     def _limiters(self) -> list[RateLimiter]:
         found = list(self._tenants.values())
@@ -136,6 +176,20 @@ class LimitGate:
         if limits != self.limits:
             logger.info("limits of %s now %s", self.channel, limits.as_text())
         self._apply(limits)
+        if self.lease is not None and limits.max_concurrency != self._lease_limit:
+            self.renew()
+
+    def renew(self) -> None:
+        """Take or renew this process's share of the concurrency lease (a failure keeps the
+        share until its end, then none: logged)."""
+        lease, limit = self.lease, self.limits.max_concurrency
+        if lease is None or limit is None:
+            return
+        try:
+            lease.acquire(limit, self.workers)
+            self._lease_limit = limit
+        except LimiterUnavailable as error:
+            logger.warning("concurrency lease of %s not renewed: %s", self.channel, error)
 
     def _tenant(self, tenant: str) -> RateLimiter | None:
         rate = self.limits.tenant_rate_limit
@@ -156,12 +210,14 @@ class LimitGate:
 
     # -- one job ---------------------------------------------------------------------------
     def admit(self, tenant: str | None, units: int = 1, room: float | None = None,
-              ordered: bool = False, holds: int = 0) -> int:
+              ordered: bool = False, holds: int = 0,
+              alive: Callable[[], bool] | None = None) -> int:
         """Wait until the job may start (its units of the channel's and its tenant's limits
         taken, the process's pause over): 0 when it may start now, else the whole seconds it
         is to be held back (`decision.on_limited`: the wait is longer than it may take here).
         room: seconds the job may wait here (Lambda: the invocation's time left; None: no
-        bound). holds: times the job was held back before (its delay spreads out)."""
+        bound). holds: times the job was held back before (its delay spreads out). alive:
+        whether the job still runs (its concurrency slot is free once it says False)."""
         limiters: list[RateLimiter] = []
         if tenant is not None:
             limiter = self._tenant(tenant)
@@ -170,42 +226,82 @@ class LimitGate:
         if self._channel is not None:
             limiters.append(self._channel)
         began = time.monotonic()
-        counted = False
         self._note_waiting(1)
         try:
-            while self._paused_until > self.clock():
-                delay = self._wait_or_hold(self._paused_until, room, ordered, holds, began)
-                counted = True
+            if self.lease is not None:
+                delay = self._take_slot(alive or (lambda: True), room, ordered, holds, began)
                 if delay:
-                    return delay
-            starts = []
-            for limiter in limiters:
-                while True:
-                    try:
-                        at = limiter.take(units)
-                    except LimiterUnavailable as unavailable:
-                        at, ready = None, unavailable.retry_at
-                    else:
-                        ready = limiter.retry_at
-                    if at is not None:
-                        starts.append(at)
-                        break
-                    if not counted:
-                        self.limited += 1
-                        counted = True
-                    delay = self._wait_or_hold(ready, room, ordered, holds, began)
-                    if delay:
-                        return delay
-            start = max(starts, default=0.0)
-            now = self.clock()
-            if start > now:
-                if not counted:
                     self.limited += 1
-                self.sleep(start - now)
-            self._note_started()
-            return 0
+                    return delay
+            delay = self._admit_rate(limiters, units, room, ordered, holds, began)
+            if delay and alive is not None:
+                self._free_slot(alive)
+            return delay
         finally:
             self._note_waiting(-1)
+
+    def _take_slot(self, alive: Callable[[], bool], room: float | None, ordered: bool,
+                   holds: int, began: float) -> int:
+        """A slot of this process's share of the concurrency lease: 0 once taken (after a
+        wait here), else the hold's delay."""
+        lease = self.lease
+        while lease is not None:
+            with self._lock:
+                self._slots = [running for running in self._slots if running()]
+                if len(self._slots) < lease.current():
+                    self._slots.append(alive)
+                    return 0
+            waited = time.monotonic() - began
+            left = None if room is None else room - waited
+            verdict = decision.on_limited(waited + SLOT_POLL_SECONDS, left, ordered, holds)
+            if verdict.action is Action.HOLD:
+                self._delayed.append(self.clock())
+                return max(1, verdict.delay)
+            self.sleep(SLOT_POLL_SECONDS)
+            lease = self.lease
+        return 0
+
+    def _free_slot(self, alive: Callable[[], bool]) -> None:
+        with self._lock:
+            if alive in self._slots:
+                self._slots.remove(alive)
+
+    def _admit_rate(self, limiters: list[RateLimiter], units: int, room: float | None,
+                    ordered: bool, holds: int, began: float) -> int:
+        """The pause, then the rate limiters' units (module doc): 0 when the job may start now
+        (after the waits here), else the hold's delay."""
+        counted = False
+        while self._paused_until > self.clock():
+            delay = self._wait_or_hold(self._paused_until, room, ordered, holds, began)
+            counted = True
+            if delay:
+                return delay
+        starts = []
+        for limiter in limiters:
+            while True:
+                try:
+                    at = limiter.take(units)
+                except LimiterUnavailable as unavailable:
+                    at, ready = None, unavailable.retry_at
+                else:
+                    ready = limiter.retry_at
+                if at is not None:
+                    starts.append(at)
+                    break
+                if not counted:
+                    self.limited += 1
+                    counted = True
+                delay = self._wait_or_hold(ready, room, ordered, holds, began)
+                if delay:
+                    return delay
+        start = max(starts, default=0.0)
+        now = self.clock()
+        if start > now:
+            if not counted:
+                self.limited += 1
+            self.sleep(start - now)
+        self._note_started()
+        return 0
 
     def _wait_or_hold(self, ready: float, room: float | None, ordered: bool, holds: int,
                       began: float) -> int:
@@ -259,6 +355,8 @@ class LimitGate:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=STORE_BUDGET_SECONDS + 1)
+        if self.lease is not None:
+            self.lease.release()
         self.publish()
 
     def _run(self) -> None:
@@ -274,6 +372,8 @@ class LimitGate:
         now = self.clock()
         if self._refreshed_at is None or now - self._refreshed_at >= REFRESH_SECONDS:
             self.refresh()
+        if self.lease is not None and now - self.lease.renewed_at >= LEASE_SECONDS / 3:
+            self.renew()
         if now - self._reported_at >= REPORT_SECONDS:
             self.report()
         if now - self._published_at >= METRICS_SECONDS:
@@ -326,9 +426,10 @@ class LimitGate:
 
     @property
     def requests(self) -> int:
-        """The limiters' UpdateItems so far (the bench reads it)."""
+        """The limiters' and the lease's DynamoDB requests so far (the bench reads it)."""
         with self._lock:
-            return sum(limiter.requests for limiter in self._limiters())
+            return sum(limiter.requests for limiter in self._limiters()) + \
+                (self.lease.requests if self.lease is not None else 0)
 
 
 def hold_seconds(wait: float) -> int:

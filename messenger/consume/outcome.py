@@ -521,7 +521,8 @@ class OutcomePolicy:
         marks = held_marks(delivery.raw)
         delay = gate.admit(delivery.group_id, units,
                            None if limit is None else limit - self.clock(),
-                           self.consumer.ordered, marks.holds)
+                           self.consumer.ordered, marks.holds,
+                           alive=lambda: delivery.stage is Stage.RUNNING)
         if delay:
             return self._send_back(delivery, delay, decision.LIMITED, marks)
         if not self._set_deadline(delivery, decision.deadline(

@@ -556,9 +556,117 @@ class RateLimiter:
                                  f"{type(error).__name__}: {error}", self._ask_at) from error
 
 
+class ConcurrencyLease:
+    """One process's share of a channel's `max_concurrency`, held in `concurrency#<channel>`
+    (each holder's entry `h#<holder>` = {n: its share, w: the handlers it wants, u: until when,
+    epoch s}, and a `version`): a holder runs at most its share of handlers at once, and the
+    shares of live holders add up to at most the limit.
+
+    `acquire(want)`: one consistent GetItem, then one UpdateItem on the version read (a lost
+    race reads again, once): its share is what the others' live entries leave, and at most an
+    even split when another holder wants more than it has (shares converge within a renewal).
+    Renewed every LEASE_SECONDS / 3; a crashed holder's entry expires after LEASE_SECONDS and
+    is removed by the next writer. The store unavailable: the share holds until its `until`
+    (the others count it until then), then it is 0 (no handler starts) until the store answers.
+
+    store: the limits table. channel / holder: the item and this process's entry. clock: epoch
+    seconds."""
+
+    def __init__(self, store: LimitStore, channel: str, holder: str,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.store = store
+        self.key = f"concurrency#{channel}"
+        self.holder = holder
+        self.clock = clock or store.clock
+        self.share = 0
+        self.until = 0.0
+        self.renewed_at = 0.0
+        self.requests = 0
+
+    def current(self) -> int:
+        """The share this process may use now (0 once its lease ran out unrenewed)."""
+        return self.share if self.clock() < self.until else 0
+
+    def acquire(self, limit: int, want: int) -> int:
+        """Take (or renew, resize) this process's share of `limit` for `want` handlers; the
+        share. Raises LimiterUnavailable when the store fails (the share held stays until its
+        end)."""
+        now = self.clock()
+        self.renewed_at = now
+        for _ in range(2):
+            try:
+                self.requests += 1
+                item = call_with_budget(functools.partial(
+                    self.store.dynamodb.get_item, TableName=self.store.table,
+                    Key={"key": {"S": self.key}}, ConsistentRead=True),
+                    STORE_BUDGET_SECONDS, "reading the concurrency lease").get("Item") or {}
+                others, expired = {}, []
+                for name, value in item.items():
+                    if not name.startswith("h#") or name == f"h#{self.holder}":
+                        continue
+                    entry = value.get("M", {})
+                    until = float(entry.get("u", {}).get("N", "0"))
+                    if until <= now:
+                        expired.append(name)
+                    else:
+                        others[name] = (int(entry["n"]["N"]), int(entry["w"]["N"]))
+                free = limit - sum(n for n, _ in others.values())
+                share = max(0, min(want, free))
+                if any(w > n for n, w in others.values()):  # others want more: an even split
+                    share = min(share, max(1, limit // (len(others) + 1)))
+                version = item.get("version", {}).get("N")
+                names = {"#me": f"h#{self.holder}", "#v": "version", "#exp": EXPIRES_AT}
+                values: dict[str, Any] = {
+                    ":me": {"M": {"n": {"N": str(share)}, "w": {"N": str(want)},
+                                  "u": {"N": repr(now + LEASE_SECONDS)}}},
+                    ":next": {"N": str(int(version or 0) + 1)},
+                    ":exp": {"N": str(int(now + ITEM_TTL_SECONDS))}}
+                expression = "SET #me = :me, #v = :next, #exp = :exp"
+                if expired:
+                    for index, name in enumerate(expired):
+                        names[f"#x{index}"] = name
+                    expression += " REMOVE " + ", ".join(f"#x{i}" for i in range(len(expired)))
+                if version is None:
+                    condition = "attribute_not_exists(#v)"
+                else:
+                    condition = "#v = :version"
+                    values[":version"] = {"N": version}
+                self.requests += 1
+                call_with_budget(functools.partial(
+                    self.store.dynamodb.update_item, TableName=self.store.table,
+                    Key={"key": {"S": self.key}}, UpdateExpression=expression,
+                    ConditionExpression=condition, ExpressionAttributeNames=names,
+                    ExpressionAttributeValues=values),
+                    STORE_BUDGET_SECONDS, "taking the concurrency lease")
+            except ClientError as error:
+                if error_code(error) == "ConditionalCheckFailedException":
+                    continue  # another holder wrote meanwhile: read again
+                raise LimiterUnavailable(f"concurrency lease unavailable ({self.key}): "
+                                         f"{error}", now + UNAVAILABLE_RETRY_SECONDS) from error
+            except (RetryBudgetExhausted, BotoCoreError) as error:
+                raise LimiterUnavailable(f"concurrency lease unavailable ({self.key}): "
+                                         f"{error}", now + UNAVAILABLE_RETRY_SECONDS) from error
+            # A smaller share holds at once; the entry says so before a larger one is used.
+            self.share, self.until = share, now + LEASE_SECONDS
+            return share
+        return self.current()  # raced twice: keep what is held, try again at the next renewal
+
+    def release(self) -> None:
+        """Give the share back (at shutdown): one UpdateItem; a failure only lets it expire."""
+        self.share = 0
+        try:
+            call_with_budget(functools.partial(
+                self.store.dynamodb.update_item, TableName=self.store.table,
+                Key={"key": {"S": self.key}}, UpdateExpression="REMOVE #me",
+                ExpressionAttributeNames={"#me": f"h#{self.holder}"}),
+                STORE_BUDGET_SECONDS, "releasing the concurrency lease")
+        except Exception:  # (it expires after LEASE_SECONDS)
+            pass
+
+
 __all__ = [
-    "BATCH_SECONDS", "LIMIT_FIELDS", "METRIC_DIMENSION", "METRIC_LIMITED", "METRIC_NAMESPACE",
-    "METRIC_STARTED", "METRIC_WAITING", "REFRESH_SECONDS", "UNLIMITED", "ChannelLimits",
-    "FlowReport", "LimitStore", "LimitsView", "LimiterUnavailable", "RateLimiter",
-    "batch_size", "check_limit", "rate_key",
+    "BATCH_SECONDS", "LEASE_SECONDS", "LIMIT_FIELDS", "METRIC_DIMENSION", "METRIC_LIMITED",
+    "METRIC_NAMESPACE", "METRIC_STARTED", "METRIC_WAITING", "REFRESH_SECONDS", "UNLIMITED",
+    "ChannelLimits", "ConcurrencyLease", "FlowReport", "LimitStore", "LimitsView",
+    "LimiterUnavailable", "RateLimiter", "batch_size", "check_limit", "rate_key",
 ]

@@ -241,3 +241,112 @@ def test_the_store_unavailable_holds_jobs_back_and_never_exceeds_the_limit(store
         events.unregister("before-send.dynamodb", unreachable)
     clock.now += 3
     assert gate.admit(None) == 0
+
+
+class PacedJobs(Consumer):
+    """A channel declared with 20/s and 2/s per tenant; records when each handler started."""
+
+    channel = "paced_jobs"
+    rate_limit = "20/s"
+    tenant_rate_limit = "2/s"
+    max_receives = 2
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.starts: list[tuple[float, str | None]] = []
+        self.events: list[LifecycleEvent] = []
+
+    def on_event(self, event: LifecycleEvent) -> None:
+        self.events.append(event)
+        super().on_event(event)
+
+    def handler(self, message: ReceivedMessage) -> None:
+        self.starts.append((time.time(), message.group_id))
+
+
+@pytest.mark.timeout(120)
+def test_a_consumer_of_a_limited_channel_keeps_its_limits_and_runs_every_job(
+        settings, clients, runtime):  # noqa: F811
+    # Given 40 jobs of 8 tenants (a fair queue's tenant keys) on a channel of 20/s, 2/s each
+    producer = producer_for(settings, PacedJobs.channel)
+    from messenger.produce.push import PushItem
+    producer.push_many([PushItem({"n": n}, group_id=f"tenant-{n % 8}") for n in range(40)])
+    from dataclasses import replace
+    consumer = PacedJobs(settings=settings, clients=clients,
+                         runtime=replace(runtime, concurrency=8))
+    run = Running(consumer)
+    try:
+        wait_until(lambda: len(consumer.starts) >= 40, 100)
+    finally:
+        run.stop()
+    # Then every job ran once, none failed or was dead-lettered (held ones came back)
+    names = [event.name for event in consumer.events]
+    assert "failed" not in names and "dead_lettered" not in names
+    assert len(consumer.starts) == 40
+    # And no second held more than a tenant's limit plus its batch for any tenant, nor more
+    # than the channel's plus its batch (bounds: a slow machine only starts fewer)
+    times = sorted(at for at, _ in consumer.starts)
+    assert max(sum(1 for t in times if s <= t < s + 1) for s in times) <= 20 + 10
+    for tenant in {group for _, group in consumer.starts}:
+        mine = sorted(at for at, group in consumer.starts if group == tenant)
+        assert max(sum(1 for t in mine if s <= t < s + 1) for s in mine) <= 2 + 2
+    # And the consumer reported its rate to the store, and published its metrics at shutdown
+    assert consumer.limits is not None and consumer.limits.started == 40
+    data = clients.client("cloudwatch").list_metrics(Namespace="Messenger/FlowControl")
+    assert {m["MetricName"] for m in data["Metrics"]} >= {"JobsStarted", "JobsLimited"}
+
+
+class Gauge:
+    """How many handlers run at once, at most, across consumers."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.now = 0
+        self.peak = 0
+        self.done = 0
+
+
+class Capped(Consumer):
+    """A channel of at most 3 handlers at once; its handlers take 0.2 s."""
+
+    channel = "capped_jobs"
+    max_concurrency = 3
+    gauge: Gauge
+
+    def handler(self, message: ReceivedMessage) -> None:
+        gauge = self.gauge
+        with gauge.lock:
+            gauge.now += 1
+            gauge.peak = max(gauge.peak, gauge.now)
+        time.sleep(0.2)
+        with gauge.lock:
+            gauge.now -= 1
+            gauge.done += 1
+
+
+@pytest.mark.timeout(120)
+def test_two_consumers_share_a_max_concurrency_lease(
+        settings, clients, runtime, monkeypatch):  # noqa: F811
+    # Given a channel of max_concurrency 3, and two consumers of 4 workers each (8 > 3; the
+    # CDK app's cap not known)
+    monkeypatch.delenv("MESSENGER_CONCURRENCY_CAP", raising=False)
+    gauge = Gauge()
+    cls = type("CappedHere", (Capped,), {"gauge": gauge})
+    producer = producer_for(settings, Capped.channel)
+    from messenger.produce.push import PushItem
+    producer.push_many([PushItem({"n": n}) for n in range(30)])
+    from dataclasses import replace
+    runs = [Running(cls(settings=settings, clients=clients,
+                        runtime=replace(runtime, concurrency=4, health_file=str(
+                            runtime.health_file) + f".{n}"))) for n in range(2)]
+    try:
+        wait_until(lambda: gauge.done >= 30, 100)
+    finally:
+        for run in runs:
+            run.stop()
+    # Then every job ran, never more than 3 at once
+    assert gauge.done == 30
+    assert gauge.peak <= 3
+    for run in runs:
+        lease = run.consumer.limits.lease
+        assert lease is not None and lease.share == 0  # given back at shutdown

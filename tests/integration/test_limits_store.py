@@ -154,3 +154,48 @@ def test_the_store_unavailable_holds_jobs_once_the_reserved_units_are_used(store
     # And once it answers again (after UNAVAILABLE_RETRY_SECONDS) units are handed out again
     clock.now += 3
     assert limiter.take() is not None
+
+
+def test_concurrency_shares_add_up_to_the_limit_and_a_crashed_holder_expires(store):
+    from messenger.jobs.limits import LEASE_SECONDS, ConcurrencyLease
+
+    clock = store.clock
+    holders = [ConcurrencyLease(store, "payments", f"p{n}") for n in range(3)]
+    # Given three processes that want 8 handlers each of a channel's 10
+    for _ in range(3):  # (renewals: the shares converge on an even split)
+        for holder in holders:
+            holder.acquire(10, 8)
+        clock.now += 1
+    shares = [holder.current() for holder in holders]
+    assert sum(shares) <= 10 and min(shares) >= 3, shares
+    # When one of them crashes (never renews) and the others renew after its lease ran out
+    for _ in range(4):  # the survivors renew every third of a lease
+        clock.now += LEASE_SECONDS / 3
+        for holder in holders[:2]:
+            holder.acquire(10, 8)
+            assert sum(h.current() for h in holders) <= 10
+    # Then its share is theirs, and still no more than the limit
+    assert holders[2].current() == 0
+    assert holders[0].current() + holders[1].current() == 10
+
+
+def test_a_lease_the_store_cannot_renew_runs_out(store):
+    from messenger.jobs.limits import LEASE_SECONDS, ConcurrencyLease
+
+    clock = store.clock
+    lease = ConcurrencyLease(store, "payments", "p1")
+    assert lease.acquire(4, 4) == 4
+
+    def unreachable(request, **_):
+        raise EndpointConnectionError(endpoint_url=request.url)
+
+    store.dynamodb.meta.events.register("before-send.dynamodb", unreachable)
+    try:
+        clock.now += LEASE_SECONDS / 2
+        with pytest.raises(LimiterUnavailable):
+            lease.acquire(4, 4)
+        assert lease.current() == 4  # the others count it until its end
+        clock.now += LEASE_SECONDS / 2
+        assert lease.current() == 0  # then no handler starts
+    finally:
+        store.dynamodb.meta.events.unregister("before-send.dynamodb", unreachable)
