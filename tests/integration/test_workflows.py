@@ -318,3 +318,27 @@ def test_a_held_job_expires_after_its_queues_retention(settings, clients):
     assert outcome.outcome is Outcome.EXPIRED
     assert outcome.reason == ("dependencies never-pushed did not finish within the channel's "
                               "retention (3600 s)")
+
+
+def test_a_held_job_on_an_exchange_is_published_to_its_queues(settings, clients):
+    from messenger import MultiProducer
+    from messenger.channel import ChannelSpec
+    from messenger.provision import Provisioner
+    from tests.integration.helpers import decode, drain
+
+    # Given an exchange with one consumer queue, and a job published there once 'a' is final
+    queue = Provisioner(clients, settings).ensure_channel(
+        ChannelSpec("held_events.audit", namespace=settings.namespace)).queue
+    ResultStore(clients, settings).ensure_table()
+    events = type("Events", (MultiProducer,), {"channel": "held_events"})(
+        settings=settings, clients=clients)
+    job = events.push({"event": 1}, routing_key="audit.x", depends_on=["a"])
+    assert drain(clients.client("sqs"), queue.url) == []
+    # When 'a' completes
+    Workflows(clients, settings).settle(FinalOutcome.completed("a", "work", 7), 3600)
+    # Then the exchange's queue receives the job, its routing key and dependencies with it
+    [raw] = wait_until(lambda: drain(clients.client("sqs"), queue.url), WAIT)
+    message = decode(raw)
+    assert (message.message_id, message.routing_key, message.body) == (
+        job, "audit.x", {"event": 1})
+    assert message.dependencies == {"a": 7}
