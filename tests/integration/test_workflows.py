@@ -342,3 +342,25 @@ def test_a_held_job_on_an_exchange_is_published_to_its_queues(settings, clients)
     assert (message.message_id, message.routing_key, message.body) == (
         job, "audit.x", {"event": 1})
     assert message.dependencies == {"a": 7}
+
+
+def test_a_held_job_too_large_for_its_item_waits_in_the_offload_bucket(settings, clients):
+    from messenger.channel import ChannelSpec
+    from messenger.jobs.workflows import HELD_INLINE_BYTES
+    from messenger.provision import Provisioner
+    from tests.integration.helpers import decode, drain
+
+    queue = Provisioner(clients, settings).ensure_channel(ChannelSpec(
+        name="big_held", namespace=settings.namespace, track_status=True,
+        keep_results=True)).queue
+    ResultStore(clients, settings).ensure_table()
+    producer = producer_of(settings, clients, "big_held")
+    # Given a body larger than a workflows item holds (but inline on SQS)
+    body = {"rows": "r" * (HELD_INLINE_BYTES + 10_000)}
+    job = producer.push(body, depends_on=["a"])
+    Workflows(clients, settings).settle(FinalOutcome.completed("a", "work", 1), 3600)
+    # Then it is sent as a pointer to its body, which reads back whole
+    [raw] = wait_until(lambda: drain(clients.client("sqs"), queue.url), WAIT)
+    assert len(raw["Body"]) < 1000
+    message = decode(raw, clients.client("s3"))
+    assert (message.message_id, message.body, message.dependencies) == (job, body, {"a": 1})
