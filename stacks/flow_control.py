@@ -34,9 +34,11 @@ import jsii
 from aws_cdk import Aws, IStableStringProducer, Lazy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from constructs import IConstruct
+from constructs import Construct, IConstruct
 
 from messenger.channel import ChannelSpec, limits_table_name
+from stacks.nag import acknowledge_wildcard_resource
+from stacks.ownership import any_name, ownership_condition, ownership_reason
 
 #: The environment variable that carries the cap down to the consumer (both runtimes).
 CONCURRENCY_CAP_VARIABLE = "MESSENGER_CONCURRENCY_CAP"
@@ -122,18 +124,60 @@ def grant_limits_consume(grantee: iam.IGrantable, spec: ChannelSpec, key: kms.IK
     key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
 
 
-def grant_limits_operate(grantee: iam.IGrantable, namespace: str, key: kms.IKey) -> None:
-    """An operator (the dashboard, `messenger limits`): read every item of the namespace's
-    limits table, write channels' limits records only (no limiter, lease or report), and the
-    key."""
+def limits_operator_statements(namespace: str) -> list[iam.PolicyStatement]:
+    """An operator's statements on the namespace's limits table: read every item, write
+    channels' limits records only (no limiter, lease or report)."""
     table = limits_table_arn(namespace)
-    principal = grantee.grant_principal
-    principal.add_to_principal_policy(iam.PolicyStatement(
-        sid="ReadFlowControl",
-        actions=["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:BatchGetItem"],
-        resources=[table]))
-    principal.add_to_principal_policy(iam.PolicyStatement(
-        sid="SetChannelLimits", actions=list(LIMITS_OPERATOR_WRITES), resources=[table],
-        conditions={"ForAllValues:StringLike": {
-            "dynamodb:LeadingKeys": [f"{LIMITS_RECORD_PREFIX}*"]}}))
+    return [
+        iam.PolicyStatement(
+            sid="ReadFlowControl",
+            actions=["dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:BatchGetItem"],
+            resources=[table]),
+        iam.PolicyStatement(
+            sid="SetChannelLimits", actions=list(LIMITS_OPERATOR_WRITES), resources=[table],
+            conditions={"ForAllValues:StringLike": {
+                "dynamodb:LeadingKeys": [f"{LIMITS_RECORD_PREFIX}*"]}}),
+    ]
+
+
+def grant_limits_operate(grantee: iam.IGrantable, namespace: str, key: kms.IKey) -> None:
+    """An operator's role (the dashboard's): `limits_operator_statements`, and the key."""
+    for statement in limits_operator_statements(namespace):
+        grantee.grant_principal.add_to_principal_policy(statement)
     key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
+
+
+class LimitOperators(Construct):
+    """The managed policy `<ns->messenger-limit-operators` for the people (or roles) who run
+    `messenger limits set|show` and `messenger top`'s flow-control table: the limits table as an
+    operator (`limits_operator_statements`), the channels found by their tags
+    (`tag:GetResources`, which has no resource types) and their declarations read from the
+    namespace's queues' tags (by the ns tags), the platform key. Attach `.policy` to their
+    role or group.
+
+    namespace: the platform's. key: the platform key (the table is encrypted with it)."""
+
+    def __init__(self, scope: Construct, id: str, *, namespace: str, key: kms.IKey) -> None:
+        super().__init__(scope, id)
+        prefix = f"{namespace}-" if namespace else ""
+        queues = any_name("sqs")
+        self.policy = iam.ManagedPolicy(
+            self, "Policy", managed_policy_name=f"{prefix}messenger-limit-operators",
+            description="messenger limits: read flow control, set channels' limits",
+            statements=[
+                *limits_operator_statements(namespace),
+                iam.PolicyStatement(sid="FindChannels", actions=["tag:GetResources"],
+                                    resources=["*"]),
+                iam.PolicyStatement(
+                    sid="ReadDeclarations",
+                    actions=["sqs:GetQueueUrl", "sqs:ListQueueTags"], resources=[queues],
+                    conditions=ownership_condition(namespace)),
+                iam.PolicyStatement(
+                    sid="UseThePlatformKey",
+                    actions=["kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey"],
+                    resources=[key.key_arn]),
+            ])
+        acknowledge_wildcard_resource(self.policy, queues, ownership_reason(namespace))
+        acknowledge_wildcard_resource(
+            self.policy, "*", "tag:GetResources has no resource types in IAM, so '*' is its "
+                              "only resource; it reads tags, never changes them.")

@@ -17,6 +17,7 @@ from constructs import Construct
 from messenger.channel import TAG_MANAGED, TAG_NAMESPACE
 from stacks.config import MessengerConfig
 from stacks.dashboard_service import DashboardService
+from stacks.flow_control import LimitOperators
 from stacks.foundation import Foundation
 from stacks.ops import OpsFunctions
 from stacks.schedules import ScheduleWiring
@@ -80,6 +81,9 @@ class PlatformStack(Stack):
         #: Scheduled jobs: the namespace's schedule group, DLQ and scheduler role.
         self.schedules = ScheduleWiring(self, "Schedules", namespace=config.namespace,
                                         key=self.foundation.key)
+        #: `messenger limits` for operators: attach `.policy` (flow control, docs/flow-control.md).
+        self.limit_operators = LimitOperators(self, "LimitOperators", namespace=config.namespace,
+                                              key=self.foundation.key)
         CfnOutput(self, "OpsAlarmTopicArn", value=self.ops.alarm_topic.topic_arn)
         CfnOutput(self, "KeyArn", value=self.foundation.key.key_arn)
         CfnOutput(self, "OffloadBucketName", value=self.foundation.offload_bucket.bucket_name)

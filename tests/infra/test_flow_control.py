@@ -272,3 +272,64 @@ def test_the_grants_cover_every_key_the_store_uses_and_no_other_channels(
     assert writes == [("UpdateItem", f"{LIMITS_RECORD_PREFIX}orders")]
     assert not any(key.startswith(LIMITS_RECORD_PREFIX) for name, key in consumer
                    if name != "GetItem")
+
+
+def test_the_operators_policy_allows_every_call_of_messenger_limits(
+    settings: Any, clients: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any, tmp_path: Path,
+) -> None:
+    # Given the operators' managed policy as synthesized, and 'orders' declaring a rate limit
+    from fnmatch import fnmatchcase
+
+    from aws_cdk.assertions import Template
+
+    from messenger.jobs.limits import LimitStore
+    from messenger.provision import Provisioner
+    from messenger.tools import cli
+    from messenger.tools.runtime import CommandRuntime
+    from stacks.flow_control import LimitOperators
+
+    stack = cdk.Stack(_app(tmp_path), "Operators",
+                      env=cdk.Environment(account=ACCOUNT, region=REGION))
+    foundation = Foundation(stack, "Foundation", namespace=settings.namespace)
+    operators = LimitOperators(stack, "LimitOperators", namespace=settings.namespace,
+                               key=foundation.key)
+    (policy,) = Template.from_stack(stack).find_resources("AWS::IAM::ManagedPolicy").values()
+    assert policy["Properties"]["ManagedPolicyName"] == \
+        f"{settings.namespace}-messenger-limit-operators"
+    statements = policy["Properties"]["PolicyDocument"]["Statement"]
+    assert operators.policy is not None
+    Provisioner(clients, settings).ensure_channel(ChannelSpec(
+        "orders", namespace=settings.namespace, rate_limit="50/s"))
+    LimitStore(clients, settings).ensure()  # as the platform stack made it
+
+    # When an operator runs `messenger limits set` and `show`, every request recorded
+    calls: list[tuple[str, str | None]] = []
+    prefixes = {"tagging": "tag"}
+
+    def record(model: Any, params: dict[str, Any], **_: Any) -> None:
+        service = model.service_model.endpoint_prefix
+        key = params.get("Key", {}).get("key", {}).get("S")
+        calls.append((f"{prefixes.get(service, service)}:{model.name}", key))
+
+    def runtime(*_: Any, **__: Any) -> CommandRuntime:
+        clients.register("provide-client-params", record)
+        return CommandRuntime(settings, clients)
+
+    monkeypatch.setattr(CommandRuntime, "from_env", runtime)
+    assert cli.main(["limits", "set", "orders", "--rate", "10/s", "--as", "ada"]) == 0
+    assert cli.main(["limits", "show", "orders"]) == 0
+    capsys.readouterr()
+
+    # Then each is allowed by a statement of the policy, its item keys by the condition
+    def allows(statement: dict[str, Any], action: str, key: str | None) -> bool:
+        if action not in as_list(statement["Action"]):
+            return False
+        patterns = statement.get("Condition", {}).get("ForAllValues:StringLike", {}).get(
+            "dynamodb:LeadingKeys")
+        return patterns is None or (key is not None and any(
+            fnmatchcase(key, pattern) for pattern in as_list(patterns)))
+
+    assert {action for action, _ in calls} >= {
+        "tag:GetResources", "dynamodb:UpdateItem", "dynamodb:GetItem"}
+    refused = [(a, k) for a, k in calls if not any(allows(s, a, k) for s in statements)]
+    assert not refused
