@@ -219,7 +219,9 @@ class ResultStore:
         answer = self._call(f"recording the outcome of job {outcome.job_id}", functools.partial(
             dynamodb.update_item, TableName=self.table, Key=self._key(outcome.job_id),
             UpdateExpression=expression, ExpressionAttributeNames=names,
-            ExpressionAttributeValues=values, ReturnValues="ALL_NEW"))
+            # the item before: its waiters are the item's (finish leaves them), without the
+            # result just written coming back (up to INLINE_RESULT_BYTES)
+            ExpressionAttributeValues=values, ReturnValues="ALL_OLD"))
         return frozenset(answer.get("Attributes", {}).get("waiters", {}).get("SS", []))
 
     def add_waiter(self, job_id: str, waiter: str,
