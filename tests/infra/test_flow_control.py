@@ -230,12 +230,12 @@ def test_the_grants_cover_every_key_the_store_uses_and_no_other_channels(
     settings: Any, clients: Any,
 ) -> None:
     # Given every item request the flow-control store makes for 'orders' on the moto server
-    # (an operator's change, the consumers' limiters, the channel's and a tenant's, and their
-    # report), recorded on the wire
+    # (an operator's change, the consumers' limiters, the channel's and a tenant's, their
+    # report, a concurrency lease taken and renewed), recorded on the wire
     from fnmatch import fnmatchcase
 
     from messenger.channel import Rate
-    from messenger.jobs.limits import LimitStore, RateLimiter, rate_key
+    from messenger.jobs.limits import ConcurrencyLease, LimitStore, RateLimiter, rate_key
     from stacks.flow_control import LIMITS_RECORD_PREFIX, channel_keys
 
     calls: list[tuple[str, str]] = []
@@ -254,9 +254,15 @@ def test_the_grants_cover_every_key_the_store_uses_and_no_other_channels(
     assert RateLimiter(store, rate_key("orders", "acme"), Rate(2, 1), tenant=True).take() \
         is not None
     store.report("orders", "p1", 1.0, 0)
+    lease = ConcurrencyLease(store, "orders", "p1")
+    assert lease.acquire(limit=3, want=2) == 2
+    lease.acquire(limit=3, want=1)  # a renewal, resized
     consumer = calls[len(operator):]
     # (only the actions the consumers are granted)
     assert {name for name, _ in consumer} == {"GetItem", "UpdateItem"}
+    assert {key for _, key in consumer} == {
+        "limits#orders", "rate#orders", "rate#orders#tenant#acme", "concurrency#orders",
+        "report#orders"}
 
     # Then the consumer's LeadingKeys patterns allow each key, and no key of 'orders-eu' (a
     # channel whose name starts with 'orders'), nor the operator's
