@@ -202,6 +202,15 @@ BENCHES = (
         Figure("dedup off: extra requests per message",
                ("dedup", "extra_requests_per_message_off"), 0.0),
     )),
+    Bench("workflows.py", "Results and workflows: requests per job, producer and consumers", (
+        Figure("plain job", ("kinds", "plain", "requests_per_job")),
+        Figure("job with a result", ("kinds", "result", "requests_per_job")),
+        Figure("group member (callback included)", ("kinds", "group_member",
+                                                     "requests_per_job")),
+        Figure("dependent job (its own)", ("kinds", "dependent", "requests_per_job")),
+        Figure("dependent job: $ per million", ("kinds", "dependent",
+                                                "dollars_per_million_jobs")),
+    )),
     Bench("dashboard.py", "Dashboard on a 10,000-letter DLQ (one page, not the whole queue)", (
         Figure("channel page: ReceiveMessage calls (50 letters)", ("channel_page", "receives"),
                6),
