@@ -145,8 +145,9 @@ class Waiting:
     sent: bool = True
     settled: bool = False
     reason: str = ""
-    #: The token of the call that moved it out of HELD (see `Workflows._move`).
+    #: The token of the call that moved it out of HELD (see `Workflows._move`), and when.
     moved_by: str = ""
+    moved_at: float = 0.0
 
     @property
     def is_group(self) -> bool:
@@ -188,7 +189,7 @@ class Waiting:
             send=HeldSend.of_item(item["send"]) if "send" in item else None,
             sent=bool(item.get("sent", {}).get("BOOL", True)),
             settled="open_shard" not in item, reason=text("reason"),
-            moved_by=text("moved_by"))
+            moved_by=text("moved_by"), moved_at=float(item.get("moved_at", {}).get("N", 0)))
 
 
 @dataclass(frozen=True)

@@ -433,8 +433,9 @@ class Workflows:
             report.expired += item.state is State.EXPIRED
             return
         if item.state is State.RELEASING:
-            self._release(item)
-            report.released += 1
+            if now - item.moved_at >= SWEEP_GRACE_SECONDS:  # else its releaser is sending
+                self._release(item)
+                report.released += 1
             return
         if item.pending:
             found = self.results.get_many(sorted(item.pending))

@@ -301,3 +301,19 @@ def test_a_chain_advances_link_by_link(stores, clients):
     flows.settle(done("b", "B"), RETENTION)
     [c] = received(clients, url, wait=1)
     assert (c.message_id, c.dependencies) == ("c", {"b": "B"})
+
+
+def test_the_sweeper_leaves_a_release_just_begun_to_its_releaser(stores, clients):
+    flows, url = stores
+    # Given a job held long ago, whose release began a moment ago (its releaser is sending)
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "run", RETENTION)
+    now = time.time()
+    flows._update(JOB + "j", "test", "SET #state = :r, moved_at = :now, created_at = :old "
+                  "DELETE pending :a", {":r": {"S": "RELEASING"}, ":now": {"N": repr(now)},
+                                        ":old": {"N": repr(now - 2 * SWEEP_GRACE_SECONDS)},
+                                        ":a": {"SS": ["a"]}})
+    # Then a sweep now sends nothing; one past the grace after the move sends it
+    assert flows.sweep(now + 1).released == 0
+    assert received(clients, url, wait=1) == []
+    assert flows.sweep(now + SWEEP_GRACE_SECONDS + 1).released == 1
+    assert [m.message_id for m in received(clients, url, wait=1)] == ["j"]
