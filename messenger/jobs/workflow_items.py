@@ -153,22 +153,6 @@ class Waiting:
     def is_group(self) -> bool:
         return self.id.startswith(GROUP)
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (the HTTP API's, the dashboard's): the job, its state, the policy,
-        each dependency with its outcome (None while pending) and why it failed, the late ones;
-        a group's id and whether its members were all pushed."""
-        answer: dict[str, Any] = {
-            "job_id": self.job_id, "channel": self.channel, "state": self.state.value,
-            "on_dependency_failure": self.policy,
-            "dependencies": [_counted_dict(dep, self.done.get(dep)) for dep in self.dependencies],
-            "late": [_counted_dict(dep, counted) for dep, counted in sorted(self.late.items())],
-            "created_at": self.created_at}
-        if self.reason:
-            answer["reason"] = self.reason
-        if self.is_group:
-            answer.update(group_id=self.id[len(GROUP):], sent=self.sent)
-        return answer
-
     @classmethod
     def of_item(cls, item: Mapping[str, Any]) -> Waiting:
         def text(name: str) -> str:
@@ -208,14 +192,6 @@ class GroupProgress:
     late: tuple[str, ...] = ()
     outcomes: Mapping[str, Counted] = field(default_factory=dict)
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready fields: the counts, the state, the callback, each member's outcome (None
-        while it runs) and the members recorded late."""
-        return {"group_id": self.group_id, "state": self.state.value, "sent": self.sent,
-                "then_job": self.then_job, "finished": self.finished, "failed": self.failed,
-                "total": len(self.members), "late": list(self.late),
-                "members": [_counted_dict(m, self.outcomes.get(m)) for m in self.members]}
-
 
 @dataclass(frozen=True)
 class Dependent:
@@ -237,15 +213,6 @@ class SweepReport:
     cancelled: int = 0
     expired: int = 0
     never_sent: int = 0
-
-
-def _counted_dict(job_id: str, counted: Counted | None) -> dict[str, Any]:
-    if counted is None:
-        return {"job_id": job_id, "outcome": None}
-    answer: dict[str, Any] = {"job_id": job_id, "outcome": counted.outcome, "at": counted.at}
-    if counted.reason:
-        answer["reason"] = counted.reason
-    return answer
 
 
 def group_member_id(group_id: str, index: int) -> str:

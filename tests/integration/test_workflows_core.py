@@ -269,25 +269,6 @@ def test_an_operator_cancels_a_held_job_and_its_dependents_advance(stores, clien
     assert flows.dependencies_of("j").state is State.CANCELLED
 
 
-def test_the_read_side_in_json(stores, clients):
-    flows, url = stores
-    flows.hold(GROUP + "g", "g.then", "work", held_send(url, "g.then"), ["g.0", "g.1"], "run",
-               RETENTION, sent=False)
-    flows.settle(failed("g.0"), RETENTION)
-    progress = flows.group("g").as_dict()
-    assert json.loads(json.dumps(progress)) == progress
-    assert (progress["finished"], progress["failed"], progress["total"], progress["state"]) == (
-        1, 1, 2, "HELD")
-    assert progress["members"][0]["outcome"] == "dead_lettered"
-    assert "ValueError: bad input" in progress["members"][0]["reason"]
-    assert progress["members"][1] == {"job_id": "g.1", "outcome": None}
-    held = flows.dependencies_of("g.then").as_dict()
-    assert held["group_id"] == "g" and held["sent"] is False and held["job_id"] == "g.then"
-    assert [d["job_id"] for d in held["dependencies"]] == ["g.0", "g.1"]
-    assert flows.dependencies_of("never-held") is None and flows.group("nope") is None
-    assert [(d.job_id, d.group_id) for d in flows.dependents_of("g.1")] == [("g.then", "g")]
-
-
 def test_a_chain_advances_link_by_link(stores, clients):
     flows, url = stores
     # Given c waits on b, which waits on a
@@ -317,3 +298,18 @@ def test_the_sweeper_leaves_a_release_just_begun_to_its_releaser(stores, clients
     assert received(clients, url, wait=1) == []
     assert flows.sweep(now + SWEEP_GRACE_SECONDS + 1).released == 1
     assert [m.message_id for m in received(clients, url, wait=1)] == ["j"]
+
+
+def test_the_read_side_of_a_group(stores, clients):
+    flows, url = stores
+    flows.hold(GROUP + "g", "g.then", "work", held_send(url, "g.then"), ["g.0", "g.1"], "run",
+               RETENTION, sent=False)
+    flows.settle(failed("g.0"), RETENTION)
+    progress = flows.group("g")
+    assert (progress.finished, progress.failed, progress.state, progress.sent) == (
+        1, 1, State.HELD, False)
+    assert "ValueError: bad input" in progress.outcomes["g.0"].reason
+    held = flows.dependencies_of("g.then")
+    assert held.is_group and held.job_id == "g.then" and held.pending == {"g.1"}
+    assert flows.dependencies_of("never-held") is None and flows.group("nope") is None
+    assert [(d.job_id, d.group_id) for d in flows.dependents_of("g.1")] == [("g.then", "g")]
