@@ -245,7 +245,7 @@ class ConsumerService(ConsumerClassFacts):
             foundation.grant_status_write(self.task_definition.task_role)
         if any(level.spec.keep_results for level in channel.levels):
             # its final outcomes, and whatever waits on its jobs advanced (jobs.workflows)
-            foundation.grant_workflows(self.task_definition.task_role)
+            foundation.grant_workflows(self.task_definition.task_role, results=True)
         self.grant_from_class(foundation, self.task_definition.task_role)
         # Flow control: the channel's run-time limits, its token buckets and leases (any channel
         # may get a limit at run time: `messenger limits set`)

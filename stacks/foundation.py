@@ -54,10 +54,9 @@ OFFLOAD_PREFIX = "payloads/"
 #: The workflows table's sparse index of what is not settled yet (`messenger.jobs.workflows`:
 #: held jobs and groups), read by the sweeper: partition `open_shard`, sort `created_at`.
 WORKFLOWS_OPEN_INDEX = "open"
-#: What runs `messenger.jobs.workflows.Workflows` does on its table: hold a job, count a
-#: barrier, release or cancel (conditional writes), read a job's or group's record.
-WORKFLOWS_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:PutItem",
-                           "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+#: What runs `messenger.jobs.workflows.Workflows` does on its table: hold a job (PutItem),
+#: count a barrier, release or cancel (conditional UpdateItems), read a job's or group's record.
+WORKFLOWS_TABLE_ACTIONS = ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem")
 #: What `messenger.jobs.results.ResultStore` does on the status table's final items
 #: (sk `~final`): write the outcome, register a waiter (UpdateItem), read one or many.
 RESULT_ACTIONS = ("dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:BatchGetItem")
@@ -314,31 +313,31 @@ class Foundation(Construct):
         self._grant_table(grantee, self.idempotency_table, "dynamodb:PutItem",
                           "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
 
-    def grant_results(self, grantee: iam.IGrantable) -> None:
-        """Keep results (`jobs.results.ResultStore`, a consumer of a keep_results channel):
-        write a job's final outcome and read it, on the status table (its `~final` items: IAM
-        cannot tell a sort key apart, only the partition); a result too large for its item is
-        an offloaded object (`grant_offload_write`, `grant_offload_read`)."""
-        self._grant_table(grantee, self.status_table, *RESULT_ACTIONS)
-        self.grant_offload_write(grantee)
-        self.grant_offload_read(grantee)
-
-    def grant_workflows(self, grantee: iam.IGrantable, *, releases: bool = True) -> None:
+    def grant_workflows(self, grantee: iam.IGrantable, *, releases: bool = True,
+                        results: bool = False) -> None:
         """Run workflows (`jobs.workflows.Workflows`: a producer's `depends_on` and `group`, a
         consumer advancing what waits on a job, an operator's final action, the sweeper): the
-        workflows table's items, final outcomes (`grant_results`: a held job cancelled
-        because its dependency failed is settled CANCELLED), and the release of a held job:
+        workflows table's items, final outcomes (a held job cancelled because its dependency
+        failed is settled CANCELLED), and the release of a held job:
         a send to its queue or topic, which may be any channel of the namespace (named by the
         namespace's tags: queues and topics are made at run time too; with the read of their
         channel's declarations, as any producer's).
 
         releases: False for a role that releases only jobs of its own channels (the HTTP API:
         it holds jobs it was posted, on its channels, and releases one at once when its
-        dependencies are final already; its channels' publish grants cover that send)."""
+        dependencies are final already; its channels' publish grants cover that send).
+        results: the role writes results (a consumer of a channel that keeps them): one too
+        large for its item is an offloaded object (`grant_offload_write`). Whoever releases a
+        job reads its dependencies' results, large ones from the bucket."""
         iam.Grant.add_to_principal(
             grantee=grantee, actions=["dynamodb:DescribeTable", *WORKFLOWS_TABLE_ACTIONS],
             resource_arns=[self.workflows_table_arn])
-        self.grant_results(grantee)
+        # final outcomes on the status table (its `~final` items, `jobs.results.ResultStore`:
+        # IAM tells partition keys apart, not sort keys)
+        self._grant_table(grantee, self.status_table, *RESULT_ACTIONS)
+        self.grant_offload_read(grantee)
+        if results:
+            self.grant_offload_write(grantee)
         # a push with depends_on reads each dependency's status records (its channel must keep
         # results); the sweeper whether a group's member reached its queue; a release records
         # the released job QUEUED (on a channel that tracks status)

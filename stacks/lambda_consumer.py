@@ -276,7 +276,7 @@ class LambdaConsumer(ConsumerClassFacts):
             foundation.grant_status_write(self.role)
         if any(level.spec.keep_results for level in channel.levels):
             # its final outcomes, and whatever waits on its jobs advanced (jobs.workflows)
-            foundation.grant_workflows(self.role)
+            foundation.grant_workflows(self.role, results=True)
         self.grant_from_class(foundation, self.role)
         # Flow control: the channel's run-time limits, its token buckets and leases (any channel
         # may get a limit at run time: `messenger limits set`)

@@ -268,9 +268,20 @@ def test_the_role_reads_the_namespace_and_writes_only_what_operators_do(
     assert [s for s in statements if "dynamodb:DeleteItem" in _actions(s)] == \
         [by_sid["ClaimCancelledJobs"], by_sid["RecordPauses"]]
     for forbidden in ("sqs:DeleteQueue", "sqs:PurgeQueue", "sqs:SetQueueAttributes",
-                      "dynamodb:UpdateItem", "s3:PutObject",
-                      "s3:DeleteObject", "sns:Publish", "iam:PassRole"):
+                      "s3:PutObject", "s3:DeleteObject", "iam:PassRole"):
         assert forbidden not in every_action
+    # An operator's final action settles the job (its outcome on the status table, what waits
+    # on it counted in the workflows table, a held job released to its queue or topic); a
+    # limit set is one UpdateItem of the limits table: UpdateItem on those tables only, and
+    # sns:Publish on the namespace's topics only
+    updates = [r for s in statements if "dynamodb:UpdateItem" in _actions(s)
+               for r in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]])]
+    assert updates and all(any(table in json.dumps(r) for table in (
+        "dcog-messenger-limits", "dcog-messenger-workflows", "StatusTable")) for r in updates), \
+        updates
+    publishes = [s for s in statements if "sns:Publish" in _actions(s)]
+    assert publishes and all(s["Condition"] == ownership_condition("dcog", "topic")
+                             for s in publishes)
     # '*' only for the actions that have no resource types
     starred = {a for s in statements if s["Resource"] == "*" for a in _actions(s)}
     assert starred <= {"tag:GetResources", "cloudwatch:GetMetricData", "scheduler:ListSchedules",
