@@ -125,6 +125,9 @@ for target in sys.argv[1:]:
             "priorities": list(spec.priorities), "default_level": spec.default_level,
             "track_status": spec.track_status,
             "filter_policy": spec.message_filter.policy() if spec.message_filter else None,
+            # Flow control the class declares (None: it takes the channel's)
+            "limits": {name: getattr(cls, name, None) for name in
+                       ("rate_limit", "tenant_rate_limit", "max_concurrency")},
             # As Consumer guards its handler: `idempotency_key` implies `idempotent`.
             "idempotent": cls.idempotent or cls.idempotency_key is not None,
         }

@@ -23,6 +23,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
+from messenger.channel import ChannelSpec, parse_rate
 from stacks.channel import Channel
 from stacks.consumer_check import check_class_path
 from stacks.consumer_image import DEFAULT_ARCHITECTURE, ConsumerImage
@@ -385,6 +386,7 @@ class ClassValidation:
             for name, value in deployed.items()
             if facts.get(name) != value
         ]
+        errors.extend(_limit_disagreements(target, spec, facts.get("limits") or {}))
         kind = type(service).__name__
         if service.requested_idempotent is not None:
             if service.requested_idempotent != facts["idempotent"]:
@@ -410,6 +412,37 @@ class ClassValidation:
                 f"drop the argument (the class's value is used) or make them equal."
             )
         return errors
+
+
+def _limit_disagreements(target: str, spec: ChannelSpec,
+                         declared: Mapping[str, object]) -> list[str]:
+    """A flow-control limit the class declares that its channel's spec does not: the deployed
+    queue's declaration holds (docs/flow-control.md), so the class's would silently not."""
+    def normal(name: str, value: object) -> float | None:
+        """A limit as a number (a rate per second: '600/min' is '10/s')."""
+        if value is None:
+            return None
+        if name == "max_concurrency":
+            return float(value)  # type: ignore[arg-type]
+        return parse_rate(value, name).per_second
+
+    errors = []
+    for name, value in declared.items():
+        if value is None:
+            continue
+        try:
+            written = normal(name, value)
+        except (TypeError, ValueError) as error:
+            errors.append(f"consumer class {target!r}: {error}")
+            continue
+        deployed = getattr(spec, name)
+        if written != normal(name, deployed):
+            errors.append(
+                f"consumer class {target!r} declares {name}={value!r} but is deployed for "
+                f"channel {spec.name!r} with {name}={deployed!r}; the channel's declaration "
+                f"(its queue's tag) is the one that holds. Make the class attribute and the "
+                f"ChannelSpec agree (or drop the class's).")
+    return errors
 
 
 @jsii.implements(IAspect)

@@ -339,3 +339,34 @@ def test_the_operators_policy_allows_every_call_of_messenger_limits(
         "tag:GetResources", "dynamodb:UpdateItem", "dynamodb:GetItem"}
     refused = [(a, k) for a, k in calls if not any(allows(s, a, k) for s in statements)]
     assert not refused
+
+
+def test_a_class_declaring_other_limits_than_its_channel_fails_synthesis(tmp_path: Path) -> None:
+    # Given a class declaring 10/s per channel (600/min is the same) and 5 at once, deployed
+    # for a channel declaring 600/min and no max_concurrency
+    code = tmp_path / "team"
+    code.mkdir()
+    (code / "jobs.py").write_text(
+        "from messenger import Consumer\n"
+        "class Jobs(Consumer):\n"
+        "    channel = 'jobs'\n"
+        "    visibility_timeout = 150\n"
+        "    processing_timeout = 10\n"
+        "    rate_limit = '10/s'\n"
+        "    max_concurrency = 5\n"
+        "    def handler(self, message): pass\n"
+    )
+    app = _app(tmp_path / "out")
+    stack = cdk.Stack(app, "Small", env=cdk.Environment(account=ACCOUNT, region=REGION))
+    foundation = Foundation(stack, "Foundation", namespace="")
+    channel = Channel(stack, "Channel", key=foundation.key, spec=ChannelSpec(
+        "jobs", visibility_timeout=150, rate_limit="600/min"))
+    LambdaConsumer(stack, "Consumer", channel=channel, foundation=foundation, code=code,
+                   consumer_class="team.jobs:Jobs", namespace="")
+    # When synthesized, Then the one disagreement is named (the equal rate is not)
+    with pytest.raises(Exception) as failure:
+        app.synth()
+    message = str(failure.value)
+    assert "declares max_concurrency=5 but is deployed for channel 'jobs' with " \
+           "max_concurrency=None" in message
+    assert "rate_limit" not in message
