@@ -63,6 +63,8 @@ RATE_LIMITED = "rate_limited"
 #: A job held back waits in its consumer (its lease kept) at most this long; longer, it goes
 #: back in its queue with a delay (a new message: SQS's receive count starts again).
 WAIT_IN_CONSUMER_SECONDS = 1.0
+#: The same for a wait on a tenant's limit (the tenant's other jobs would fill the workers).
+TENANT_WAIT_SECONDS = 0.25
 #: A job held back again and again is delayed up to 2**holds seconds more (jitter), at most
 #: this much more: a tenant's backlog spreads out instead of coming back all at once.
 MAX_HOLD_SPREAD_SECONDS = 120
@@ -261,14 +263,17 @@ def on_forward_failed(rules: Rules, handler_failed: bool, reason: str,
 
 
 def on_limited(wait: float, room: float | None, ordered: bool, holds: int = 0,
-               draw: Callable[[], float] = random.random) -> Verdict:
+               draw: Callable[[], float] = random.random,
+               most: float = WAIT_IN_CONSUMER_SECONDS) -> Verdict:
     """A job held back `wait` seconds by a limit (or its handler's RateLimited): RUN, to wait
-    in the consumer (its lease kept), when the wait is at most WAIT_IN_CONSUMER_SECONDS, or on
-    an ordered channel (its group waits either way; re-sending it would put it behind the rest
-    of its group); never past `room` (Lambda: the invocation's time left; None: no bound).
-    Else HOLD: back in its queue after `hold_delay` (a new message, its attempts carried)."""
+    in the consumer (its lease kept), when the wait is at most `most` (WAIT_IN_CONSUMER_SECONDS;
+    a tenant's limit: TENANT_WAIT_SECONDS, so that one tenant's jobs do not hold the workers
+    the others need), or on an ordered channel (its group waits either way; re-sending it
+    would put it behind the rest of its group); never past `room` (Lambda: the invocation's
+    time left; None: no bound). Else HOLD: back in its queue after `hold_delay` (a new
+    message, its attempts carried)."""
     fits = room is None or wait < room
-    if fits and (wait <= WAIT_IN_CONSUMER_SECONDS or ordered):
+    if fits and (wait <= most or ordered):
         return RUN
     return Verdict(Action.HOLD, LIMITED, delay=hold_delay(wait, holds, draw))
 
@@ -291,7 +296,8 @@ def after_step(ordered: bool, finished: bool, remaining: int) -> Verdict:
 
 
 __all__ = [
-    "GROUP_BLOCKED", "LIMITED", "OUT_OF_TIME", "RATE_LIMITED", "RUN", "WAIT_IN_CONSUMER_SECONDS",
+    "GROUP_BLOCKED", "LIMITED", "OUT_OF_TIME", "RATE_LIMITED", "RUN", "TENANT_WAIT_SECONDS",
+    "WAIT_IN_CONSUMER_SECONDS",
     "Action", "Facts", "Rules", "Verdict", "after_step", "cancelled_reason", "deadline",
     "hold_delay", "is_final", "on_deadline", "on_forward_failed", "on_limited", "on_receive",
     "on_result", "on_unreadable", "retry_delay", "stopped_reason",

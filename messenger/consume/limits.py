@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from messenger.consume import decision
-from messenger.consume.decision import Action
+from messenger.consume.decision import TENANT_WAIT_SECONDS, WAIT_IN_CONSUMER_SECONDS, Action
 from messenger.jobs.limits import (
     LEASE_SECONDS,
     METRIC_DIMENSION,
@@ -103,6 +103,8 @@ class LimitGate:
         self.sleep = sleep
         self.cloudwatch = cloudwatch
         self.limits = declared
+        self.workers = workers
+        self.cap = cap
         self._lock = threading.Lock()
         self._channel: RateLimiter | None = None
         self._tenants: collections.OrderedDict[str, RateLimiter] = collections.OrderedDict()
@@ -121,8 +123,6 @@ class LimitGate:
         self._starts: collections.deque[float] = collections.deque()
         self._published = (0, 0)
         self._peak_waiting = 0
-        self.workers = workers
-        self.cap = cap
         #: The concurrency lease (None: max_concurrency needs none), and the jobs holding
         #: one of its slots (each: whether it still runs).
         self.lease: ConcurrencyLease | None = None
@@ -138,7 +138,8 @@ class LimitGate:
                 self._channel = None
             elif self._channel is None:
                 self._channel = RateLimiter(self.store, rate_key(self.channel),
-                                            limits.rate_limit, clock=self.clock)
+                                            limits.rate_limit, clock=self.clock,
+                                            most=self.workers)
             else:
                 self._channel.rate = limits.rate_limit
             if limits.tenant_rate_limit is None:
@@ -291,7 +292,9 @@ class LimitGate:
                 if not counted:
                     self.limited += 1
                     counted = True
-                delay = self._wait_or_hold(ready, room, ordered, holds, began)
+                delay = self._wait_or_hold(ready, room, ordered, holds, began,
+                                           most=TENANT_WAIT_SECONDS if limiter.tenant
+                                           else WAIT_IN_CONSUMER_SECONDS)
                 if delay:
                     return delay
         start = max(starts, default=0.0)
@@ -304,12 +307,12 @@ class LimitGate:
         return 0
 
     def _wait_or_hold(self, ready: float, room: float | None, ordered: bool, holds: int,
-                      began: float) -> int:
+                      began: float, most: float = WAIT_IN_CONSUMER_SECONDS) -> int:
         """Wait here until `ready` (epoch s) when the decision allows it (0), else the hold's
         delay (seconds)."""
         wait = max(0.0, ready - self.clock())
         left = None if room is None else room - (time.monotonic() - began)
-        verdict = decision.on_limited(wait, left, ordered, holds)
+        verdict = decision.on_limited(wait, left, ordered, holds, most=most)
         if verdict.action is Action.HOLD:
             self._delayed.append(self.clock())
             return max(1, verdict.delay)

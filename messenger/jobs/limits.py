@@ -76,7 +76,7 @@ REFRESH_SECONDS = 3.5
 BATCH_SECONDS = 0.25
 MIN_BATCH = 10
 #: A tenant limiter's batch: this much of the tenant's rate (at least 1 unit).
-TENANT_BATCH_SECONDS = 1.0
+TENANT_BATCH_SECONDS = 0.5
 #: Reservations reach ahead of now by one batch per process sharing the limiter, plus one (so
 #: that each process can book its next batch while it uses one: no refused request at a steady
 #: rate), at least 2 batches, at most MAX_HORIZON_SECONDS (the limiter's horizon).
@@ -226,12 +226,15 @@ def _apply(declared: ChannelLimits, overrides: Mapping[str, str]) -> ChannelLimi
     return ChannelLimits(**values)
 
 
-def batch_size(rate: Rate, tenant: bool = False) -> int:
+def batch_size(rate: Rate, tenant: bool = False, most: int | None = None) -> int:
     """Units one reservation takes: BATCH_SECONDS of the rate, at least MIN_BATCH (a tenant's:
-    TENANT_BATCH_SECONDS of it, at least 1)."""
+    TENANT_BATCH_SECONDS of it, at least 1); at most `most` (a process's workers: units it
+    cannot use before their time are lost)."""
     if tenant:
-        return max(1, math.ceil(rate.per_second * TENANT_BATCH_SECONDS))
-    return max(MIN_BATCH, math.ceil(rate.per_second * BATCH_SECONDS))
+        size = max(1, math.ceil(rate.per_second * TENANT_BATCH_SECONDS))
+    else:
+        size = max(MIN_BATCH, math.ceil(rate.per_second * BATCH_SECONDS))
+    return size if most is None else max(1, min(size, most))
 
 
 def rate_key(channel: str, tenant: str | None = None) -> str:
@@ -413,14 +416,16 @@ class RateLimiter:
     time a job of that weight may start.
 
     store: the limits table. key: the limiter's item (`rate_key`). rate: its limit.
-    tenant: a tenant's limiter (its batch size). clock: epoch seconds. draw: jitter, 0-1."""
+    tenant: a tenant's limiter (its batch size). clock: epoch seconds. draw: jitter, 0-1.
+    most: the largest batch (the process's workers; None: no bound)."""
 
     def __init__(self, store: LimitStore, key: str, rate: Rate, tenant: bool = False,
                  clock: Callable[[], float] | None = None,
-                 draw: Callable[[], float] = random.random) -> None:
+                 draw: Callable[[], float] = random.random, most: int | None = None) -> None:
         self.store = store
         self.key = key
         self.tenant = tenant
+        self.most = most
         self.clock = clock or store.clock
         self.draw = draw
         self._lock = threading.Lock()
@@ -445,7 +450,7 @@ class RateLimiter:
         (they reach at most the horizon ahead)."""
         self._rate = rate
         self.interval = 1.0 / rate.per_second
-        self.batch = batch_size(rate, self.tenant)
+        self.batch = batch_size(rate, self.tenant, self.most)
 
     @property
     def horizon(self) -> float:

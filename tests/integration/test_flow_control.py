@@ -144,13 +144,13 @@ def gate_on(store: LimitStore, declared: ChannelLimits) -> tuple[LimitGate, Cloc
     def sleep(seconds: float) -> None:
         clock.now += max(seconds, 0.0)
 
-    gate = LimitGate(store, "payments", declared, "p1", clock=clock, sleep=sleep)
+    gate = LimitGate(store, "payments", declared, "p1", clock=clock, sleep=sleep, workers=20)
     return gate, clock
 
 
 @pytest.fixture
 def store(clients, settings):
-    made = LimitStore(clients, settings, clock=Clock())
+    made = LimitStore(clients, settings, clock=Clock(), budget=1.0)
     made.ensure()
     return made
 
