@@ -350,6 +350,14 @@ def tail(log: Path) -> str:
     return log.read_text()[-3000:] if log.exists() else f"(no {log.name})"
 
 
+def listening(log: Path) -> bool:
+    """Whether a consumer's JSON log says it reached LISTENING (whole lines only)."""
+    text = log.read_text() if log.exists() else ""
+    lines = text[:text.rfind("\n") + 1].splitlines()
+    return any(json.loads(line).get("state") == "LISTENING" for line in lines
+               if line.startswith("{"))
+
+
 @pytest.mark.timeout(400)
 def test_a_consumer_killed_after_its_handler_and_before_the_write_runs_the_job_again(
         settings, clients, tmp_path):
@@ -372,6 +380,9 @@ def test_a_consumer_killed_after_its_handler_and_before_the_write_runs_the_job_a
 
     doomed = consume("doomed.log", RESULTS_KILL_BEFORE_FINISH="1")
     try:
+        # (the consumer provisions the channel, tagged keep_results, before the first push: a
+        # producer that made the queue first would have tagged it with its own spec's False)
+        wait_until(lambda: listening(tmp_path / "doomed.log"), PROCESS_WAIT)
         job = producer.push({"n": 7})
         assert doomed.wait(timeout=PROCESS_WAIT) == -9, tail(tmp_path / "doomed.log")
         # Then the handler ran and nothing of its outcome was written
