@@ -51,7 +51,8 @@ TIMING_TESTS := tests/unit/test_prefetch.py tests/unit/test_consumer.py \
 	tests/integration/test_flow_control.py \
 	tests/integration/test_workflows.py tests/reliability/test_workflow_kills.py \
 	tests/integration/test_dashboard_pages.py tests/integration/test_dashboard_auth.py \
-	tests/integration/test_dashboard_workflows_browser.py
+	tests/integration/test_dashboard_workflows_browser.py \
+	tests/integration/test_dashboard_limits_browser.py
 
 test-timing: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m tests.stress --runs $(RUNS) -- -n $(TEST_WORKERS) --dist loadgroup $(TIMING_TESTS)
