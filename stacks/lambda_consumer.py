@@ -154,7 +154,7 @@ class LambdaConsumer(ConsumerClassFacts):
     The function is named `<namespace->messenger-consumer-<its construct path and a hash>`
     (`messenger.channel.lambda_consumer_prefix`).
     Outputs: `function`, `role`, `event_sources` (one per queue), `alarms` (errors, throttles,
-    and the age of the oldest message per queue).
+    and the age of the oldest message per queue), `scaling` (`EventSourceScaling`).
     """
 
     def __init__(
@@ -201,7 +201,8 @@ class LambdaConsumer(ConsumerClassFacts):
                 f"(Lambda gathers more than 10 messages only within one), e.g. "
                 f"Duration.seconds(5)"
             )
-        scaling = EventSourceScaling.of(
+        #: How its event sources scale, and the handlers they may run at once (`cap`).
+        self.scaling = scaling = EventSourceScaling.of(
             f"LambdaConsumer {id!r}", channel, max_concurrency, min_pollers, max_pollers)
         self.channel = channel
         self.consumer_class = consumer_class
