@@ -264,25 +264,29 @@ def on_forward_failed(rules: Rules, handler_failed: bool, reason: str,
 
 def on_limited(wait: float, room: float | None, ordered: bool, holds: int = 0,
                draw: Callable[[], float] = random.random,
-               most: float = WAIT_IN_CONSUMER_SECONDS) -> Verdict:
+               most: float = WAIT_IN_CONSUMER_SECONDS, backlog: float = 0.0) -> Verdict:
     """A job held back `wait` seconds by a limit (or its handler's RateLimited): RUN, to wait
     in the consumer (its lease kept), when the wait is at most `most` (WAIT_IN_CONSUMER_SECONDS;
     a tenant's limit: TENANT_WAIT_SECONDS, so that one tenant's jobs do not hold the workers
     the others need), or on an ordered channel (its group waits either way; re-sending it
     would put it behind the rest of its group); never past `room` (Lambda: the invocation's
     time left; None: no bound). Else HOLD: back in its queue after `hold_delay` (a new
-    message, its attempts carried)."""
+    message, its attempts carried; `backlog`: see there)."""
     fits = room is None or wait < room
     if fits and (wait <= most or ordered):
         return RUN
-    return Verdict(Action.HOLD, LIMITED, delay=hold_delay(wait, holds, draw))
+    return Verdict(Action.HOLD, LIMITED, delay=hold_delay(wait, holds, draw, backlog))
 
 
-def hold_delay(wait: float, holds: int, draw: Callable[[], float] = random.random) -> int:
-    """Whole seconds a job held back goes back in its queue for: its wait, plus up to
-    2**holds seconds (at most MAX_HOLD_SPREAD_SECONDS) drawn at random, so that a backlog held
-    back again and again spreads out; at least 1."""
-    spread = min(2.0 ** min(holds, 16), MAX_HOLD_SPREAD_SECONDS)
+def hold_delay(wait: float, holds: int, draw: Callable[[], float] = random.random,
+               backlog: float = 0.0) -> int:
+    """Whole seconds a job held back goes back in its queue for: its wait, plus a spread drawn
+    at random: up to 2**holds seconds (at most MAX_HOLD_SPREAD_SECONDS), or up to `backlog`
+    when longer (seconds the limit needs for the jobs held back on it lately: they come back
+    about as fast as it lets them run, instead of all at once); at least 1, at most
+    MAX_HOLD_DELAY_SECONDS beyond the wait."""
+    spread = max(min(2.0 ** min(holds, 16), MAX_HOLD_SPREAD_SECONDS),
+                 min(backlog, MAX_HOLD_DELAY_SECONDS))
     return max(1, math.ceil(wait + draw() * spread))
 
 

@@ -68,6 +68,10 @@ REPORT_SECONDS = 10.0
 MAX_TENANTS = 10_000
 #: The window of this process's recent rate (its report), seconds.
 RATE_WINDOW_SECONDS = 10.0
+#: Jobs held back lately, per limit, that the gate remembers (their spread: `_backlog`).
+MAX_HELD_KEPT = 10_000
+#: How long a held job counts in its limit's backlog (seconds).
+HELD_WINDOW_SECONDS = 300.0
 #: How often a job waiting for a concurrency slot looks again (seconds).
 SLOT_POLL_SECONDS = 0.05
 #: The CDK app's cap of all of a channel's consumers (`stacks.flow_control`): a whole number,
@@ -128,6 +132,8 @@ class LimitGate:
         self.lease: ConcurrencyLease | None = None
         self._slots: list[Callable[[], bool]] = []
         self._lease_limit: int | None = None
+        #: Jobs held back lately by each limiter's key: job id → when.
+        self._held: dict[str, collections.OrderedDict[str, float]] = {}
         self._apply(declared)
 
     # -- the limits ------------------------------------------------------------------------
@@ -212,13 +218,14 @@ class LimitGate:
     # -- one job ---------------------------------------------------------------------------
     def admit(self, tenant: str | None, units: int = 1, room: float | None = None,
               ordered: bool = False, holds: int = 0,
-              alive: Callable[[], bool] | None = None) -> int:
+              alive: Callable[[], bool] | None = None, job: str = "") -> int:
         """Wait until the job may start (its units of the channel's and its tenant's limits
         taken, the process's pause over): 0 when it may start now, else the whole seconds it
         is to be held back (`decision.on_limited`: the wait is longer than it may take here).
         room: seconds the job may wait here (Lambda: the invocation's time left; None: no
         bound). holds: times the job was held back before (its delay spreads out). alive:
-        whether the job still runs (its concurrency slot is free once it says False)."""
+        whether the job still runs (its concurrency slot is free once it says False). job: its
+        id (a held job counts once in its limit's backlog, however often it comes back)."""
         limiters: list[RateLimiter] = []
         if tenant is not None:
             limiter = self._tenant(tenant)
@@ -234,7 +241,7 @@ class LimitGate:
                 if delay:
                     self.limited += 1
                     return delay
-            delay = self._admit_rate(limiters, units, room, ordered, holds, began)
+            delay = self._admit_rate(limiters, units, room, ordered, holds, began, job)
             if delay and alive is not None:
                 self._free_slot(alive)
             return delay
@@ -268,7 +275,7 @@ class LimitGate:
                 self._slots.remove(alive)
 
     def _admit_rate(self, limiters: list[RateLimiter], units: int, room: float | None,
-                    ordered: bool, holds: int, began: float) -> int:
+                    ordered: bool, holds: int, began: float, job: str = "") -> int:
         """The pause, then the rate limiters' units (module doc): 0 when the job may start now
         (after the waits here), else the hold's delay."""
         counted = False
@@ -294,7 +301,8 @@ class LimitGate:
                     counted = True
                 delay = self._wait_or_hold(ready, room, ordered, holds, began,
                                            most=TENANT_WAIT_SECONDS if limiter.tenant
-                                           else WAIT_IN_CONSUMER_SECONDS)
+                                           else WAIT_IN_CONSUMER_SECONDS,
+                                           held=(limiter, job, units))
                 if delay:
                     return delay
         start = max(starts, default=0.0)
@@ -307,17 +315,43 @@ class LimitGate:
         return 0
 
     def _wait_or_hold(self, ready: float, room: float | None, ordered: bool, holds: int,
-                      began: float, most: float = WAIT_IN_CONSUMER_SECONDS) -> int:
+                      began: float, most: float = WAIT_IN_CONSUMER_SECONDS,
+                      held: tuple[RateLimiter, str, int] | None = None) -> int:
         """Wait here until `ready` (epoch s) when the decision allows it (0), else the hold's
-        delay (seconds)."""
+        delay (seconds). held: the limiter, the job's id and units (its backlog)."""
         wait = max(0.0, ready - self.clock())
         left = None if room is None else room - (time.monotonic() - began)
-        verdict = decision.on_limited(wait, left, ordered, holds, most=most)
+        backlog = self._backlog(*held) if held is not None else 0.0
+        verdict = decision.on_limited(wait, left, ordered, holds, most=most, backlog=backlog)
         if verdict.action is Action.HOLD:
             self._delayed.append(self.clock())
+            if held is not None:
+                self._note_held(held[0], held[1])
             return max(1, verdict.delay)
         self.sleep(wait)
         return 0
+
+    def _backlog(self, limiter: RateLimiter, job: str, units: int) -> float:
+        """Seconds `limiter` needs for the jobs held back on it lately (this process's, times
+        the processes sharing it: SQS spreads a backlog over them), this one counted."""
+        now = self.clock()
+        with self._lock:
+            held = self._held.get(limiter.key)
+            if held is None:
+                return units * limiter.interval
+            while held and (len(held) > MAX_HELD_KEPT or
+                            next(iter(held.values())) < now - HELD_WINDOW_SECONDS):
+                held.popitem(last=False)
+            known = len(held) + (0 if job and job in held else 1)
+            return known * self._processes * units * limiter.interval
+
+    def _note_held(self, limiter: RateLimiter, job: str) -> None:
+        now = self.clock()
+        key = job or f"anonymous-{now}"
+        with self._lock:
+            held = self._held.setdefault(limiter.key, collections.OrderedDict())
+            held[key] = now
+            held.move_to_end(key)
 
     def rate_limited(self, retry_after: float) -> None:
         """A handler said the upstream is saturated (`messenger.RateLimited`): this process

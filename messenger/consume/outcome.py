@@ -522,7 +522,7 @@ class OutcomePolicy:
         delay = gate.admit(delivery.group_id, units,
                            None if limit is None else limit - self.clock(),
                            self.consumer.ordered, marks.holds,
-                           alive=lambda: delivery.stage is Stage.RUNNING)
+                           alive=lambda: delivery.stage is Stage.RUNNING, job=delivery.log_id)
         if delay:
             return self._send_back(delivery, delay, decision.LIMITED, marks)
         if not self._set_deadline(delivery, decision.deadline(

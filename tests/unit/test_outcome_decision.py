@@ -175,6 +175,10 @@ TABLE: dict[str, Row] = {
     "lambda: never past the invocation's time left": (
         lambda: decision.on_limited(0.5, 0.4, ordered=True, draw=bottom),
         Verdict(Action.HOLD, "limited", delay=1)),
+    "a limit's backlog of held jobs spreads them over the time it needs for them": (
+        lambda: decision.on_limited(2.0, None, ordered=False, holds=1, draw=top,
+                                    backlog=200.0),
+        Verdict(Action.HOLD, "limited", delay=202)),
     "the spread is capped": (
         lambda: decision.on_limited(2.0, None, ordered=False, holds=40, draw=top),
         Verdict(Action.HOLD, "limited", delay=122)),
