@@ -251,6 +251,19 @@ class Foundation(Construct):
             sort_key=dynamodb.Attribute(name="created_at", type=dynamodb.AttributeType.NUMBER),
             projection_type=dynamodb.ProjectionType.ALL,
         )
+        # A team's producer roles that push with depends_on, push a group or read results
+        # attach this (`grant_workflow_producer`); the CDK app's own producers get statements.
+        self.workflow_producer_policy = iam.ManagedPolicy(
+            self, "WorkflowProducerPolicy",
+            managed_policy_name=f"{namespace}-messenger-workflow-producers" if namespace
+            else "messenger-workflow-producers",
+            description="hold jobs until their dependencies are final, push groups, read "
+                        "results (messenger.jobs.workflows, Producer.result)",
+            statements=self._workflow_producer_statements())
+        acknowledge_wildcard_resource(
+            self.workflow_producer_policy, self.payload_objects_arn,
+            "A result above 350 KB is an offloaded object with a random key made at run time; "
+            "the grant reads objects under the payloads/ prefix of the platform bucket only.")
         Tags.of(self).add(TAG_MANAGED, "true")
         if namespace:
             Tags.of(self).add(TAG_NAMESPACE, namespace)
@@ -359,6 +372,30 @@ class Foundation(Construct):
             for service in ("sqs", "sns"):
                 acknowledge_wildcard_resource(policy, any_name(service),
                                               ownership_reason(self.namespace))
+
+    def _workflow_producer_statements(self) -> list[iam.PolicyStatement]:
+        """What a producer's `push(depends_on=...)`, `group` and `result` call: the workflows
+        table's items (hold, mark a group sent, apply a dependency final already), the status
+        table's final items and records (register on a dependency, read outcomes, the
+        dependency check's Query, a released job's QUEUED), large results, the key. A job it
+        releases goes to its own channel (its publish grant)."""
+        status = self.status_table.table_arn
+        return [
+            iam.PolicyStatement(actions=["dynamodb:DescribeTable", *WORKFLOWS_TABLE_ACTIONS],
+                                resources=[self.workflows_table_arn]),
+            iam.PolicyStatement(actions=["dynamodb:DescribeTable", *RESULT_ACTIONS,
+                                         "dynamodb:Query", "dynamodb:BatchWriteItem",
+                                         "dynamodb:PutItem"], resources=[status]),
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.payload_objects_arn]),
+            iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.offload_bucket_arn]),
+            iam.PolicyStatement(actions=["kms:Decrypt", "kms:GenerateDataKey",
+                                         "kms:DescribeKey"], resources=[self.key.key_arn]),
+        ]
+
+    def grant_workflow_producer(self, role: iam.IRole) -> None:
+        """Let a producer's `role` push jobs that wait (`depends_on`), push groups and read
+        results: the managed policy `<ns->messenger-workflow-producers`."""
+        role.add_managed_policy(self.workflow_producer_policy)
 
     def grant_workflows_sweep(self, grantee: iam.IGrantable) -> None:
         """Sweep the workflows (`Workflows.sweep`, the 15-minute operations run): what runs

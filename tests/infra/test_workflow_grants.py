@@ -223,3 +223,21 @@ def test_the_api_model_takes_depends_on_and_on_dependency_failure() -> None:
     assert JOB_SCHEMA["properties"]["depends_on"] == {"type": "array", "minItems": 1,
                                                       "maxItems": 100}
     assert JOB_SCHEMA["properties"]["on_dependency_failure"]["type"] == "string"
+
+
+def test_a_teams_producers_attach_one_managed_policy(app: Synthesized) -> None:
+    # A producer role outside the app (a team's service) that pushes with depends_on, pushes
+    # groups or reads results attaches <ns->messenger-workflow-producers
+    (policy,) = [r["Properties"] for r in app.of_type("Flows", "AWS::IAM::ManagedPolicy").values()
+                 if r["Properties"].get("ManagedPolicyName")
+                 == f"{NAMESPACE}-messenger-workflow-producers"]
+    statements = policy["PolicyDocument"]["Statement"]
+    assert {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"} <= _on(
+        statements, f"table/{workflows_table_name(NAMESPACE)}")
+    assert {"dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:Query"} <= _on(
+        statements, "StatusTable")
+    assert _on(statements, "payloads/*") == {"s3:GetObject"}
+    # and nothing of any queue or topic: a job it releases goes to its own channel, which
+    # its publish grant names
+    assert not [a for s in statements for a in as_list(s["Action"])
+                if a.startswith(("sqs:", "sns:"))]
