@@ -226,10 +226,14 @@ class ClientFactory:
     def __init__(
         self, region: str, endpoint_url: str | None = None,
         call_timeout: float = CALL_TIMEOUT_SECONDS, call_budget: float = CALL_BUDGET_SECONDS,
+        access_key: tuple[str, str] | None = None,
     ) -> None:
         self.region = region
         #: None: boto3's own resolution (AWS_ENDPOINT_URL, then AWS).
         self.endpoint_url = endpoint_url
+        #: (key id, secret) the clients sign with; None: boto3's own credential chain. For a
+        #: local endpoint's own clients (`messenger.tools.workflow_sweeper`), which need none.
+        self.access_key = access_key
         #: Seconds an attempt may wait for its response (long polls: plus their wait).
         self.call_timeout = call_timeout
         #: Seconds after which a call made outside `call_with_budget` (a CLI's, a Lambda's)
@@ -259,9 +263,12 @@ class ClientFactory:
             session = _genuine_session_class()(botocore_session=core, region_name=self.region)
             timeout = self.call_timeout if read_timeout is None else read_timeout
             timeout += LONG_POLL_SECONDS if long_poll else 0
+            keys = {} if self.access_key is None else {
+                "aws_access_key_id": self.access_key[0],
+                "aws_secret_access_key": self.access_key[1]}
             made = session.client(
                 service, config=client_config(timeout, validate_params),
-                endpoint_url=self.endpoint_url,
+                endpoint_url=self.endpoint_url, **keys,
             )
             # on the service's own event, first: botocore's handler is there (a handler of
             # the bare 'needs-retry' would come after it), and the first answer is the one

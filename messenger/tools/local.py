@@ -50,8 +50,10 @@ class LocalEndpoint:
     one page as AWS does (messenger.tools.moto_tagging), and SQS and SNS publish their
     CloudWatch metrics as on AWS (messenger.tools.moto_metrics); all patch moto in this
     process. Due one-time EventBridge Scheduler schedules fire through their targets
-    (messenger.tools.scheduler_fire), which moto alone never does, and DynamoDB's conditional
-    writes are atomic as on AWS (messenger.tools.moto_dynamodb), also with `stock_moto`."""
+    (messenger.tools.scheduler_fire), which moto alone never does, the workflows are swept
+    every minute as the 15-minute operations run sweeps them on AWS
+    (messenger.tools.workflow_sweeper), and DynamoDB's conditional writes are atomic as on AWS
+    (messenger.tools.moto_dynamodb), also with `stock_moto`."""
 
     def __init__(self, host: str = LOOPBACK, port: int = 0, stock_moto: bool = False) -> None:
         import logging
@@ -79,6 +81,7 @@ class LocalEndpoint:
         self._server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
         self.url = ""
         self.firer: Any = None
+        self.sweeper: Any = None
 
     def start(self) -> LocalEndpoint:
         from messenger.tools.scheduler_fire import ScheduleFirer, local_clients
@@ -87,11 +90,16 @@ class LocalEndpoint:
         host, port = self._server.get_host_and_port()
         self.url = f"http://{host}:{port}"
         self.firer = ScheduleFirer(local_clients(self.url)).start()
+        from messenger.tools.workflow_sweeper import WorkflowSweeper
+
+        self.sweeper = WorkflowSweeper(self.url).start()
         return self
 
     def stop(self) -> None:
         if self.firer is not None:
             self.firer.stop()
+        if self.sweeper is not None:
+            self.sweeper.stop()
         self._server.stop()
 
     def env(self) -> dict[str, str]:
@@ -210,8 +218,8 @@ def serve_forever(host: str, port: int, stock_moto: bool = False) -> int:
     sqs = "indexed (messenger.tools.moto_sqs)" if endpoint.sqs_indexed else "stock moto"
     metrics = ("SQS and SNS publish their CloudWatch metrics every minute"
                if endpoint.metrics_published else "no SQS/SNS CloudWatch metrics")
-    print(f"SQS: {sqs}; {metrics}; due Scheduler schedules fire. Ctrl-C stops it.",
-          flush=True)
+    print(f"SQS: {sqs}; {metrics}; due Scheduler schedules fire; workflows are swept every "
+          f"minute. Ctrl-C stops it.", flush=True)
     stop.wait()
     endpoint.stop()
     print("stopped.", flush=True)
