@@ -16,6 +16,7 @@ Table `workflows_table_name(ns)`: partition key `id` (S); the sparse global inde
 | `send` | the held message (`HeldSend`), absent for a group without a callback |
 | `sent` | a group: False until its producer pushed every member |
 | `created_at`, `hold_until`, `retention` | when written; until when it waits (retention) |
+| `due_by`, `due_at` | the last barrier write's (or group mark's) token, time: the release's owner |
 | `moved_by`, `moved_at`, `reason` | the move out of HELD: its writer's token, when, why |
 | `open_shard` | while not settled (the index's partition) |
 | `token`, `expires_at` | the writer's token (a retried PutItem finds its own); TTL |
@@ -148,6 +149,15 @@ class Waiting:
     #: The token of the call that moved it out of HELD (see `Workflows._move`), and when.
     moved_by: str = ""
     moved_at: float = 0.0
+    #: The token and time of the last barrier write (or a group's mark as sent): once the
+    #: release is due, its owner's (see `Workflows._act`).
+    due_by: str = ""
+    due_at: float = 0.0
+
+    @property
+    def due(self) -> bool:
+        """Nothing pending and, a group, every member pushed: a release or a cancel is due."""
+        return not self.pending and self.sent
 
     @property
     def is_group(self) -> bool:
@@ -173,7 +183,8 @@ class Waiting:
             send=HeldSend.of_item(item["send"]) if "send" in item else None,
             sent=bool(item.get("sent", {}).get("BOOL", True)),
             settled="open_shard" not in item, reason=text("reason"),
-            moved_by=text("moved_by"), moved_at=float(item.get("moved_at", {}).get("N", 0)))
+            moved_by=text("moved_by"), moved_at=float(item.get("moved_at", {}).get("N", 0)),
+            due_by=text("due_by"), due_at=float(item.get("due_at", {}).get("N", 0)))
 
 
 @dataclass(frozen=True)

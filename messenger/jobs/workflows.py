@@ -24,13 +24,21 @@ a late member, or the retry of a write whose answer was lost) re-reads the item:
 other than the one counted is recorded in `late` (the callback is never sent twice), and a
 release or cancel that is due is carried out.
 
-The release is a conditional state change, HELD → RELEASING (condition: nothing pending, a
-group's members all sent), then the send, then RELEASING → RELEASED. Each move out of HELD
-(release, cancel, expiry) carries a token of its writer: the retry of one whose answer was
-lost finds its own move, and a racing releaser that lost sends nothing. The message carries
+The release is owned by the write that made it due: the barrier write that emptied `pending`
+of a sent item (its condition says the dependency was pending before), or the mark of a group
+as sent (condition: not sent before) once nothing is pending; exactly one write does, since
+neither can undo the other. Each of these writes SETs `due_by` (a token of its writer) and
+`due_at`, so the retry of one whose answer was lost finds its own token. The owner sends, then
+writes RELEASED: no state change before the send. Nothing else moves a due item out of HELD
+(an operator's cancel and the sweeper's expiry need something pending), and a writer that is
+not the owner leaves a due item alone until SWEEP_GRACE_SECONDS after `due_at`; then (the
+owner stopped) it takes the release over with a conditional HELD → RELEASING (a token of its
+own: one of two takers sends), sends, and writes RELEASED. Each move out of HELD (a take-over,
+a cancel, an expiry) carries a token of its writer: the retry of one whose answer was lost
+finds its own move. The message carries
 its job id and the job-id mark (`jobs.fired`, window: a queue's longest retention), so the
 consumer's job-id claim runs it once even if a crash sends it twice (a sweep re-sends a
-release left RELEASING); its meta header DEPENDENCIES_HEADER carries each dependency's result
+release its owner left); its meta header DEPENDENCIES_HEADER carries each dependency's result
 or failure (`message.dependencies`, `workflow_items.dependencies_text`).
 With on_dependency_failure='cancel', the first failed dependency moves HELD → CANCELLED and
 settles the held job CANCELLED naming the failed job, so whatever waits on it advances in turn.
@@ -38,8 +46,9 @@ settles the held job CANCELLED naming the failed job, so whatever waits on it ad
 Crash safety, by the sweeper (`sweep`, the 15-minute operations run): items not settled carry
 `open_shard` and sit in the sparse index 'open' (`open_shard`, `created_at`); for each older
 than SWEEP_GRACE_SECONDS it reads the pending dependencies' outcomes (BatchGetItem) and applies
-the final ones, re-sends a release left in RELEASING, settles again a cancel left unsettled,
-settles EXPIRED a held job past its channel's retention, and fails the members of a group whose
+the final ones, sends a release its owner left (due, or RELEASING, since SWEEP_GRACE_SECONDS),
+settles again a cancel left unsettled, settles EXPIRED a held job past its channel's retention
+that still waits on something, and fails the members of a group whose
 producer stopped before marking it sent and that never reached their queue (no status record):
 'never sent: the producer stopped'. No scan, no polling.
 
@@ -215,14 +224,23 @@ class Workflows:
         else:
             for dep in deps:
                 register(dep)
-        if not deps:
-            self._act(self.read(item_id))
+        if not deps:  # due as written: this producer's release
+            self._act(self.read(item_id), owner=True)
         return True
 
     def mark_sent(self, group_id: str) -> None:
-        """A group's members were all pushed: its callback may be released."""
-        self._act(self._update(GROUP + group_id, f"marking group {group_id} sent",
-                               "SET sent = :t", {":t": {"BOOL": True}}))
+        """A group's members were all pushed: its callback may be released (by this call,
+        when every member is final already)."""
+        item_id, token = GROUP + group_id, uuid.uuid4().hex
+        after = self._update(item_id, f"marking group {group_id} sent",
+                             "SET sent = :t, due_by = :me, due_at = :now",
+                             {":t": {"BOOL": True}, ":f": {"BOOL": False}, ":me": {"S": token},
+                              ":now": {"N": repr(time.time())}}, condition="sent = :f")
+        owner = after is not None
+        if after is None:  # marked already: by another, or by this call (a lost answer)
+            after = self.read(item_id)
+            owner = after is not None and after.due_by == token
+        self._act(after, owner=owner)
 
     # -- advancing (whoever reaches a final outcome) -----------------------------------------
     def advance(self, outcome: FinalOutcome, waiters: Iterable[str]) -> None:
@@ -246,9 +264,11 @@ class Workflows:
     def cancel(self, job_id: str, by: str) -> bool:
         """Cancel a held job (an operator's): it is never sent, its outcome is CANCELLED
         ('cancelled by <by>') and what waits on it advances. False when it is not held
-        (released, settled already, or never held)."""
+        (released, its release under way: nothing pending any more, settled already, or never
+        held)."""
         reason = f"cancelled by {by}"
-        if self._move(JOB + job_id, State.CANCELLED, "cancelling", reason=reason) is None:
+        if self._move(JOB + job_id, State.CANCELLED, "cancelling", reason=reason,
+                      condition="attribute_exists(pending)") is None:
             return False
         self._settle_closed(JOB + job_id, Outcome.CANCELLED, reason)
         return True
@@ -264,28 +284,35 @@ class Workflows:
         """The barrier write for one dependency (see the module doc)."""
         dep = outcome.job_id
         counted = Counted.of(outcome)
+        token = uuid.uuid4().hex
         after = self._update(
             item_id, f"counting job {dep} for {item_id}",
-            "DELETE pending :one SET done.#dep = :counted",
-            {":one": {"SS": [dep]}, ":dep": {"S": dep}, ":counted": counted.item()},
+            "DELETE pending :one SET done.#dep = :counted, due_by = :me, due_at = :now",
+            {":one": {"SS": [dep]}, ":dep": {"S": dep}, ":counted": counted.item(),
+             ":me": {"S": token}, ":now": {"N": repr(time.time())}},
             condition="contains(pending, :dep)", names={"#dep": dep})
+        owner = after is not None  # this write counted it: it made the release due if any
         if after is None:  # counted already: a repeat, a late outcome, or our own lost answer
             after = self.read(item_id)
             if after is None:
                 return
+            owner = after.due_by == token
             first = after.done.get(dep)
-            if first is not None and first.outcome != counted.outcome and \
+            if not owner and first is not None and first.outcome != counted.outcome and \
                     after.late.get(dep) != counted:
                 logger.info("%s: job %s finished %s after it was counted %s: recorded late",
                             item_id, dep, counted.outcome, first.outcome)
                 after = self._update(item_id, f"recording job {dep} late for {item_id}",
                                      "SET late.#dep = :counted", {":counted": counted.item()},
                                      names={"#dep": dep}) or after
-        self._act(after)
+        self._act(after, owner=owner and after.due, known={dep: outcome})
 
-    def _act(self, item: Waiting | None) -> None:
-        """Carry out what the item's state makes due: a cancel, a release, nothing (a release
-        under way is its releaser's; the sweeper finishes one left RELEASING)."""
+    def _act(self, item: Waiting | None, owner: bool = False,
+             known: dict[str, FinalOutcome] | None = None, now: float | None = None) -> None:
+        """Carry out what the item's state makes due: a cancel (whoever sees a failed
+        dependency of a 'cancel' job), a release (its owner's: `owner`, this call's write made
+        it due; anyone's once its owner left it SWEEP_GRACE_SECONDS at `now`), or nothing.
+        known: dependencies' outcomes the caller holds (not read again for the message)."""
         if item is None or item.state is not State.HELD:
             return
         if item.policy == "cancel":
@@ -294,8 +321,17 @@ class Workflows:
             if failed is not None:
                 self._cancel(item, failed)
                 return
-        if not item.pending and item.sent:
-            self._release(item)
+        if not item.due:
+            return
+        if owner:
+            self._release(item, known)
+        elif (time.time() if now is None else now) - (item.due_at or item.created_at) >= \
+                SWEEP_GRACE_SECONDS:  # its owner stopped: take it over
+            moved = self._move(item.id, State.RELEASING, "releasing",
+                               condition="attribute_not_exists(pending) AND sent = :t",
+                               values={":t": {"BOOL": True}})
+            if moved is not None:  # else another took it over
+                self._release(moved, known)
 
     def _cancel(self, item: Waiting, failed: str) -> None:
         counted = item.done[failed]
@@ -337,27 +373,25 @@ class Workflows:
             return after
         return None
 
-    def _release(self, item: Waiting) -> None:
-        if item.state is State.HELD:
-            moved = self._move(item.id, State.RELEASING, "releasing",
-                               condition="attribute_not_exists(pending) AND sent = :t",
-                               values={":t": {"BOOL": True}})
-            if moved is None:  # another releases it
-                return
-            item = moved
+    def _release(self, item: Waiting, known: dict[str, FinalOutcome] | None = None) -> None:
+        """Send a due item's message and mark it RELEASED: the owner's (HELD), or a taker's
+        (RELEASING)."""
         if item.send is not None:
-            self._send(item)
+            self._send(item, known or {})
         self._update(item.id, f"marking {item.id} released",
                      "SET #state = :done, released_at = :now REMOVE open_shard",
-                     {":done": {"S": State.RELEASED.value}, ":r": {"S": State.RELEASING.value},
-                      ":now": {"N": repr(time.time())}}, condition="#state = :r")
+                     {":done": {"S": State.RELEASED.value}, ":h": {"S": State.HELD.value},
+                      ":r": {"S": State.RELEASING.value}, ":now": {"N": repr(time.time())}},
+                     condition="#state IN (:h, :r)")
         logger.info("%s: released job %s", item.id, item.job_id)
 
-    def _send(self, item: Waiting) -> None:
-        """Send the held message, its dependencies' outcomes in its meta headers."""
+    def _send(self, item: Waiting, known: dict[str, FinalOutcome]) -> None:
+        """Send the held message, its dependencies' outcomes in its meta headers (those not
+        `known` read: one BatchGetItem per 100)."""
         send = item.send
         assert send is not None
-        outcomes = self.results.get_many(item.dependencies)
+        outcomes = {**self.results.get_many(
+            [dep for dep in item.dependencies if dep not in known]), **known}
         attributes = {name: dict(value) for name, value in send.attributes.items()}
         limit = SNS_MAX_MESSAGE_BYTES if send.kind == "sns" else SQS_MAX_MESSAGE_BYTES
         headers = json.loads(attributes.get(META_HEADERS_ATTRIBUTE, {}).get("StringValue")
@@ -433,7 +467,7 @@ class Workflows:
             report.expired += item.state is State.EXPIRED
             return
         if item.state is State.RELEASING:
-            if now - item.moved_at >= SWEEP_GRACE_SECONDS:  # else its releaser is sending
+            if now - item.moved_at >= SWEEP_GRACE_SECONDS:  # else its taker is sending
                 self._release(item)
                 report.released += 1
             return
@@ -451,25 +485,31 @@ class Workflows:
             report.released += item is not None and item.state is State.RELEASED
             report.cancelled += item is not None and item.state is State.CANCELLED
             return
-        if now >= item.hold_until:
+        if now >= item.hold_until and item.pending:  # a due one is released, however late
             reason = (f"dependencies {', '.join(sorted(item.pending))} did not finish within "
                       f"the channel's retention ({item.retention_seconds} s)")
-            if self._move(item_id, State.EXPIRED, "expiring", reason=reason):
+            if self._move(item_id, State.EXPIRED, "expiring", reason=reason,
+                          condition="attribute_exists(pending)"):
                 self._settle_closed(item_id, Outcome.EXPIRED, reason)
                 report.expired += 1
             return
-        self._act(item)
+        self._act(item, now=now)
+        after = self.read(item_id) if item.due else None
+        report.released += after is not None and after.state is State.RELEASED
+        report.cancelled += after is not None and after.state is State.CANCELLED
 
     def _fail_unsent(self, item: Waiting, members: set[str]) -> int:
         """A group's producer stopped before marking it sent: settle the members that never
-        reached their queue (no status record) CANCELLED, so the group advances."""
+        reached their queue (no status record) CANCELLED, so the group advances (counted for
+        the group too: the producer may have stopped before registering on them)."""
         failed = 0
         for member in sorted(members):
             if self.status.timeline(member):
                 continue  # it reached its queue: it will finish
-            self.settle(FinalOutcome(member, item.channel, Outcome.CANCELLED, time.time(),
-                                     reason="never sent: the producer stopped"),
-                        item.retention_seconds)
+            outcome = FinalOutcome(member, item.channel, Outcome.CANCELLED, time.time(),
+                                   reason="never sent: the producer stopped")
+            waiters = self.results.finish(outcome, item.retention_seconds)
+            self.advance(outcome, waiters | {item.id})
             failed += 1
         return failed
 

@@ -19,7 +19,6 @@ from messenger.jobs.workflows import (
     SWEEP_GRACE_SECONDS,
     HeldSend,
     State,
-    Waiting,
     Workflows,
 )
 from messenger.message import DEPENDENCIES_HEADER, Message, ResultOmitted
@@ -204,24 +203,37 @@ def test_a_result_too_large_for_the_message_is_omitted(stores, clients):
     assert json.loads(message.meta_headers[DEPENDENCIES_HEADER])["b"] == {"result": 5}
 
 
-def test_a_release_under_way_elsewhere_is_not_sent_again(stores, clients):
+def test_a_release_under_way_elsewhere_is_not_sent_again(stores, clients, settings):
     flows, url = stores
     flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "run", RETENTION)
-    flows.results.finish(done("a", 1), RETENTION)  # final, not advanced yet
-    # Given another releaser moved the item to RELEASING and is sending it
-    seen = flows.read(JOB + "j")
-    flows._update(JOB + "j", "test", "SET #state = :r, moved_by = :other DELETE pending :a",
-                  {":r": {"S": "RELEASING"}, ":other": {"S": "another"}, ":a": {"SS": ["a"]}})
-    # When this one, having read the item before, tries to release it too
-    flows._release(Waiting(**{**seen.__dict__, "pending": frozenset()}))
-    # Then it sends nothing: the release is the other one's
+    # Given another process counted a's outcome (its write made the release due: the release
+    # is that process's) and has not sent it yet
+    stopping = ClientFactory("us-east-1")
+    stopping.register("before-send", stopping_after(marker=b"DELETE pending"))
+    with pytest.raises(Stopped):
+        Workflows(stopping, settings).settle(done("a", 1), RETENTION)
+    # When a's outcome is delivered again, and an operator tries to cancel j
+    flows.settle(done("a", 1), RETENTION)
+    assert not flows.cancel("j", "dave")
+    # Then this process neither sends nor cancels it
     assert received(clients, url, wait=1) == []
+    assert flows.read(JOB + "j").state is State.HELD
+    # And a sweep (of an item held long ago) within the grace after the count leaves it;
+    # one past the grace takes the release over and sends it once
+    now = time.time()
+    flows._update(JOB + "j", "test", "SET created_at = :old",
+                  {":old": {"N": repr(now - 2 * SWEEP_GRACE_SECONDS)}})
+    assert flows.sweep(now + 1).released == 0
+    assert received(clients, url, wait=1) == []
+    assert flows.sweep(now + SWEEP_GRACE_SECONDS + 1).released == 1
+    assert [m.message_id for m in received(clients, url, wait=1)] == ["j"]
+    assert flows.read(JOB + "j").state is State.RELEASED
 
 
 def test_a_lost_answer_to_the_release_still_sends_once(stores, clients, settings):
     flows, url = stores
     flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "run", RETENTION)
-    lost = LostAnswer(b'"RELEASING"')
+    lost = LostAnswer(b'"RELEASED"')
     lossy = ClientFactory("us-east-1")
     lossy.register("before-send.dynamodb.UpdateItem", lost)
     Workflows(lossy, settings).settle(done("a", 1), RETENTION)
@@ -249,8 +261,9 @@ def test_the_barrier_costs_one_write_per_member(stores, clients, settings):
     for member in members:
         finisher.settle(done(member, 1), RETENTION)
     writes = [name for name in requests if name in ("UpdateItem", "PutItem")]
-    # 50 barrier writes, and the release's two (RELEASING, RELEASED); no read, no scan
-    assert len(writes) == 52 and set(requests) == {"UpdateItem"}
+    # 50 barrier writes (the last one makes the release due: its writer sends), and the
+    # release's RELEASED; no read, no scan
+    assert len(writes) == 51 and set(requests) == {"UpdateItem"}
     [message] = received(clients, url, wait=1)
     assert len(message.dependencies) == 50
 
@@ -313,3 +326,63 @@ def test_the_read_side_of_a_group(stores, clients):
     assert held.is_group and held.job_id == "g.then" and held.pending == {"g.1"}
     assert flows.dependencies_of("never-held") is None and flows.group("nope") is None
     assert [(d.job_id, d.group_id) for d in flows.dependents_of("g.1")] == [("g.then", "g")]
+
+
+class Stopped(BaseException):
+    """The process stops here, as under kill -9: nothing after it runs (no `except Exception`
+    catches it)."""
+
+
+def stopping_after(marker: bytes | None = None, at: bytes | None = None):
+    """botocore `before-send` hook: every request after the first one holding `marker` stops
+    the process (that one is sent: its write lands), and so does any holding `at`."""
+    seen = []
+
+    def hook(request, **_):
+        body = request.body if isinstance(request.body, bytes) else str(request.body).encode()
+        if seen or (at is not None and at in body):
+            raise Stopped
+        if marker is not None and marker in body:
+            seen.append(1)
+
+    return hook
+
+
+def test_a_release_due_when_its_releaser_stopped_is_sent_by_the_sweeper_past_the_retention(
+        stores, clients, settings):
+    flows, url = stores
+    # Given j (its channel keeps jobs 60 s) whose only dependency was counted by a process
+    # that stopped right after that barrier write, before releasing it
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "cancel", 60)
+    stopping = ClientFactory("us-east-1")
+    stopping.register("before-send", stopping_after(marker=b"DELETE pending"))
+    with pytest.raises(Stopped):
+        Workflows(stopping, settings).settle(done("a", 1), 60)
+    assert received(clients, url) == []
+    # When the sweeper comes by after the retention
+    report = flows.sweep(time.time() + SWEEP_GRACE_SECONDS + 61)
+    # Then j is sent (its dependency finished), not expired
+    assert (report.released, report.expired) == (1, 0)
+    assert [m.message_id for m in received(clients, url, wait=1)] == ["j"]
+    assert flows.results.get("j") is None
+    assert flows.read(JOB + "j").state is State.RELEASED
+
+
+def test_a_group_whose_producer_stopped_before_registering_advances_in_one_sweep(
+        stores, clients, settings):
+    flows, url = stores
+    # Given a group recorded by a producer that stopped before it registered on any member
+    stopping = ClientFactory("us-east-1")
+    stopping.register("before-send", stopping_after(at=b"ADD waiters"))
+    with pytest.raises(Stopped):
+        Workflows(stopping, settings).hold(GROUP + "g", "g.then", "work",
+                                           held_send(url, "g.then"), ["g.0", "g.1"], "run",
+                                           RETENTION, sent=False)
+    # When the sweeper comes by
+    report = flows.sweep(time.time() + SWEEP_GRACE_SECONDS + 1)
+    # Then it fails both members as never sent, and the callback goes out in that sweep
+    assert report.never_sent == 2
+    [message] = received(clients, url, wait=1)
+    assert message.message_id == "g.then"
+    assert message.dependencies["g.0"].reason == "never sent: the producer stopped"
+    assert flows.group("g").state is State.RELEASED
