@@ -31,6 +31,7 @@ from stacks.consumer_scaling import BacklogPerTask, FargateCapacity, Scaling
 from stacks.flow_control import (
     CONCURRENCY_CAP_VARIABLE,
     ConcurrencyCaps,
+    declares_limits,
     grant_limits_consume,
 )
 from stacks.foundation import Foundation
@@ -248,9 +249,10 @@ class ConsumerService(ConsumerClassFacts):
             # its final outcomes, and whatever waits on its jobs advanced (jobs.workflows)
             foundation.grant_workflows(self.task_definition.task_role, results=True)
         self.grant_from_class(foundation, self.task_definition.task_role)
-        # Flow control: the channel's run-time limits, its token buckets and leases (any channel
-        # may get a limit at run time: `messenger limits set`)
-        grant_limits_consume(self.task_definition.task_role, channel.spec, foundation.key)
+        # Flow control: a channel declaring a limit has its consumers run the limit gate (its
+        # run-time limits, rate limiters, lease and reports in the limits table)
+        if declares_limits(channel.spec):
+            grant_limits_consume(self.task_definition.task_role, channel.spec, foundation.key)
 
         self.security_group = ec2.SecurityGroup(
             self,

@@ -97,6 +97,13 @@ LIMITS_OPERATOR_WRITES = ("dynamodb:UpdateItem",)
 LIMITS_RECORD_PREFIX = "limits#"
 
 
+def declares_limits(spec: ChannelSpec) -> bool:
+    """Whether the channel declares a flow-control limit: only then do its consumers run the
+    limit gate (and read limits set at run time), so only then do they get the limits table."""
+    return any(value is not None for value in
+               (spec.rate_limit, spec.tenant_rate_limit, spec.max_concurrency))
+
+
 def limits_table_arn(namespace: str) -> str:
     """The limits table's ARN built from its name, as a grant in any stack of the platform's
     environment names it (no cross-stack export)."""

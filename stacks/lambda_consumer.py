@@ -31,6 +31,7 @@ from stacks.consumer_service import ClassValidation, ConsumerClassFacts
 from stacks.flow_control import (
     CONCURRENCY_CAP_VARIABLE,
     ConcurrencyCaps,
+    declares_limits,
     grant_limits_consume,
 )
 from stacks.foundation import Foundation
@@ -279,9 +280,10 @@ class LambdaConsumer(ConsumerClassFacts):
             # its final outcomes, and whatever waits on its jobs advanced (jobs.workflows)
             foundation.grant_workflows(self.role, results=True)
         self.grant_from_class(foundation, self.role)
-        # Flow control: the channel's run-time limits, its token buckets and leases (any channel
-        # may get a limit at run time: `messenger limits set`)
-        grant_limits_consume(self.role, channel.spec, foundation.key)
+        # Flow control: a channel declaring a limit has its consumers run the limit gate (its
+        # run-time limits, rate limiters, lease and reports in the limits table)
+        if declares_limits(channel.spec):
+            grant_limits_consume(self.role, channel.spec, foundation.key)
         # Mappings without the L2 event source's own grants: the channel's cover them.
         self.event_sources = [
             self.function.add_event_source_mapping(

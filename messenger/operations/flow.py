@@ -10,6 +10,9 @@ name gives its channel, whose limits hold for every level, and its declaration i
 tags of its queues (`ChannelLimits.of_tags`), a prioritized channel's levels included. Before
 the limits table exists (no consumer or operator used it yet in this namespace) a channel's
 limits are its declaration, and no consumer reported.
+
+Only a channel that declares a limit has its consumers run the limit gate, so only its limits
+can be changed at run time (`require_declared`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import dataclasses
 from botocore.exceptions import ClientError
 
 from messenger.aws import ClientFactory, error_code
-from messenger.errors import ChannelNotFound
+from messenger.errors import ChannelNotFound, InvalidSettings
 from messenger.jobs.limits import LIMIT_FIELDS, ChannelLimits, LimitStore, LimitsView
 from messenger.operations.queues import ChannelQueue, channel_queues
 from messenger.ops.inventory import list_platform_resources
@@ -58,6 +61,16 @@ def channel_limits(clients: ClientFactory, settings: Settings, name: str) -> Lim
         return None
     declared = _declarations(clients, settings).get(channel, ChannelLimits())
     return _show(LimitStore(clients, settings), channel, declared)
+
+
+def require_declared(view: LimitsView) -> None:
+    """Refuse a limit set at run time on a channel that declares none: its consumers run no
+    limit gate, so they would read nothing (InvalidSettings saying what to do instead)."""
+    if not view.declared.limited:
+        raise InvalidSettings(
+            f"channel {view.channel!r} declares no limit, so its consumers read none at run "
+            f"time: declare one (ChannelSpec rate_limit, tenant_rate_limit or max_concurrency) "
+            f"and deploy, then change it here")
 
 
 def namespace_limits(clients: ClientFactory, settings: Settings) -> list[LimitsView]:

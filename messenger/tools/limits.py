@@ -9,8 +9,9 @@ a deploy (a view over `messenger.jobs.limits.LimitStore`; docs/flow-control.md).
 
 Consumers follow a change within 5 s. A limit not set at run time is the channel's declaration
 (`ChannelSpec(rate_limit=..., tenant_rate_limit=..., max_concurrency=...)`, read from its
-queue's tags). Who changed it is `--as NAME`, default `<login> (cli)`, kept with the limits
-(`show` prints it). A bad value is one line naming the option and the allowed values (exit 2).
+queue's tags); a channel that declares none has no limit gate, so `set` refuses it. Who
+changed it is `--as NAME`, default `<login> (cli)`, kept with the limits (`show` prints it). A
+bad value is one line naming the option and the allowed values (exit 2).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from messenger.errors import InvalidSettings
 from messenger.jobs.limits import LIMIT_FIELDS, UNLIMITED, LimitStore, LimitsView, check_limit
-from messenger.operations.flow import channel_limits
+from messenger.operations.flow import channel_limits, require_declared
 from messenger.operations.queues import channel_queues
 from messenger.tools.controls import default_actor
 from messenger.tools.runtime import CommandRuntime
@@ -128,12 +129,16 @@ def run_cli(args: argparse.Namespace) -> int:
     # The channel from its queues' tags (a level's name gives its channel): a typo is
     # ChannelNotFound, never limits nobody reads
     channel = channel_queues(clients, settings, args.channel)[0].channel
+    view = channel_limits(clients, settings, channel)
+    assert view is not None  # its queues were just found
     if args.limits_command == "set":
+        if changes:
+            require_declared(view)
         store = LimitStore(clients, settings)
         store.ensure()
         store.set(channel, by=args.actor or default_actor(), clear=cleared, **changes)
-    view = channel_limits(clients, settings, channel)
-    assert view is not None  # its queues were just found
+        view = channel_limits(clients, settings, channel)
+        assert view is not None
     if args.json:
         print(json.dumps(view_json(view), sort_keys=True))
     else:

@@ -48,6 +48,10 @@ class Provisioned(Job):
 class Levels(Job):
     channel = "levels"
     priorities = ("high", "low")
+
+
+class Plain(Job):
+    channel = "plain"
 '''
 
 
@@ -81,6 +85,7 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
             "capped": _spec("capped", max_concurrency=20),
             "provisioned": _spec("provisioned", max_concurrency=50),
             "levels": _spec("levels", max_concurrency=1, priorities=("high", "low")),
+            "plain": _spec("plain"),
         }.items()
     }
     cluster = ecs.Cluster(stack, "Cluster", vpc=ec2.Vpc(
@@ -96,6 +101,9 @@ def flow(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
         "LevelsLambda": LambdaConsumer(
             stack, "LevelsLambda", channel=channels["levels"], foundation=foundation,
             code=code, consumer_class="team.consumers:Levels", namespace=NAMESPACE),
+        "PlainLambda": LambdaConsumer(
+            stack, "PlainLambda", channel=channels["plain"], foundation=foundation,
+            code=code, consumer_class="team.consumers:Plain", namespace=NAMESPACE),
     }
     for name, tasks, workers in (("CappedFargate1", 4, 2), ("CappedFargate2", 2, 1)):
         built[name] = ConsumerService(
@@ -200,6 +208,13 @@ def test_a_consumer_may_touch_only_its_own_channels_limit_items(
     assert all(not json.dumps(s["Resource"]).endswith('*"') for s in statements)
 
 
+def test_a_consumer_of_a_channel_without_limits_gets_no_limits_table(flow: Synthesized) -> None:
+    # (its consumers run no limit gate: no limit set at run time is read for it)
+    assert _limits_statements(flow, "PlainLambda") == []
+    (mapping,) = _mappings(flow, "PlainLambda")
+    assert "ScalingConfig" not in mapping and "ProvisionedPollerConfig" not in mapping
+
+
 @pytest.mark.parametrize(("options", "error"), [
     ({"max_concurrency": 10, "min_pollers": 2},
      r"max_concurrency and provisioned mode \(min_pollers, max_pollers\) cannot be set at "
@@ -299,9 +314,9 @@ def test_the_operators_policy_allows_every_call_of_messenger_limits(
     foundation = Foundation(stack, "Foundation", namespace=settings.namespace)
     operators = LimitOperators(stack, "LimitOperators", namespace=settings.namespace,
                                key=foundation.key)
-    (policy,) = Template.from_stack(stack).find_resources("AWS::IAM::ManagedPolicy").values()
-    assert policy["Properties"]["ManagedPolicyName"] == \
-        f"{settings.namespace}-messenger-limit-operators"
+    (policy,) = [p for p in Template.from_stack(stack).find_resources(
+        "AWS::IAM::ManagedPolicy").values() if p["Properties"]["ManagedPolicyName"] ==
+        f"{settings.namespace}-messenger-limit-operators"]
     statements = policy["Properties"]["PolicyDocument"]["Statement"]
     assert operators.policy is not None
     Provisioner(clients, settings).ensure_channel(ChannelSpec(

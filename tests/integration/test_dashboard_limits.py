@@ -109,3 +109,18 @@ def test_a_viewer_may_not_change_a_limit_and_the_attempt_is_audited(dash, settin
     assert store.show("orders").overrides == {}
     (entry,) = [e for e in AuditTrail(clients, settings).recent() if e.action == "limits"]
     assert entry.result == "refused" and entry.actor == "bob@example.com"
+
+
+def test_a_channel_declaring_no_limit_offers_no_form_and_refuses_a_change(
+        dash, settings, clients):
+    served_dash, signer, store = dash
+    Provisioner(clients, settings).ensure_channel(ChannelSpec("mail",
+                                                              namespace=settings.namespace))
+    operator, token, _ = session_of(served_dash, signer, OPERATOR)
+    page = operator.get(served_dash.url + "/channels/mail", timeout=30).text
+    assert 'id="limits-form"' not in page and 'id="limits-undeclared"' in page
+    refused = operator.post(served_dash.url + "/channels/mail/limits", timeout=30,
+                            data={"token": token, "confirmed": "yes", "max_concurrency": "3"})
+    assert refused.status_code == 400
+    assert "declares no limit" in html.unescape(refused.text)
+    assert store.show("mail").overrides == {}

@@ -103,3 +103,18 @@ def test_an_unknown_channel_is_refused_not_limited(orders, capsys):
     err = capsys.readouterr().err
     assert "no channel 'ordres'" in err and err.strip().count("\n") == 0, err
     assert cli.main(["limits", "show", "ordres"]) == 2
+
+
+def test_a_channel_declaring_no_limit_is_refused_a_run_time_limit(
+        orders, settings, clients, capsys):
+    # Given 'mail', declaring no limit: its consumers run no limit gate
+    Provisioner(clients, settings).ensure_channel(ChannelSpec("mail",
+                                                              namespace=settings.namespace))
+    assert cli.main(["limits", "set", "mail", "--max-concurrency", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "channel 'mail' declares no limit, so its consumers read none at run time" in err
+    assert err.strip().count("\n") == 0
+    assert orders.show("mail").overrides == {}
+    # show still answers: nothing limits it
+    shown = _json(capsys, "show", "mail")
+    assert {field["value"] for field in shown["limits"].values()} == {None}

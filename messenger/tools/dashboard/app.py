@@ -46,7 +46,7 @@ from messenger.jobs.status import StatusStore, running_channel
 from messenger.jobs.workers import list_workers
 from messenger.operations.audit import DEFAULT_DAYS, RETENTION_DAYS, AuditEntry, AuditTrail
 from messenger.operations.deadletters import DeadLetterListing, DeadLetterWorkbench, read_channels
-from messenger.operations.flow import channel_limits
+from messenger.operations.flow import channel_limits, require_declared
 from messenger.operations.history import WINDOWS, channel_history
 from messenger.operations.pause import pause, paused_channels, resume
 from messenger.operations.progress import describe_progress
@@ -561,11 +561,15 @@ def build_app(dashboard: Dashboard) -> ASGIApp:
         if not changes and not cleared:
             raise InvalidSettings(f"limits: give a value for one of {', '.join(LIMIT_FIELDS)} "
                                   f"(or 'none'), or clear one")
+        current = _limits(dashboard, channel)
+        assert current is not None  # its queues were just found
+        if changes:
+            require_declared(current)
         targets = [f"{field}={value}" for field, value in changes.items()] + [
             f"{field}=declared" for field in cleared]
         if not confirmed:
             return render(request, "confirm.html", channel=name, kind="limits", ids=[],
-                          changes=changes, cleared=cleared, limits=_limits(dashboard, name))
+                          changes=changes, cleared=cleared, limits=current)
 
         def change() -> tuple[str, dict[str, Any], str, str]:
             store = LimitStore(dashboard.clients, dashboard.settings)
