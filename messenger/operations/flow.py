@@ -74,9 +74,10 @@ def require_declared(view: LimitsView) -> None:
 
 
 def namespace_limits(clients: ClientFactory, settings: Settings) -> list[LimitsView]:
-    """Every channel of the namespace that has a limit now (declared or set at run time), by
-    name: one tag query, then each channel's limits and reports."""
+    """Every channel of the namespace that declares a limit (the others run no limit gate), by
+    name, with what holds now (a limit set off at run time shows as none): one tag query, then
+    each such channel's limits and reports."""
     store = LimitStore(clients, settings)
-    views = [_show(store, channel, declared)
-             for channel, declared in sorted(_declarations(clients, settings).items())]
-    return [view for view in views if view.limits.limited]
+    return [_show(store, channel, declared)
+            for channel, declared in sorted(_declarations(clients, settings).items())
+            if declared.limited]

@@ -11,9 +11,9 @@ unit), messages/min in and out, consumer processes registered and alive (`messen
 and whether consumers received in the last 5 minutes ('-' when CloudWatch has no datapoint),
 critical channels marked '!'. A priority level's row names its level ('jobs/high'); a paused
 channel's row says '(paused)', and a line under the table names who paused it and when. Under it,
-the channels with a flow-control limit (docs/flow-control.md): each limit ('*' when set at run
-time, else declared), the jobs started per second and the jobs waiting on a limit, as the
-consumers last reported them (`messenger limits show CHANNEL` for one in full). Fits an
+the channels that declare a flow-control limit (docs/flow-control.md): each limit ('*' when set
+at run time, else declared), the jobs started per second and the jobs waiting on a limit, as
+the consumers last reported them (`messenger limits show CHANNEL` for one in full). Fits an
 80-column terminal; not on a terminal (a pipe, a file) the table has its own full width unless
 COLUMNS is set: no name is folded or cut, each row is one line for `grep` and scripts.
 """
