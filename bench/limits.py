@@ -268,6 +268,9 @@ def phase_tenant(settings: Settings, busy_backlog: int = 400) -> dict[str, Any]:
 
 
 def main() -> None:
+    from bench.harness import machine_busy
+
+    before, load_before = machine_busy(), os.getloadavg()
     with endpoint_from_env():
         settings = Settings.from_env(namespace=f"bench{uuid.uuid4().hex[:6]}")
         report = {
@@ -289,6 +292,12 @@ def main() -> None:
             tenant["ok"] = abs(tenant["busy_tenant_rate_per_second"] - 2) <= 0.1 and \
                 tenant["light_tenant_wait_seconds"]["p90"] <= \
                 alone["light_tenant_wait_seconds"]["p90"] + 1.0
+    after = machine_busy()
+    if before is not None and after is not None:  # the machine's other work meanwhile
+        report["machine_busy_percent"] = round(
+            100 * (after[0] - before[0]) / max(1, after[1] - before[1]), 1)
+    report["load_average_at_start"] = round(load_before[0], 1)
+    report["cpus"] = os.cpu_count()
     report["ok"] = all(report[name]["ok"] for name in ("channel", "tenant") if name in report)
     print(json.dumps(report, indent=2))
 

@@ -360,6 +360,8 @@ class _Batch:
         # Errors metric then means the function itself failed (crash, timeout, bad setup).
         processor.raise_on_entire_batch_failure = False
         by_id = {d.sqs_message_id: d for d in deliveries if d is not None}
+        if consumer.limits is not None:  # its records run one after another: units for each
+            consumer.limits.runs_at_once(len(by_id))
         consumer.transition(ConsumerState.PROCESSING)
         try:
             response = process_partial_response(

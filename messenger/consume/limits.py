@@ -164,6 +164,15 @@ class LimitGate:
                 lease, self.lease = self.lease, None
                 lease.release()
 
+    def runs_at_once(self, handlers: int) -> None:
+        """How many jobs this process can start close together now (its workers; a Lambda
+        invocation: its batch's records, run one after another): the channel limiter's largest
+        batch (units no job takes before their time are lost)."""
+        self.workers = max(1, handlers)
+        with self._lock:
+            if self._channel is not None:
+                self._channel.most = self.workers
+
     def _limiters(self) -> list[RateLimiter]:
         found = list(self._tenants.values())
         if self._channel is not None:
@@ -332,8 +341,10 @@ class LimitGate:
         return 0
 
     def _backlog(self, limiter: RateLimiter, job: str, units: int) -> float:
-        """Seconds `limiter` needs for the jobs held back on it lately (this process's, times
-        the processes sharing it: SQS spreads a backlog over them), this one counted."""
+        """Half the seconds `limiter` needs for the jobs held back on it lately (this
+        process's, times the processes sharing it: SQS spreads a backlog over them), this one
+        counted: they come back about twice as fast as the limit lets them run, so that one is
+        at hand whenever a unit frees (a unit no job takes in time is lost)."""
         now = self.clock()
         with self._lock:
             held = self._held.get(limiter.key)
@@ -343,7 +354,7 @@ class LimitGate:
                             next(iter(held.values())) < now - HELD_WINDOW_SECONDS):
                 held.popitem(last=False)
             known = len(held) + (0 if job and job in held else 1)
-            return known * self._processes * units * limiter.interval
+            return known * self._processes * units * limiter.interval / 2
 
     def _note_held(self, limiter: RateLimiter, job: str) -> None:
         now = self.clock()

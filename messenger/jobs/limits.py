@@ -430,7 +430,11 @@ class RateLimiter:
         self.draw = draw
         self._lock = threading.Lock()
         self._batches: list[_Batch] = []
+        #: The limiter's tat as last read: a lower bound of the store's (it only grows).
         self._known_tat: float | None = None
+        #: Which form to try first when the known tat cannot tell (busy: other processes keep
+        #: the limiter going): the form that worked last.
+        self._busy_hint = False
         #: No store call before this (the horizon was full, or the store failed).
         self._ask_at = 0.0
         self._unavailable = False
@@ -450,7 +454,11 @@ class RateLimiter:
         (they reach at most the horizon ahead)."""
         self._rate = rate
         self.interval = 1.0 / rate.per_second
-        self.batch = batch_size(rate, self.tenant, self.most)
+
+    @property
+    def batch(self) -> int:
+        """Units one reservation takes (`batch_size`, at most `most`)."""
+        return batch_size(self._rate, self.tenant, self.most)
 
     @property
     def horizon(self) -> float:
@@ -509,14 +517,17 @@ class RateLimiter:
         span = units * self.interval
         for _ in range(2):
             tat = self._known_tat
-            if tat is not None and tat > now + self.horizon - span:
+            if tat is not None and tat > now + self.horizon - span:  # (the store's is later)
                 self._wait_for(tat, span, now)
                 return False
-            if tat is not None and tat >= now - span:
-                # Busy: after the last units handed out. No lower bound: a tat gone into the
-                # past meanwhile hands out units already late (dropped, never early).
-                expression, condition = "SET tat = tat + :span, #exp = :exp", "tat <= :edge"
-                values = {":span": {"N": repr(span)},
+            floor = now - UNIT_GRACE_SECONDS
+            busy = (tat is not None and tat >= floor) or self._busy_hint
+            if busy:
+                # After the last units handed out; a tat gone further into the past than a
+                # unit's grace is idle (the other form): no unit is handed out already late.
+                expression = "SET tat = tat + :span, #exp = :exp"
+                condition = "tat BETWEEN :floor AND :edge"
+                values = {":span": {"N": repr(span)}, ":floor": {"N": repr(floor)},
                           ":edge": {"N": repr(now + self.horizon - span)}}
             else:  # idle (or not known): from now on
                 expression = "SET tat = :fresh, #exp = :exp"
@@ -537,10 +548,12 @@ class RateLimiter:
                     return self._failed(error, now)
                 item = error.response.get("Item") or {}
                 self._known_tat = float(item["tat"]["N"]) if "tat" in item else None
+                self._busy_hint = not busy
                 continue
             except (RetryBudgetExhausted, BotoCoreError) as error:
                 return self._failed(error, now)
             self._unavailable = False
+            self._busy_hint = busy
             new = float(answer["Attributes"]["tat"]["N"])
             self._known_tat = new
             self._batches.append(_Batch(new - span, self.interval, units))
@@ -552,7 +565,8 @@ class RateLimiter:
     def _wait_for(self, tat: float, span: float, now: float) -> None:
         """The horizon is full up to `tat`: ask again once a batch fits, with jitter (the other
         processes wait for the same moment)."""
-        self._ask_at = max(now, tat - self.horizon + span) + self.draw() * span
+        jitter = span / 10 if self.tenant else span  # (few processes share a tenant's)
+        self._ask_at = max(now, tat - self.horizon + span) + self.draw() * jitter
 
     def _failed(self, error: BaseException, now: float) -> NoReturn:
         self._unavailable = True
