@@ -385,3 +385,28 @@ def test_a_class_declaring_other_limits_than_its_channel_fails_synthesis(tmp_pat
     assert "declares max_concurrency=5 but is deployed for channel 'jobs' with " \
            "max_concurrency=None" in message
     assert "rate_limit" not in message
+
+
+@pytest.mark.parametrize(("limit", "levels", "given", "expected"), [
+    (20, (), None, (20, 20)),           # one queue: N itself, no lease
+    (1, (), None, (2, 2)),              # AWS's least is 2: the lease makes it 1
+    (5000, (), None, (1000, 1000)),     # at most 1,000 a source: within N, no lease
+    (10, ("high", "low"), None, (5, 10)),
+    (3, ("high", "low"), None, (2, 4)),  # N < 2k: above N, the lease holds it
+    (None, (), None, (None, None)),     # no limit: no bound
+    (None, (), 7, (7, 7)),              # the construct's own
+    (10, ("high", "low"), 8, (8, 16)),  # given above N's share: the lease holds N
+])
+def test_each_event_source_gets_its_share_of_the_channels_max_concurrency(
+    tmp_path: Path, limit: int | None, levels: tuple[str, ...], given: int | None,
+    expected: tuple[int | None, int | None],
+) -> None:
+    from stacks.lambda_consumer import EventSourceScaling
+
+    stack = cdk.Stack(_app(tmp_path), "Small")
+    foundation = Foundation(stack, "Foundation", namespace="")
+    channel = Channel(stack, "Channel", key=foundation.key, spec=ChannelSpec(
+        "q", max_concurrency=limit, priorities=levels))
+    scaling = EventSourceScaling.of("LambdaConsumer 'C'", channel, given, None, None)
+    assert (scaling.max_concurrency, scaling.cap) == expected
+    assert scaling.pollers is None
