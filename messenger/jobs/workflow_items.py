@@ -16,7 +16,8 @@ Table `workflows_table_name(ns)`: partition key `id` (S); the sparse global inde
 | `send` | the held message (`HeldSend`), absent for a group without a callback |
 | `sent` | a group: False until its producer pushed every member |
 | `created_at`, `hold_until`, `retention` | when written; until when it waits (retention) |
-| `due_by`, `due_at` | the last barrier write's (or group mark's) token, time: the release's owner |
+| `due_by`, `due_at`, `due_dep` | the last barrier write's token, time, dependency (a group's |
+| | mark as sent: token, time): once due, the release's owner |
 | `moved_by`, `moved_at`, `reason` | the move out of HELD: its writer's token, when, why |
 | `open_shard` | while not settled (the index's partition) |
 | `token`, `expires_at` | the writer's token (a retried PutItem finds its own); TTL |
@@ -153,6 +154,8 @@ class Waiting:
     #: release is due, its owner's (see `Workflows._act`).
     due_by: str = ""
     due_at: float = 0.0
+    #: The dependency that write counted ('' for a group's mark as sent).
+    due_dep: str = ""
 
     @property
     def due(self) -> bool:
@@ -184,7 +187,8 @@ class Waiting:
             sent=bool(item.get("sent", {}).get("BOOL", True)),
             settled="open_shard" not in item, reason=text("reason"),
             moved_by=text("moved_by"), moved_at=float(item.get("moved_at", {}).get("N", 0)),
-            due_by=text("due_by"), due_at=float(item.get("due_at", {}).get("N", 0)))
+            due_by=text("due_by"), due_at=float(item.get("due_at", {}).get("N", 0)),
+            due_dep=text("due_dep"))
 
 
 @dataclass(frozen=True)

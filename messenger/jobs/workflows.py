@@ -27,13 +27,16 @@ release or cancel that is due is carried out.
 The release is owned by the write that made it due: the barrier write that emptied `pending`
 of a sent item (its condition says the dependency was pending before), or the mark of a group
 as sent (condition: not sent before) once nothing is pending; exactly one write does, since
-neither can undo the other. Each of these writes SETs `due_by` (a token of its writer) and
-`due_at`, so the retry of one whose answer was lost finds its own token. The owner sends, then
-writes RELEASED: no state change before the send. Nothing else moves a due item out of HELD
-(an operator's cancel and the sweeper's expiry need something pending), and a writer that is
-not the owner leaves a due item alone until SWEEP_GRACE_SECONDS after `due_at`; then (the
-owner stopped) it takes the release over with a conditional HELD → RELEASING (a token of its
-own: one of two takers sends), sends, and writes RELEASED. Each move out of HELD (a take-over,
+neither can undo the other. Each of these writes SETs `due_by` (a token of its writer),
+`due_at` and `due_dep` (the dependency counted), so the retry of one whose answer was lost
+finds its own token. The owner sends, then writes RELEASED: no state change before the send.
+Nothing else moves a due item out of HELD (an operator's cancel and the sweeper's expiry need
+something pending). A writer that is not the owner takes the release over only when its owner
+must have stopped: the outcome it brings is of `due_dep` (that dependency's consumer died after
+the barrier write and its job ran again), or SWEEP_GRACE_SECONDS passed since `due_at`; a
+take-over is a conditional HELD → RELEASING (a token of its own: one of two takers sends),
+the send, then RELEASED (a live owner's send and a taker's are one run: see below). Each move
+out of HELD (a take-over,
 a cancel, an expiry) carries a token of its writer: the retry of one whose answer was lost
 finds its own move. The message carries
 its job id and the job-id mark (`jobs.fired`, window: a queue's longest retention), so the
@@ -233,7 +236,7 @@ class Workflows:
         when every member is final already)."""
         item_id, token = GROUP + group_id, uuid.uuid4().hex
         after = self._update(item_id, f"marking group {group_id} sent",
-                             "SET sent = :t, due_by = :me, due_at = :now",
+                             "SET sent = :t, due_by = :me, due_at = :now REMOVE due_dep",
                              {":t": {"BOOL": True}, ":f": {"BOOL": False}, ":me": {"S": token},
                               ":now": {"N": repr(time.time())}}, condition="sent = :f")
         owner = after is not None
@@ -287,7 +290,8 @@ class Workflows:
         token = uuid.uuid4().hex
         after = self._update(
             item_id, f"counting job {dep} for {item_id}",
-            "DELETE pending :one SET done.#dep = :counted, due_by = :me, due_at = :now",
+            "DELETE pending :one SET done.#dep = :counted, due_by = :me, due_at = :now, "
+            "due_dep = :dep",
             {":one": {"SS": [dep]}, ":dep": {"S": dep}, ":counted": counted.item(),
              ":me": {"S": token}, ":now": {"N": repr(time.time())}},
             condition="contains(pending, :dep)", names={"#dep": dep})
@@ -305,14 +309,17 @@ class Workflows:
                 after = self._update(item_id, f"recording job {dep} late for {item_id}",
                                      "SET late.#dep = :counted", {":counted": counted.item()},
                                      names={"#dep": dep}) or after
-        self._act(after, owner=owner and after.due, known={dep: outcome})
+        self._act(after, owner=owner and after.due, known={dep: outcome},
+                  take_over=after.due_dep == dep)
 
     def _act(self, item: Waiting | None, owner: bool = False,
-             known: dict[str, FinalOutcome] | None = None, now: float | None = None) -> None:
+             known: dict[str, FinalOutcome] | None = None, now: float | None = None,
+             take_over: bool = False) -> None:
         """Carry out what the item's state makes due: a cancel (whoever sees a failed
         dependency of a 'cancel' job), a release (its owner's: `owner`, this call's write made
-        it due; anyone's once its owner left it SWEEP_GRACE_SECONDS at `now`), or nothing.
-        known: dependencies' outcomes the caller holds (not read again for the message)."""
+        it due; another's when `take_over` (its owner stopped) or its owner left it
+        SWEEP_GRACE_SECONDS at `now`), or nothing. known: dependencies' outcomes the caller
+        holds (not read again for the message)."""
         if item is None or item.state is not State.HELD:
             return
         if item.policy == "cancel":
@@ -325,8 +332,8 @@ class Workflows:
             return
         if owner:
             self._release(item, known)
-        elif (time.time() if now is None else now) - (item.due_at or item.created_at) >= \
-                SWEEP_GRACE_SECONDS:  # its owner stopped: take it over
+        elif take_over or (time.time() if now is None else now) - (
+                item.due_at or item.created_at) >= SWEEP_GRACE_SECONDS:  # its owner stopped
             moved = self._move(item.id, State.RELEASING, "releasing",
                                condition="attribute_not_exists(pending) AND sent = :t",
                                values={":t": {"BOOL": True}})

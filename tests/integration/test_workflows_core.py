@@ -205,13 +205,15 @@ def test_a_result_too_large_for_the_message_is_omitted(stores, clients):
 
 def test_a_release_under_way_elsewhere_is_not_sent_again(stores, clients, settings):
     flows, url = stores
-    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a"], "run", RETENTION)
-    # Given another process counted a's outcome (its write made the release due: the release
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a", "b"], "run", RETENTION)
+    flows.results.finish(done("a", 1), RETENTION)
+    flows.advance(done("a", 1), ["job#j"])
+    # Given another process counted b's outcome (its write made the release due: the release
     # is that process's) and has not sent it yet
     stopping = ClientFactory("us-east-1")
     stopping.register("before-send", stopping_after(marker=b"DELETE pending"))
     with pytest.raises(Stopped):
-        Workflows(stopping, settings).settle(done("a", 1), RETENTION)
+        Workflows(stopping, settings).settle(done("b", 2), RETENTION)
     # When a's outcome is delivered again, and an operator tries to cancel j
     flows.settle(done("a", 1), RETENTION)
     assert not flows.cancel("j", "dave")
@@ -386,3 +388,23 @@ def test_a_group_whose_producer_stopped_before_registering_advances_in_one_sweep
     assert message.message_id == "g.then"
     assert message.dependencies["g.0"].reason == "never sent: the producer stopped"
     assert flows.group("g").state is State.RELEASED
+
+
+def test_the_last_dependency_run_again_after_its_consumer_died_releases_at_once(
+        stores, clients, settings):
+    flows, url = stores
+    flows.hold(JOB + "j", "j", "work", held_send(url, "j"), ["a", "b"], "run", RETENTION)
+    flows.settle(done("a", 1), RETENTION)
+    # Given b's consumer died right after its barrier write (the write that made j due)
+    stopping = ClientFactory("us-east-1")
+    stopping.register("before-send", stopping_after(marker=b"DELETE pending"))
+    with pytest.raises(Stopped):
+        Workflows(stopping, settings).settle(done("b", 2), RETENTION)
+    # When b's message comes back and another consumer runs it and records it again
+    flows.settle(done("b", 2), RETENTION)
+    # Then j is sent at once (no sweep), with both results, once
+    [message] = received(clients, url, wait=1)
+    assert message.message_id == "j" and message.dependencies == {"a": 1, "b": 2}
+    assert flows.read(JOB + "j").state is State.RELEASED
+    flows.settle(done("b", 2), RETENTION)
+    assert received(clients, url, wait=1) == []
