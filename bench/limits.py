@@ -2,7 +2,7 @@
 tenant limit of 2/s (`messenger.jobs.limits`, `messenger.consume.limits`).
 
 Two phases, each on a fresh channel, with the Fargate runtime (`Consumer.run`) in 4 child
-processes of 20 workers (handlers of 20 ms):
+processes of 40 workers (handlers of 20 ms):
 
 - channel: a backlog of every tenant (50 × 80 jobs): the tenants' limits allow 100/s, so the
   channel's 50/s binds. Measured over 60 s after a 5-s warm-up: the rate (goal: within 5 % of
@@ -46,7 +46,7 @@ from messenger.settings import Settings  # noqa: E402
 from messenger.tools.local import endpoint_from_env  # noqa: E402
 
 PROCESSES = 4
-WORKERS = 20
+WORKERS = 40
 TENANTS = 50
 CHANNEL_LIMIT = "50/s"
 TENANT_LIMIT = "2/s"

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import os
 import threading
 import time
@@ -304,6 +303,11 @@ class LimitGate:
                     ready = limiter.retry_at
                 if at is not None:
                     starts.append(at)
+                    now = self.clock()
+                    if limiter is not limiters[-1] and at > now:
+                        # The tenant's unit first: the channel's is then taken for now, never
+                        # used later than its time (its window bound holds).
+                        self.sleep(at - now)
                     break
                 if not counted:
                     self.limited += 1
@@ -480,9 +484,4 @@ class LimitGate:
                 (self.lease.requests if self.lease is not None else 0)
 
 
-def hold_seconds(wait: float) -> int:
-    """Whole seconds of a hold of `wait` seconds (at least 1)."""
-    return max(1, math.ceil(wait))
-
-
-__all__ = ["LimitGate", "hold_seconds"]
+__all__ = ["LimitGate", "concurrency_cap"]

@@ -82,6 +82,8 @@ TENANT_BATCH_SECONDS = 0.5
 #: rate), at least 2 batches, at most MAX_HORIZON_SECONDS (the limiter's horizon).
 MIN_HORIZON_BATCHES = 2
 MAX_HORIZON_SECONDS = 1.5
+#: The longest jitter before a limiter asks again after refusals, in batches.
+MAX_JITTER_BATCHES = 16
 #: A unit not used within this long after its time is dropped (module doc: the window bound).
 UNIT_GRACE_SECONDS = 0.25
 #: A limiter's store call gives up after this long (then `LimiterUnavailable`).
@@ -435,6 +437,8 @@ class RateLimiter:
         #: Which form to try first when the known tat cannot tell (busy: other processes keep
         #: the limiter going): the form that worked last.
         self._busy_hint = False
+        #: Refusals (horizon full) since the last reservation: the jitter of the next try.
+        self._refusals = 0
         #: No store call before this (the horizon was full, or the store failed).
         self._ask_at = 0.0
         self._unavailable = False
@@ -554,6 +558,7 @@ class RateLimiter:
                 return self._failed(error, now)
             self._unavailable = False
             self._busy_hint = busy
+            self._refusals = 0
             new = float(answer["Attributes"]["tat"]["N"])
             self._known_tat = new
             self._batches.append(_Batch(new - span, self.interval, units))
@@ -563,9 +568,11 @@ class RateLimiter:
         return False
 
     def _wait_for(self, tat: float, span: float, now: float) -> None:
-        """The horizon is full up to `tat`: ask again once a batch fits, with jitter (the other
-        processes wait for the same moment)."""
-        jitter = span / 10 if self.tenant else span  # (few processes share a tenant's)
+        """The horizon is full up to `tat`: ask again once a batch fits, after a jitter that
+        doubles with each refusal since this process's last reservation (up to 16 batches:
+        the other processes wait for the same moment, and only one of them gets it)."""
+        self._refusals += 1
+        jitter = span * min(2 ** (self._refusals - 1), MAX_JITTER_BATCHES)
         self._ask_at = max(now, tat - self.horizon + span) + self.draw() * jitter
 
     def _failed(self, error: BaseException, now: float) -> NoReturn:
