@@ -11,6 +11,7 @@ Table `workflows_table_name(ns)`: partition key `id` (S); the sparse global inde
 | `state` | HELD, RELEASING, RELEASED, CANCELLED, EXPIRED (`State`) |
 | `policy` | on_dependency_failure: 'cancel' or 'run' (a group: 'run') |
 | `deps` | every dependency (a group: its members), in order (L of S) |
+| `members` | instead of `deps`, a group whose members are '<id>.0' to '<id>.<N-1>': N |
 | `pending` | those not counted yet (SS; absent once empty) |
 | `done`, `late` | dependency → `Counted` (M): its outcome as counted, and one that came after |
 | `send` | the held message (`HeldSend`), absent for a group without a callback |
@@ -112,8 +113,11 @@ class Counted:
         return cls(outcome.outcome.value, outcome.at, what[:500])
 
     def item(self) -> dict[str, Any]:
-        return {"M": {"outcome": {"S": self.outcome}, "at": {"N": repr(float(self.at))},
-                      "reason": {"S": self.reason}}}
+        # No empty reason: every barrier write bills the whole item (its size, per 1 KB)
+        fields = {"outcome": {"S": self.outcome}, "at": {"N": repr(float(self.at))}}
+        if self.reason:
+            fields["reason"] = {"S": self.reason}
+        return {"M": fields}
 
     @classmethod
     def of_item(cls, value: Mapping[str, Any]) -> Counted:
@@ -175,10 +179,16 @@ class Waiting:
             return {dep: Counted.of_item(value)
                     for dep, value in item.get(name, {}).get("M", {}).items()}
 
+        item_id = text("id")
+        if "members" in item:  # a group's members by their derived ids
+            dependencies = tuple(group_member_id(item_id[len(GROUP):], n)
+                                 for n in range(int(item["members"]["N"])))
+        else:
+            dependencies = tuple(entry["S"] for entry in item.get("deps", {}).get("L", []))
         return cls(
-            id=text("id"), job_id=text("job_id"), channel=text("channel"),
+            id=item_id, job_id=text("job_id"), channel=text("channel"),
             state=State(text("state")), policy=text("policy"),
-            dependencies=tuple(entry["S"] for entry in item.get("deps", {}).get("L", [])),
+            dependencies=dependencies,
             pending=frozenset(item.get("pending", {}).get("SS", [])),
             done=counted("done"), late=counted("late"),
             created_at=float(item["created_at"]["N"]), hold_until=float(item["hold_until"]["N"]),

@@ -196,12 +196,19 @@ class Workflows:
         item: dict[str, Any] = {
             "id": {"S": item_id}, "job_id": {"S": job_id}, "channel": {"S": channel},
             "state": {"S": State.HELD.value}, "policy": {"S": policy},
-            "deps": {"L": [{"S": dep} for dep in deps]}, "done": {"M": {}}, "late": {"M": {}},
+            "done": {"M": {}}, "late": {"M": {}},
             "created_at": {"N": repr(now)}, "hold_until": {"N": repr(now + retention_seconds)},
             "retention": {"N": str(retention_seconds)}, "sent": {"BOOL": sent},
             "open_shard": {"S": open_shard(item_id)}, "token": {"S": token},
             EXPIRES_AT: {"N": str(int(now + 2 * retention_seconds))},
         }
+        # Every barrier write bills the whole item: a group's members named by their count
+        # when their ids are the derived ones (`group_member_id`)
+        group = item_id[len(GROUP):] if item_id.startswith(GROUP) else None
+        if group is not None and deps == [group_member_id(group, n) for n in range(len(deps))]:
+            item["members"] = {"N": str(len(deps))}
+        else:
+            item["deps"] = {"L": [{"S": dep} for dep in deps]}
         if deps:
             item["pending"] = {"SS": deps}
         if send is not None:

@@ -327,6 +327,13 @@ def test_the_read_side_of_a_group(stores, clients):
     held = flows.dependencies_of("g.then")
     assert held.is_group and held.job_id == "g.then" and held.pending == {"g.1"}
     assert flows.dependencies_of("never-held") is None and flows.group("nope") is None
+    # Members named '<group>.<n>' are kept as their count (every barrier write bills the whole
+    # item), others by their ids; both read back in order
+    assert progress.members == ("g.0", "g.1")
+    raw = clients.client("dynamodb").get_item(TableName=flows.table, Key={"id": {"S": "group#g"}})
+    assert raw["Item"]["members"] == {"N": "2"} and "deps" not in raw["Item"]
+    flows.hold(GROUP + "h", "", "work", None, ["x", "y"], "run", RETENTION, sent=False)
+    assert flows.group("h").members == ("x", "y")
     assert [(d.job_id, d.group_id) for d in flows.dependents_of("g.1")] == [("g.then", "g")]
 
 
