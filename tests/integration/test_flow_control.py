@@ -350,3 +350,33 @@ def test_two_consumers_share_a_max_concurrency_lease(
     for run in runs:
         lease = run.consumer.limits.lease
         assert lease is not None and lease.share == 0  # given back at shutdown
+
+
+@pytest.mark.timeout(120)
+def test_the_lambda_runtime_keeps_the_limits_too(settings, clients, runtime):  # noqa: F811
+    # Given 20 jobs of 4 tenants on the channel of 20/s, 2/s each
+    producer = producer_for(settings, PacedJobs.channel)
+    from messenger.produce.push import PushItem
+    producer.push_many([PushItem({"n": n}, group_id=f"tenant-{n % 4}") for n in range(20)])
+    consumer = PacedJobs(settings=settings, clients=clients, runtime=runtime)
+    lambda_runtime = LambdaConsumerRuntime(consumer)
+    sqs = clients.client("sqs")
+    url = sqs.get_queue_url(QueueName=PacedJobs.channel_spec(settings.namespace).queue_name)
+    source = LocalEventSource(sqs, url["QueueUrl"], REGION)
+
+    # When Lambda's event source hands them out, batch after batch
+    def invoke() -> bool:
+        messages = source.receive(10, wait_seconds=1)
+        if messages:
+            source.invoke(lambda_runtime.handle, messages, Context(30))
+        return len(consumer.starts) >= 20
+
+    wait_until(invoke, 100)
+    # Then every job ran once (held ones came back as new messages), within each limit
+    names = [event.name for event in consumer.events]
+    assert "failed" not in names and "dead_lettered" not in names
+    assert sorted(consumer.starts) == sorted(set(consumer.starts)) and len(consumer.starts) == 20
+    for tenant in {group for _, group in consumer.starts}:
+        mine = sorted(at for at, group in consumer.starts if group == tenant)
+        assert max(sum(1 for t in mine if s <= t < s + 1) for s in mine) <= 2 + 2
+    assert consumer.limits is not None and consumer.limits.started == 20
