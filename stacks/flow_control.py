@@ -37,7 +37,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct, IConstruct
 
 from messenger.channel import ChannelSpec, limits_table_name
-from stacks.nag import acknowledge_wildcard_resource
+from stacks.nag import acknowledge, acknowledge_wildcard_resource
 from stacks.ownership import any_name, ownership_condition, ownership_reason
 
 #: The environment variable that carries the cap down to the consumer (both runtimes).
@@ -91,6 +91,9 @@ class _Total:
 #: (GetItem), reserve rate units, hold and renew its share of the lease, report (conditional
 #: UpdateItems).
 LIMITS_CONSUMER_ACTIONS = ("dynamodb:GetItem", "dynamodb:UpdateItem")
+#: The CloudWatch namespace of the consumers' flow-control metrics
+#: (`messenger.jobs.limits.METRIC_NAMESPACE`; stacks import no runtime code, a test compares).
+METRIC_NAMESPACE = "Messenger/FlowControl"
 #: What an operator writes: a channel's limits record (`LimitStore.set`: one UpdateItem).
 LIMITS_OPERATOR_WRITES = ("dynamodb:UpdateItem",)
 #: The key of a channel's run-time limits record, `limits#<channel>`.
@@ -120,7 +123,8 @@ def channel_keys(spec: ChannelSpec) -> list[str]:
 
 
 def grant_limits_consume(grantee: iam.IGrantable, spec: ChannelSpec, key: kms.IKey) -> None:
-    """A consumer of `spec`'s channel: its own items of the limits table, and the key."""
+    """A consumer of `spec`'s channel: its own items of the limits table, the key, and its
+    flow-control metrics (PutMetricData in METRIC_NAMESPACE only)."""
     table = limits_table_arn(spec.namespace)
     principal = grantee.grant_principal
     principal.add_to_principal_policy(iam.PolicyStatement(
@@ -129,6 +133,17 @@ def grant_limits_consume(grantee: iam.IGrantable, spec: ChannelSpec, key: kms.IK
         actions=list(LIMITS_CONSUMER_ACTIONS), resources=[table],
         conditions={"ForAllValues:StringLike": {"dynamodb:LeadingKeys": channel_keys(spec)}}))
     key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey", "kms:DescribeKey")
+    # PutMetricData has no resource types: '*', held to the namespace by its condition key
+    principal.add_to_principal_policy(iam.PolicyStatement(
+        actions=["cloudwatch:PutMetricData"], resources=["*"],
+        conditions={"StringEquals": {"cloudwatch:namespace": METRIC_NAMESPACE}}))
+    if isinstance(principal, iam.Role):
+        policy = principal.node.try_find_child("DefaultPolicy")
+        if policy is not None:
+            acknowledge(policy, "AwsSolutions-IAM5[Resource::*]",
+                        f"cloudwatch:PutMetricData has no resource types in IAM, so '*' is its "
+                        f"only resource; the cloudwatch:namespace condition holds it to the "
+                        f"flow-control metrics ({METRIC_NAMESPACE}).")
 
 
 def limits_operator_statements(namespace: str) -> list[iam.PolicyStatement]:

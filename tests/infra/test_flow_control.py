@@ -15,9 +15,10 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 
 from messenger.channel import ChannelSpec, limits_table_name
+from messenger.jobs import limits as runtime_limits
 from stacks.channel import Channel
 from stacks.consumer_service import ConsumerService
-from stacks.flow_control import CONCURRENCY_CAP_VARIABLE
+from stacks.flow_control import CONCURRENCY_CAP_VARIABLE, METRIC_NAMESPACE
 from stacks.foundation import Foundation
 from stacks.lambda_consumer import LambdaConsumer
 from tests.infra.conftest import ACCOUNT, REGION, as_list
@@ -182,12 +183,15 @@ def test_the_limits_table_is_keyed_by_key_with_ttl_and_recovery(flow: Synthesize
     assert table["BillingMode"] == "PAY_PER_REQUEST"
 
 
-def _limits_statements(flow: Synthesized, name: str) -> list[dict[str, Any]]:
-    table = f"table/{limits_table_name(NAMESPACE)}"
+def _policy_statements(flow: Synthesized, name: str) -> list[dict[str, Any]]:
     (policy,) = [r for r in flow.resources.values() if r["Type"] == "AWS::IAM::Policy"
                  and {"Ref": flow.roles[name]} in r["Properties"]["Roles"]]
-    return [s for s in policy["Properties"]["PolicyDocument"]["Statement"]
-            if table in json.dumps(s["Resource"])]
+    return list(policy["Properties"]["PolicyDocument"]["Statement"])
+
+
+def _limits_statements(flow: Synthesized, name: str) -> list[dict[str, Any]]:
+    table = f"table/{limits_table_name(NAMESPACE)}"
+    return [s for s in _policy_statements(flow, name) if table in json.dumps(s["Resource"])]
 
 
 @pytest.mark.parametrize(("name", "channel"), [
@@ -197,6 +201,11 @@ def test_a_consumer_may_touch_only_its_own_channels_limit_items(
 ) -> None:
     statements = _limits_statements(flow, name)
     by_actions = {tuple(sorted(as_list(s["Action"]))): s for s in statements}
+    # and its flow-control metrics, in their namespace only
+    (metrics,) = [s for s in _policy_statements(flow, name)
+                  if "cloudwatch:PutMetricData" in as_list(s["Action"])]
+    assert metrics["Resource"] == "*" and metrics["Condition"] == {
+        "StringEquals": {"cloudwatch:namespace": METRIC_NAMESPACE}}
     assert set(by_actions) == {
         ("dynamodb:DescribeTable",),
         ("dynamodb:GetItem", "dynamodb:UpdateItem")}
@@ -211,6 +220,8 @@ def test_a_consumer_may_touch_only_its_own_channels_limit_items(
 def test_a_consumer_of_a_channel_without_limits_gets_no_limits_table(flow: Synthesized) -> None:
     # (its consumers run no limit gate: no limit set at run time is read for it)
     assert _limits_statements(flow, "PlainLambda") == []
+    assert not any("cloudwatch:PutMetricData" in as_list(s["Action"])
+                   for s in _policy_statements(flow, "PlainLambda"))
     (mapping,) = _mappings(flow, "PlainLambda")
     assert "ScalingConfig" not in mapping and "ProvisionedPollerConfig" not in mapping
 
@@ -410,3 +421,10 @@ def test_each_event_source_gets_its_share_of_the_channels_max_concurrency(
     scaling = EventSourceScaling.of("LambdaConsumer 'C'", channel, given, None, None)
     assert (scaling.max_concurrency, scaling.cap) == expected
     assert scaling.pollers is None
+
+
+def test_the_stacks_name_the_runtimes_metric_namespace_and_cap_variable() -> None:
+    from messenger.consume import limits as gate
+
+    assert METRIC_NAMESPACE == runtime_limits.METRIC_NAMESPACE
+    assert CONCURRENCY_CAP_VARIABLE == gate.CONCURRENCY_CAP_VARIABLE
