@@ -18,6 +18,12 @@ with `messenger.ops.prices` (DynamoDB in write and read units by size, SQS per 6
 KMS calls SQS makes itself, within its data-key reuse, are not client requests and are not
 counted). The consumers' empty long polls at the end count too: a few per kind. Runs against a
 child-process local endpoint or AWS_ENDPOINT_URL if set. Prints JSON.
+
+DynamoDB bills an UpdateItem by the item's size (the larger of before and after, per 1 KB),
+not by the request's: a group's item holds every member's id and outcome, and a held job's its
+message. The meter prices by the request, so `ItemSizedWrites` also sizes each workflows-table
+UpdateItem by the item it returns (ALL_NEW: the item after) and the kind reports
+`item_sized_dollars_per_million_jobs`: the metered dollars plus those write units' excess.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from messenger.jobs.results import ResultStore  # noqa: E402
 from messenger.jobs.status import StatusStore  # noqa: E402
 from messenger.jobs.workflows import Workflows  # noqa: E402
 from messenger.ops.cost import WireMeter  # noqa: E402
-from messenger.ops.prices import PRICES_CHECKED  # noqa: E402
+from messenger.ops.prices import PRICES, PRICES_CHECKED  # noqa: E402
 from messenger.produce.producer import Producer, PushItem  # noqa: E402
 from messenger.provision import Provisioner  # noqa: E402
 from messenger.settings import Settings  # noqa: E402
@@ -51,6 +57,53 @@ JOBS = int(os.environ.get("BENCH_JOBS", "200"))
 CONCURRENCY = 10
 #: A run that has not handled every job in this long is reported as stopped.
 TIMEOUT_SECONDS = 300.0
+
+
+def item_bytes(value: dict[str, Any]) -> int:
+    """A DynamoDB attribute value's size as DynamoDB counts it (approximately: numbers as
+    their digits)."""
+    (kind, content), = value.items()
+    if kind in ("S", "B"):
+        return len(content.encode()) if kind == "S" else len(content)
+    if kind == "N":
+        return (len(content.strip("-").replace(".", "").lstrip("0")) + 1) // 2 + 1
+    if kind in ("BOOL", "NULL"):
+        return 1
+    if kind in ("SS", "BS"):
+        return sum(len(entry.encode()) for entry in content)
+    if kind == "NS":
+        return sum(item_bytes({"N": entry}) for entry in content)
+    if kind == "L":
+        return 3 + sum(1 + item_bytes(entry) for entry in content)
+    return 3 + sum(1 + len(name.encode()) + item_bytes(entry) for name, entry in content.items())
+
+
+class ItemSizedWrites:
+    """botocore hooks: every UpdateItem on `table`, in write units of the item it returns
+    (1 KB each), beside the units of its request (what the meter bills)."""
+
+    def __init__(self, clients: ClientFactory, table: str) -> None:
+        self.table, self.item_units, self.request_units, self.largest_item = table, 0, 0, 0
+        self._lock = threading.Lock()
+        clients.register("provide-client-params.dynamodb.UpdateItem", self._params)
+        clients.register("after-call.dynamodb.UpdateItem", self._answer)
+
+    def _params(self, params: Any = None, context: Any = None, **_: Any) -> None:
+        if isinstance(context, dict) and isinstance(params, dict):
+            context["bench_table"] = params.get("TableName")
+            context["bench_request_bytes"] = len(json.dumps(params, default=str))
+
+    def _answer(self, parsed: Any = None, context: Any = None, **_: Any) -> None:
+        if not isinstance(context, dict) or context.get("bench_table") != self.table:
+            return
+        attributes = (parsed or {}).get("Attributes")
+        if not attributes:
+            return
+        size = sum(len(name.encode()) + item_bytes(value) for name, value in attributes.items())
+        with self._lock:
+            self.item_units += max(1, -(-size // 1024))
+            self.request_units += max(1, -(-context.get("bench_request_bytes", 0) // 1024))
+            self.largest_item = max(self.largest_item, size)
 
 
 class Handled(Consumer):
@@ -98,10 +151,13 @@ class Kind:
                                                      CONCURRENCY))
         self.expected = len(self.names)  # the warm-up jobs
         self.meter: WireMeter | None = None
+        self.sized: ItemSizedWrites | None = None
+        self.workflows_table = Workflows(self.clients, settings).table
 
     def count_from_now(self) -> None:
         self._wait(self.expected)
         self.meter = WireMeter().attach(self.clients)
+        self.sized = ItemSizedWrites(self.clients, self.workflows_table)
 
     def finish(self, expected: int) -> dict[str, Any]:
         """Wait until the consumers handled `expected` more jobs, stop them (their deletes
@@ -115,8 +171,10 @@ class Kind:
         for consumer, thread in self.consumers:
             consumer.request_shutdown()
             thread.join(60)
-        meter = self.meter
-        assert meter is not None
+        meter, sized = self.meter, self.sized
+        assert meter is not None and sized is not None
+        excess = (sized.item_units - sized.request_units) * PRICES["dynamodb.write_unit"].dollars \
+            / PRICES["dynamodb.write_unit"].per
         return {
             "jobs": JOBS,
             "requests_per_job": round(meter.total_requests / JOBS, 3),
@@ -125,6 +183,11 @@ class Kind:
                 n for op, n in meter.requests.items() if op.startswith("dynamodb.")) / JOBS, 3),
             "requests_by_operation": dict(sorted(meter.requests.items())),
             "billed": {key: round(amount, 2) for key, amount in sorted(meter.usage.items())},
+            "item_sized_dollars_per_million_jobs": round(
+                (meter.usage.total_dollars() + excess) / JOBS * 1e6, 2),
+            "workflows_update_write_units": {"by_request": sized.request_units,
+                                             "by_item": sized.item_units,
+                                             "largest_item_bytes": sized.largest_item},
             "drain_seconds": round(seconds, 2),
             "stopped": stopped,
         }
@@ -171,6 +234,9 @@ def dependent(settings: Settings, result_job: dict[str, Any]) -> dict[str, Any]:
         "requests_per_job": round(pair["requests_per_job"] - result_job["requests_per_job"], 3),
         "dollars_per_million_jobs": round(pair["dollars_per_million_jobs"]
                                           - result_job["dollars_per_million_jobs"], 2),
+        "item_sized_dollars_per_million_jobs": round(
+            pair["item_sized_dollars_per_million_jobs"]
+            - result_job["item_sized_dollars_per_million_jobs"], 2),
         "pair": pair,
         "note": "a dependent job's own cost: the pair's less its dependency's (a result job's)",
     }
