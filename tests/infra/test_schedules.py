@@ -133,7 +133,10 @@ def test_the_namespace_has_a_schedule_group_dlq_and_scheduler_role(scheduled_app
 def test_producers_may_create_schedules_in_the_group_and_pass_only_the_scheduler_role(
         scheduled_app):
     platform = scheduled_app["platform"]
-    (policy,) = platform.find_resources("AWS::IAM::ManagedPolicy").values()
+    # the producers' policy: the one that creates schedules (the platform's other managed
+    # policies are the workflow producers' and the limit operators')
+    (policy,) = [p for p in platform.find_resources("AWS::IAM::ManagedPolicy").values()
+                 if "scheduler:CreateSchedule" in json.dumps(p["Properties"]["PolicyDocument"])]
     statements = policy["Properties"]["PolicyDocument"]["Statement"]
     create = next(s for s in statements if "scheduler:CreateSchedule" in s["Action"])
     assert f":schedule/{NAMESPACE}-messenger/*" in json.dumps(create["Resource"])

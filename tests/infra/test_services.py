@@ -314,18 +314,28 @@ def test_ops_permissions_are_limited_to_the_namespace(assembly: CloudAssembly) -
                            for s in secrets)
     # The queue alarm reads queue names, tags, metrics, its secret, its logs and traces; the
     # only writes put back what a deploy undid of a pause: a paused queue's tag, a consumer
-    # mapping disabled again, after reading the pause records (their partition only).
+    # mapping disabled again, after reading the pause records (their partition only). Its
+    # 15-minute run also sweeps the workflows (issue 52): the workflows table's items and the
+    # status table's, large results read, and a held job released to a queue or topic of the
+    # namespace only (by its tags), nothing deleted.
     (alarm_policy,) = [r for k, r in resources.items()
                        if k.startswith("OpsQueueAlarmRoleDefaultPolicy")]
     alarm_statements = alarm_policy["Properties"]["PolicyDocument"]["Statement"]
     actions = {a for s in alarm_statements for a in as_list(s["Action"])}
     assert {a.split(":")[0] for a in actions} == {
-        "sqs", "tag", "cloudwatch", "secretsmanager", "logs", "xray", "dynamodb", "lambda", "kms"
+        "sqs", "sns", "s3", "tag", "cloudwatch", "secretsmanager", "logs", "xray", "dynamodb",
+        "lambda", "kms"
     }
     assert {a for a in actions if a.startswith(("sqs:", "sns:"))} == {
         "sqs:ListQueues", "sqs:GetQueueUrl", "sqs:GetQueueAttributes", "sqs:ListQueueTags",
-        "sqs:TagQueue"}
-    assert {a for a in actions if a.startswith("dynamodb:")} == {"dynamodb:Query"}
+        "sqs:TagQueue", "sqs:SendMessage", "sns:Publish", "sns:GetTopicAttributes"}
+    for statement in alarm_statements:
+        if {"sqs:SendMessage", "sns:Publish"} & set(as_list(statement["Action"])):
+            assert NAMESPACE in json.dumps(statement["Condition"]), statement
+    assert {a for a in actions if a.startswith("s3:")} <= {"s3:GetObject", "s3:ListBucket"}
+    assert {a for a in actions if a.startswith("dynamodb:")} == {
+        "dynamodb:Query", "dynamodb:DescribeTable", "dynamodb:GetItem", "dynamodb:PutItem",
+        "dynamodb:UpdateItem", "dynamodb:BatchGetItem", "dynamodb:BatchWriteItem"}
     assert not any("Delete" in a or "Untag" in a for a in actions)
     by_sid = {s.get("Sid"): s for s in alarm_statements}
     assert by_sid["ReadPauseRecords"]["Condition"] == {"ForAllValues:StringEquals": {
