@@ -62,7 +62,8 @@ def test_a_groups_progress_its_callbacks_result_and_a_members_error(
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 30)
+    # (generous: at a load of 20 on 2 cores the consumer's first jobs took over 30 s)
+    wait = WebDriverWait(browser, 120)
     # Given a group of three parts and a report callback, the consumer running: part 0
     # completes, part 1 fails for good, part 2 waits
     run = running(PartsConsumer)
