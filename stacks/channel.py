@@ -45,6 +45,9 @@ QUEUE_ACTIONS_CONSUME = (
     # An operator's pause is a tag on the queue (messenger.jobs.controls), read per heartbeat;
     # in verify mode, the channel's track_status declaration too (Consumer.check_tracking).
     "sqs:ListQueueTags",
+    # A job held back by a limit or a handler's RateLimited goes back to its own queue as a new
+    # message (messenger.consume.mailbox.Mailbox.hold; docs/flow-control.md), on any channel.
+    "sqs:SendMessage",
 )
 #: A consumer in verify mode checks its topic and subscription exist.
 TOPIC_ACTIONS_VERIFY = ("sns:GetTopicAttributes", "sns:ListSubscriptionsByTopic")
