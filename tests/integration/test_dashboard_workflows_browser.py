@@ -67,7 +67,7 @@ def test_a_groups_progress_its_callbacks_result_and_a_members_error(
     # Given a group of three parts and a report callback, the consumer running: part 0
     # completes, part 1 fails for good, part 2 waits
     run = running(PartsConsumer)
-    wait_until(lambda: run.consumer.resources)
+    wait_until(lambda: run.consumer.resources, timeout=120)
     group = Parts(settings=settings, clients=clients).group(
         [{"n": n} for n in range(3)], then=PushItem("report"))
     member = dict(enumerate(group.member_ids))
@@ -121,7 +121,7 @@ def test_a_held_job_has_a_page_before_its_first_record(settings, clients, browse
 
     # Given a job waiting for one that has not run (no consumer yet)
     run = running(PartsConsumer)
-    wait_until(lambda: run.consumer.resources)
+    wait_until(lambda: run.consumer.resources, timeout=120)
     producer = Parts(settings=settings, clients=clients)
     first = str(producer.push({"n": 2}))  # waits at the gate
     producer.status.flush()

@@ -76,7 +76,7 @@ def call(settings: Settings, clients: ClientFactory) -> Iterator[Call]:
         api.stop()
 
 
-def _final(call: Call, job_id: str, timeout: float = 30.0) -> dict[str, Any]:
+def _final(call: Call, job_id: str, timeout: float = 120.0) -> dict[str, Any]:
     """The job's GET answer once it has a final outcome."""
     reply = wait_until(lambda: (r := call("GET", f"/jobs/{job_id}")).status == 200
                        and "outcome" in r.json and r, timeout=timeout)
@@ -115,7 +115,7 @@ def test_a_completed_job_shows_its_result_and_a_failed_one_its_error(
         call: Call, running: Any) -> None:  # noqa: F811
     # Given a consumer that keeps results
     run = running(ResultsConsumer)
-    wait_until(lambda: run.consumer.resources)
+    wait_until(lambda: run.consumer.resources, timeout=120)
     # When one job completes and another fails for good
     done = call("POST", "/channels/http_results/jobs", {"body": {"n": 21}}).json["job_id"]
     failed = call("POST", "/channels/http_results/jobs", {"body": {"fail": "no such row"}}
@@ -138,7 +138,8 @@ def test_a_job_posted_with_depends_on_runs_after_them_and_each_side_shows_the_ot
     # Given two jobs on the results channel, not run yet (its consumer waits at the gate)
     ResultsConsumer.gate.clear()
     results, reports = running(ResultsConsumer), running(ReportsConsumer)
-    wait_until(lambda: results.consumer.resources and reports.consumer.resources)  # provisioned
+    wait_until(lambda: results.consumer.resources and reports.consumer.resources,
+               timeout=120)  # provisioned
     first, second = (call("POST", "/channels/http_results/jobs", {"body": {"n": n}}
                           ).json["job_id"] for n in (1, 2))
     # When a report job is posted depending on both, and one in a batch on the first only
@@ -150,7 +151,8 @@ def test_a_job_posted_with_depends_on_runs_after_them_and_each_side_shows_the_ot
     assert batch.status == 202, batch.raw
     report_id, batch_id = report.json["job_id"], batch.json["jobs"][0]["job_id"]
     # Then the report job waits: its answer lists what it waits for, nothing of it ran
-    held = wait_until(lambda: (r := call("GET", f"/jobs/{report_id}")).status == 200 and r)
+    held = wait_until(lambda: (r := call("GET", f"/jobs/{report_id}")).status == 200 and r,
+                      timeout=60)
     assert held.json["dependencies"]["pending"] == sorted([first, second])
     assert held.json["dependencies"]["on_dependency_failure"] == "cancel"
     assert reports.consumer.handled == []
