@@ -136,11 +136,15 @@ class Workflows:
 
     # -- table -------------------------------------------------------------------------------
     def ensure_table(self) -> None:
-        """Create the table with its index (auto) or check it exists (verify), once."""
+        """Create the table with its index (auto) or check it exists (verify), once; and the
+        status table, where a hold registers on its dependencies' final items (a first push
+        with depends_on may come before any status record made it)."""
         if not self._ready:
             call_with_budget(lambda: ensure_table(
                 self.clients, self.settings, self.table, "workflows", "id", index=OPEN_INDEX),
                 self.budget, f"checking table {self.table!r}")
+            call_with_budget(self.results.ensure_table, self.budget,
+                             f"checking table {self.results.table!r}")
             self._ready = True
 
     def _call(self, what: str, method: str, **request: Any) -> Any:

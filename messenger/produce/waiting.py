@@ -21,7 +21,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from messenger.aws import ClientFactory
 from messenger.channel import ChannelSpec, declared_keep_results
-from messenger.errors import InvalidMessage, MessengerError
+from messenger.errors import ChannelNotFound, InvalidMessage, MessengerError
 from messenger.jobs.results import FinalOutcome, Outcome
 from messenger.jobs.status import StatusStore, TrackingDeclarations
 from messenger.jobs.workflows import (
@@ -190,7 +190,10 @@ class WaitingJobs:
         with no records yet (not pushed, or untracked) is not refused: it cannot be told."""
         status = StatusStore(self.clients, self.settings)
         for dep in deps:
-            records = status.timeline(dep)
+            try:
+                records = status.timeline(dep)
+            except ChannelNotFound:  # no status table yet: no job has a record to tell by
+                return
             if not records:
                 continue
             channel = records[0].channel
