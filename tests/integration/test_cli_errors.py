@@ -31,6 +31,8 @@ COMMANDS = [
     ["dlq", "list", "orders"],
     ["dlq", "requeue", "orders", "job-1"],
     ["workers"],
+    ["limits", "show", "orders"],
+    ["limits", "set", "orders", "--rate", "10/s"],
     ["emr", "status", "--cluster-id", "j-ABCDEFGHIJKL"],
     ["emr", "submit", "--cluster-id", "j-ABCDEFGHIJKL", "--code-bucket", "missing-bucket",
      "spark_jobs/wishlist_price_drops.py"],
