@@ -49,6 +49,7 @@ from messenger.jobs.limits import (
     REFRESH_SECONDS,
     REPORT_FRESH_SECONDS,
     STORE_BUDGET_SECONDS,
+    UNIT_GRACE_SECONDS,
     ChannelLimits,
     ConcurrencyLease,
     LimiterUnavailable,
@@ -324,6 +325,11 @@ class LimitGate:
             if not counted:
                 self.limited += 1
             self.sleep(start - now)
+            if self.clock() > start + UNIT_GRACE_SECONDS and limiters and not ordered:
+                # Woke too late (a starved machine): the unit is past its grace; starting now
+                # would crowd the next second. Hold the job back briefly instead.
+                self._delayed.append(self.clock())
+                return 1
         self._note_started()
         return 0
 

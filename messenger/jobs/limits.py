@@ -16,8 +16,8 @@ Items (the `key` attribute):
 
 **The rate limiter (GCRA, virtual time).** A limiter's `tat` is the time up to which its rate
 has been handed out. A process reserves a batch of `n` units (a job is `Consumer.weight` units,
-default 1) with one conditional UpdateItem: `SET tat = tat + n/rate` if `now <= tat <= now +
-horizon - n/rate` (busy), or `SET tat = now + n/rate` if `tat < now` or none (idle); a refused
+default 1) with one conditional UpdateItem: `SET tat = tat + n/rate` if `now - grace <= tat <=
+now + horizon - n/rate` (busy), or `SET tat = now + n/rate` if `tat < now` or none (idle); a refused
 condition returns the item (`ReturnValuesOnConditionCheckFailure`), so the next try knows the
 right form and time without a read. The batch is the units of the virtual times [tat, tat + n /
 rate): unit i belongs to time tat + i/rate, and a job starts at its unit's time, not before; a
@@ -26,7 +26,9 @@ same `tat`, so starts follow one global sequence: in any window of W seconds at 
 + UNIT_GRACE_SECONDS) + 1 jobs start (plus the largest weight, and rate × the clock skew of the
 consumers' hosts), whatever the batch size, which sets only the cost: `batch_size(rate)` units a
 request, so at a steady rate a channel's limiter costs 1 / batch UpdateItems per job (0.04 at
-50/s), a tenant's 1 / its batch (its rate × TENANT_BATCH_SECONDS, at least 1).
+50/s) plus the refused ones (processes that asked while the horizon was full), a tenant's
+1 / its batch (its rate × TENANT_BATCH_SECONDS, at least 1). A job woken later than its unit's
+grace (a starved machine) is held back instead of crowding the next second.
 
 **The store unavailable** (a limiter's UpdateItem failing past its budget, `STORE_BUDGET_SECONDS`):
 the process uses the units it reserved already (they are counted in the store), then starts no
@@ -71,17 +73,17 @@ UNLIMITED = "none"
 LIMIT_FIELDS = ("rate_limit", "tenant_rate_limit", "max_concurrency")
 #: Seconds a consumer trusts the limits it read: a limit changed at run time takes effect within
 #: this plus the limiter's horizon (at most MAX_HORIZON_SECONDS ahead): 5 s.
-REFRESH_SECONDS = 3.5
+REFRESH_SECONDS = 3.0
 #: A channel limiter's batch covers this much of its rate (at least MIN_BATCH units).
-BATCH_SECONDS = 0.25
+BATCH_SECONDS = 0.5
 MIN_BATCH = 10
 #: A tenant limiter's batch: this much of the tenant's rate (at least 1 unit).
 TENANT_BATCH_SECONDS = 0.5
-#: Reservations reach ahead of now by one batch per process sharing the limiter, plus one (so
-#: that each process can book its next batch while it uses one: no refused request at a steady
-#: rate), at least 2 batches, at most MAX_HORIZON_SECONDS (the limiter's horizon).
+#: Reservations reach ahead of now by two batches per process sharing the limiter, plus two (so
+#: that each process can book its next batch while it uses one: few refused requests at a
+#: steady rate), at least 2 batches, at most MAX_HORIZON_SECONDS (the limiter's horizon).
 MIN_HORIZON_BATCHES = 2
-MAX_HORIZON_SECONDS = 1.5
+MAX_HORIZON_SECONDS = 2.0
 #: The longest jitter before a limiter asks again after refusals, in batches.
 MAX_JITTER_BATCHES = 16
 #: A unit not used within this long after its time is dropped (module doc: the window bound).
@@ -469,7 +471,7 @@ class RateLimiter:
         """How far ahead of now reservations reach (seconds; see MIN_HORIZON_BATCHES)."""
         span = self.batch * self.interval
         return max(MIN_HORIZON_BATCHES * span,
-                   min(MAX_HORIZON_SECONDS, (self.processes + 1) * span))
+                   min(MAX_HORIZON_SECONDS, 2 * (self.processes + 1) * span))
 
     def take(self, units: int = 1) -> float | None:
         """When a job of `units` may start (epoch seconds, at most the horizon ahead; its last
@@ -569,10 +571,12 @@ class RateLimiter:
 
     def _wait_for(self, tat: float, span: float, now: float) -> None:
         """The horizon is full up to `tat`: ask again once a batch fits, after a jitter that
-        doubles with each refusal since this process's last reservation (up to 16 batches:
-        the other processes wait for the same moment, and only one of them gets it)."""
+        doubles with each refusal since this process's last reservation, up to a batch per
+        process sharing the limiter (the others wait for the same moment, and only one of them
+        gets it; a longer jitter would leave the horizon unfilled)."""
         self._refusals += 1
-        jitter = span * min(2 ** (self._refusals - 1), MAX_JITTER_BATCHES)
+        jitter = span * min(2 ** (self._refusals - 1), max(1, self.processes),
+                            MAX_JITTER_BATCHES)
         self._ask_at = max(now, tat - self.horizon + span) + self.draw() * jitter
 
     def _failed(self, error: BaseException, now: float) -> NoReturn:

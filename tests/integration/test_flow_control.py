@@ -20,7 +20,13 @@ from messenger.consume.lambda_runtime import LambdaConsumerRuntime, LocalEventSo
 from messenger.consume.lifecycle import LifecycleEvent
 from messenger.consume.limits import LimitGate
 from messenger.errors import RateLimited
-from messenger.jobs.limits import REFRESH_SECONDS, ChannelLimits, LimitStore, batch_size
+from messenger.jobs.limits import (
+    MAX_HORIZON_SECONDS,
+    REFRESH_SECONDS,
+    ChannelLimits,
+    LimitStore,
+    batch_size,
+)
 from tests.integration.helpers import drain
 from tests.integration.test_consumer_runtime import (  # noqa: F401 - fixtures
     Running,
@@ -182,7 +188,7 @@ def test_a_limit_changed_at_run_time_holds_within_5_s(store):
         if gate.admit(None) == 0:
             starts.append(clock.now)
     # Then within 5 s of the change jobs start at the new limit
-    assert REFRESH_SECONDS + 1.5 <= 5
+    assert REFRESH_SECONDS + MAX_HORIZON_SECONDS <= 5
     after = [s for s in starts if changed + 5 <= s < changed + 6]
     assert 95 <= len(after) <= 100 + batch_size(parse_rate("100/s"))
 
@@ -235,7 +241,7 @@ def test_the_store_unavailable_holds_jobs_back_and_never_exceeds_the_limit(store
                 assert delay >= 1
                 clock.now += 0.25
         # Then the reserved batch ran and no more; the rest was held back, none failed
-        assert started == batch_size(parse_rate("50/s"))
+        assert started == batch_size(parse_rate("50/s"), most=20)
         assert held == 40 - (started - 1)
     finally:
         events.unregister("before-send.dynamodb", unreachable)
