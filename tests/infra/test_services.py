@@ -230,7 +230,7 @@ def test_consumer_grants_are_scoped_to_its_channel(assembly: CloudAssembly) -> N
         # its DLQ (dead letters) and its own queue (a job held back by a flow-control limit,
         # or whose handler raised RateLimited, goes back as a new message: issue 53)
         send = [s for s in statements if "sqs:SendMessage" in as_list(s["Action"])]
-        assert sorted((json.dumps(s["Resource"]) for s in send)) == sorted(
+        assert sorted(json.dumps(s["Resource"]) for s in send) == sorted(
             json.dumps({"Fn::GetAtt": [queue_ids[name], "Arn"]})
             for name in (spec.queue_name, spec.dlq_name))
         touched = json.dumps(statements)
