@@ -28,6 +28,7 @@ from messenger.jobs.limits import (
     batch_size,
 )
 from tests.integration.helpers import drain
+from tests.integration.lambdas.conftest import FakeContext
 from tests.integration.test_consumer_runtime import (  # noqa: F401 - fixtures
     Running,
     producer_for,
@@ -83,14 +84,6 @@ class StormJobs(Consumer):
         self.upstream.call(message.body)
 
 
-class Context:
-    def __init__(self, seconds: float) -> None:
-        self.deadline = time.monotonic() + seconds
-
-    def get_remaining_time_in_millis(self) -> int:
-        return int((self.deadline - time.monotonic()) * 1000)
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("retry_after", [0.0, 1.5], ids=["waits-here", "sent-back"])
 @pytest.mark.parametrize("runtime_name", ["fargate", "lambda"])
@@ -123,7 +116,7 @@ def test_a_rate_limited_storm_loses_nothing_and_dead_letters_nothing(
         def invoke() -> bool:
             messages = source.receive(10, wait_seconds=1)
             if messages:
-                source.invoke(lambda_runtime.handle, messages, Context(30))
+                source.invoke(lambda_runtime.handle, messages, FakeContext(30))
             return len(upstream.done) >= 10
 
         wait_until(invoke, 90)
@@ -374,7 +367,7 @@ def test_the_lambda_runtime_keeps_the_limits_too(settings, clients, runtime):  #
     def invoke() -> bool:
         messages = source.receive(10, wait_seconds=1)
         if messages:
-            source.invoke(lambda_runtime.handle, messages, Context(30))
+            source.invoke(lambda_runtime.handle, messages, FakeContext(30))
         return len(consumer.starts) >= 20
 
     wait_until(invoke, 100)

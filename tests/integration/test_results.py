@@ -40,6 +40,7 @@ from messenger.jobs.results import (
 from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.provision import Provisioner
 from tests.integration import result_apps, test_consumer_runtime
+from tests.integration.lambdas.conftest import FakeContext
 from tests.integration.test_consumer_runtime import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -315,13 +316,6 @@ def test_a_consumer_disagreeing_with_the_deployed_keep_results_does_not_start(se
 
 
 # -- the Lambda runtime -----------------------------------------------------------------------
-class FakeContext:
-    def __init__(self, seconds: float) -> None:
-        self.deadline = time.monotonic() + seconds
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self.deadline - time.monotonic()) * 1000))
-
 
 @pytest.mark.timeout(120)
 def test_the_lambda_runtime_keeps_results_and_failures(settings, clients, producer, tmp_path):

@@ -19,6 +19,7 @@ from messenger.jobs.status import StatusEvent, StatusStore
 from messenger.jobs.workflows import State, Workflows
 from messenger.produce.push import PushItem
 from tests.integration import test_consumer_runtime
+from tests.integration.lambdas.conftest import FakeContext
 from tests.integration.test_consumer_runtime import wait_until
 
 running = test_consumer_runtime.running
@@ -224,14 +225,6 @@ def test_a_group_needs_a_channel_that_keeps_results(settings, clients):
     plain.push({"n": 1})  # the channel exists, without keep_results
     with pytest.raises(InvalidSettings, match="keep_results"):
         plain.group([{"n": 1}], then={"n": 2})
-
-
-class FakeContext:
-    def __init__(self, seconds: float) -> None:
-        self.deadline = time.monotonic() + seconds
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self.deadline - time.monotonic()) * 1000))
 
 
 @pytest.mark.timeout(120)
